@@ -1,0 +1,7 @@
+#include "cli/commands.h"
+
+namespace tandem::cli {
+
+void register_inspect(CLI::App& app) { (void)app; }
+
+}  // namespace tandem::cli

@@ -1,0 +1,12 @@
+#pragma once
+// Registration of the `tandem` subcommands; each is defined in its own cmd_*.cpp.
+#include <CLI/CLI.hpp>
+
+namespace tandem::cli {
+
+void register_commands(CLI::App& app);
+
+void register_inspect(CLI::App& app);
+void register_gen_model(CLI::App& app);
+
+}  // namespace tandem::cli

@@ -1,0 +1,103 @@
+#pragma once
+// Byte layouts of the quantized block formats, exactly as GGUF stores them. Fields are in file
+// order; fp16 scales are kept as raw uint16_t bits (decode with core/half.h).
+#include <cstdint>
+
+namespace tandem {
+
+constexpr int kQK4_0 = 32;
+constexpr int kQK5_0 = 32;
+constexpr int kQK5_1 = 32;
+constexpr int kQK8_0 = 32;
+constexpr int kQK_K = 256;        // super-block of the k-quants
+constexpr int kKScaleBytes = 12;  // packed 6-bit scales and mins of Q4_K / Q5_K
+
+// x = d * (q - 8), q in 0..15; element j in the low nibble of qs[j], j+16 in the high nibble.
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK4_0 / 2];
+};
+
+// x = d * (q - 16), q 5 bits: low 4 as in Q4_0, bit 4 of element j in bit j of qh.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK5_0 / 2];
+};
+
+// x = d * q + m, q 5 bits laid out as in Q5_0.
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK5_1 / 2];
+};
+
+// x = d * q, q signed 8 bits.
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK8_0];
+};
+
+// 16 sub-blocks of 16: x = d * (scales[i] & 15) * q - dmin * (scales[i] >> 4), q 2 bits.
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+
+// 16 sub-blocks of 16 with 6-bit signed scales packed in 12 bytes; q 3 bits (2 in qs, the high
+// bit in hmask, where a cleared bit means subtract 4).
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+
+// 8 sub-blocks of 32: x = d * scale[i] * q - dmin * min[i], 6-bit scale/min packed in 12 bytes.
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleBytes];
+  uint8_t qs[kQK_K / 2];
+};
+
+// As Q4_K with a fifth bit per element in qh.
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleBytes];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+
+// 16 sub-blocks of 16: x = d * scales[i] * (q - 32), q 6 bits (4 in ql, 2 in qh).
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];
+  uint8_t qh[kQK_K / 4];
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+
+// Activation format for dot products against k-quants: x = d * q, with the sums of each group
+// of 16 quants precomputed (they absorb the mins of Q2_K/Q4_K/Q5_K and the offsets of Q3_K/Q6_K).
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kQK_K];
+  int16_t bsums[kQK_K / 16];
+};
+
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ8_K) == 292);
+
+}  // namespace tandem

@@ -1,0 +1,54 @@
+#include "core/dtype.h"
+
+#include <array>
+
+#include "core/blocks.h"
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+constexpr std::array kDTypes = {
+    DTypeInfo{DType::F32, "F32", 1, 4, true},
+    DTypeInfo{DType::F16, "F16", 1, 2, true},
+    DTypeInfo{DType::Q4_0, "Q4_0", kQK4_0, sizeof(BlockQ4_0), true},
+    DTypeInfo{DType::Q4_1, "Q4_1", 32, 20, false},
+    DTypeInfo{DType::Q5_0, "Q5_0", kQK5_0, sizeof(BlockQ5_0), true},
+    DTypeInfo{DType::Q5_1, "Q5_1", kQK5_1, sizeof(BlockQ5_1), true},
+    DTypeInfo{DType::Q8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), true},
+    DTypeInfo{DType::Q8_1, "Q8_1", 32, 36, false},
+    DTypeInfo{DType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), true},
+    DTypeInfo{DType::Q3_K, "Q3_K", kQK_K, sizeof(BlockQ3_K), true},
+    DTypeInfo{DType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), true},
+    DTypeInfo{DType::Q5_K, "Q5_K", kQK_K, sizeof(BlockQ5_K), true},
+    DTypeInfo{DType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), true},
+    DTypeInfo{DType::Q8_K, "Q8_K", kQK_K, sizeof(BlockQ8_K), false},
+    DTypeInfo{DType::I8, "I8", 1, 1, false},
+    DTypeInfo{DType::I16, "I16", 1, 2, false},
+    DTypeInfo{DType::I32, "I32", 1, 4, false},
+    DTypeInfo{DType::I64, "I64", 1, 8, false},
+    DTypeInfo{DType::F64, "F64", 1, 8, false},
+    DTypeInfo{DType::BF16, "BF16", 1, 2, true},
+};
+
+}  // namespace
+
+std::optional<DTypeInfo> find_dtype(uint32_t ggml_type) {
+  for (const DTypeInfo& info : kDTypes)
+    if (uint32_t(info.type) == ggml_type) return info;
+  return std::nullopt;
+}
+
+const DTypeInfo& dtype_info(DType type) {
+  for (const DTypeInfo& info : kDTypes)
+    if (info.type == type) return info;
+  check_failed("dtype_info: DType value outside the table", __FILE__, __LINE__);
+}
+
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (const DTypeInfo& info : kDTypes)
+    if (info.name == name) return info.type;
+  return std::nullopt;
+}
+
+}  // namespace tandem

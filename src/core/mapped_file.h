@@ -1,0 +1,32 @@
+#pragma once
+// A read-only memory map of a whole file. Weights resident on the CPU are used in place from
+// this map (zero copy: loading a model costs page faults, not reads).
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace tandem {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only; throws tandem::Error naming the file and the system's reason.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+
+  const std::string& path() const { return path_; }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace tandem
