@@ -1,0 +1,34 @@
+#pragma once
+// Per-format entry points behind the one switch in quant.cpp. `blocks` counts whole blocks of
+// the format; the caller has checked the element count.
+#include <cstdint>
+
+#include "core/blocks.h"
+
+namespace tandem::quant {
+
+void dequantize_f16(const uint16_t* x, float* y, int64_t n);
+void dequantize_bf16(const uint16_t* x, float* y, int64_t n);
+void quantize_f16(const float* x, uint16_t* y, int64_t n);
+void quantize_bf16(const float* x, uint16_t* y, int64_t n);
+
+void dequantize_q4_0(const BlockQ4_0* x, float* y, int64_t blocks);
+void dequantize_q5_0(const BlockQ5_0* x, float* y, int64_t blocks);
+void dequantize_q5_1(const BlockQ5_1* x, float* y, int64_t blocks);
+void dequantize_q8_0(const BlockQ8_0* x, float* y, int64_t blocks);
+void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t blocks);
+void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t blocks);
+void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t blocks);
+
+void dequantize_q2_k(const BlockQ2_K* x, float* y, int64_t blocks);
+void dequantize_q3_k(const BlockQ3_K* x, float* y, int64_t blocks);
+void dequantize_q4_k(const BlockQ4_K* x, float* y, int64_t blocks);
+void dequantize_q5_k(const BlockQ5_K* x, float* y, int64_t blocks);
+void dequantize_q6_k(const BlockQ6_K* x, float* y, int64_t blocks);
+void dequantize_q8_k(const BlockQ8_K* x, float* y, int64_t blocks);
+void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t blocks);
+void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t blocks);
+void quantize_q6_k(const float* x, BlockQ6_K* y, int64_t blocks);
+void quantize_q8_k(const float* x, BlockQ8_K* y, int64_t blocks);
+
+}  // namespace tandem::quant

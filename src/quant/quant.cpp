@@ -1,0 +1,131 @@
+#include "quant/quant.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/formats.h"
+
+namespace tandem {
+namespace {
+
+// Element count of a row checked against the format's block size; returns the block count.
+int64_t whole_blocks(DType type, int64_t n, const char* what) {
+  const int64_t block_elems = dtype_info(type).block_elems;
+  if (n < 0 || n % block_elems != 0)
+    fail("{}: a row of {} elements cannot be {} as {}, whose blocks hold {} elements", what, n,
+         what, dtype_name(type), block_elems);
+  return n / block_elems;
+}
+
+}  // namespace
+
+bool can_dequantize(DType type) {
+  switch (type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool can_quantize(DType type) {
+  switch (type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
+  if (!can_dequantize(type)) fail("dequantize: format {} is not supported", dtype_name(type));
+  const int64_t blocks = whole_blocks(type, n, "dequantized");
+  using namespace quant;
+  switch (type) {
+    case DType::F32:
+      std::memcpy(dst, src, size_t(n) * sizeof(float));
+      return;
+    case DType::F16:
+      return dequantize_f16(static_cast<const uint16_t*>(src), dst, n);
+    case DType::BF16:
+      return dequantize_bf16(static_cast<const uint16_t*>(src), dst, n);
+    case DType::Q4_0:
+      return dequantize_q4_0(static_cast<const BlockQ4_0*>(src), dst, blocks);
+    case DType::Q5_0:
+      return dequantize_q5_0(static_cast<const BlockQ5_0*>(src), dst, blocks);
+    case DType::Q5_1:
+      return dequantize_q5_1(static_cast<const BlockQ5_1*>(src), dst, blocks);
+    case DType::Q8_0:
+      return dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, blocks);
+    case DType::Q2_K:
+      return dequantize_q2_k(static_cast<const BlockQ2_K*>(src), dst, blocks);
+    case DType::Q3_K:
+      return dequantize_q3_k(static_cast<const BlockQ3_K*>(src), dst, blocks);
+    case DType::Q4_K:
+      return dequantize_q4_k(static_cast<const BlockQ4_K*>(src), dst, blocks);
+    case DType::Q5_K:
+      return dequantize_q5_k(static_cast<const BlockQ5_K*>(src), dst, blocks);
+    case DType::Q6_K:
+      return dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, blocks);
+    case DType::Q8_K:
+      return dequantize_q8_k(static_cast<const BlockQ8_K*>(src), dst, blocks);
+    default:
+      break;
+  }
+  check_failed("dequantize_row: can_dequantize and the switch disagree", __FILE__, __LINE__);
+}
+
+void quantize_row(DType type, const float* src, void* dst, int64_t n) {
+  if (!can_quantize(type)) fail("quantize: format {} is not supported", dtype_name(type));
+  const int64_t blocks = whole_blocks(type, n, "quantized");
+  using namespace quant;
+  switch (type) {
+    case DType::F32:
+      std::memcpy(dst, src, size_t(n) * sizeof(float));
+      return;
+    case DType::F16:
+      return quantize_f16(src, static_cast<uint16_t*>(dst), n);
+    case DType::BF16:
+      return quantize_bf16(src, static_cast<uint16_t*>(dst), n);
+    case DType::Q4_0:
+      return quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), blocks);
+    case DType::Q5_0:
+      return quantize_q5_0(src, static_cast<BlockQ5_0*>(dst), blocks);
+    case DType::Q8_0:
+      return quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), blocks);
+    case DType::Q4_K:
+      return quantize_q4_k(src, static_cast<BlockQ4_K*>(dst), blocks);
+    case DType::Q5_K:
+      return quantize_q5_k(src, static_cast<BlockQ5_K*>(dst), blocks);
+    case DType::Q6_K:
+      return quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), blocks);
+    case DType::Q8_K:
+      return quantize_q8_k(src, static_cast<BlockQ8_K*>(dst), blocks);
+    default:
+      break;
+  }
+  check_failed("quantize_row: can_quantize and the switch disagree", __FILE__, __LINE__);
+}
+
+}  // namespace tandem
