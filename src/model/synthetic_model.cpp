@@ -1,0 +1,366 @@
+#include "model/synthetic_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string_view>
+#include <unordered_set>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf_writer.h"
+#include "model/synthetic_corpus.h"
+#include "model/weight_groups.h"
+#include "quant/quant.h"
+#include "text/bpe_trainer.h"
+#include "text/byte_unicode.h"
+
+namespace tandem {
+namespace {
+
+Deepseek2Hparams micro_hparams() {
+  Deepseek2Hparams hp;
+  hp.n_layer = 3, hp.n_ctx_train = 4096, hp.n_embd = 128, hp.n_ff_dense = 384, hp.n_head = 4;
+  hp.kv_lora_rank = 64, hp.qk_nope_dim = 32, hp.qk_rope_dim = 16, hp.v_head_dim = 32;
+  hp.n_leading_dense = 1, hp.n_expert = 8, hp.n_expert_used = 2, hp.n_expert_shared = 2;
+  hp.n_ff_expert = 64;
+  return hp;
+}
+
+// DeepSeek-V2-Lite exactly (its config.json), vocabulary included.
+Deepseek2Hparams lite_hparams() {
+  Deepseek2Hparams hp;
+  hp.n_layer = 27, hp.n_ctx_train = 163840, hp.n_embd = 2048, hp.n_ff_dense = 10944;
+  hp.n_head = 16, hp.n_vocab = 102400;
+  hp.kv_lora_rank = 512, hp.qk_nope_dim = 128, hp.qk_rope_dim = 64, hp.v_head_dim = 128;
+  hp.n_leading_dense = 1, hp.n_expert = 64, hp.n_expert_used = 6, hp.n_expert_shared = 2;
+  hp.n_ff_expert = 1408;
+  hp.rope_scaling = RopeScaling::Yarn, hp.rope_scaling_factor = 40, hp.rope_original_ctx = 4096;
+  hp.yarn_log_multiplier = 0.0707f;  // 0.1 * mscale_all_dim (0.707)
+  return hp;
+}
+
+// A few layers of DeepSeek-V3 (671B) shapes: one dense layer, then MoE layers with group-limited
+// sigmoid routing over 256 experts. Each MoE layer is ~6 GiB in Q4_K_M.
+Deepseek2Hparams v3_layer_hparams() {
+  Deepseek2Hparams hp;
+  hp.n_layer = 3, hp.n_ctx_train = 163840, hp.n_embd = 7168, hp.n_ff_dense = 18432;
+  hp.n_head = 128, hp.n_vocab = 129280, hp.q_lora_rank = 1536;
+  hp.kv_lora_rank = 512, hp.qk_nope_dim = 128, hp.qk_rope_dim = 64, hp.v_head_dim = 128;
+  hp.n_leading_dense = 1, hp.n_expert = 256, hp.n_expert_used = 8, hp.n_expert_shared = 1;
+  hp.n_ff_expert = 2048, hp.n_expert_group = 8, hp.n_group_used = 4;
+  hp.gating = ExpertGating::Sigmoid, hp.expert_weights_norm = true, hp.expert_weights_scale = 2.5f;
+  hp.rope_scaling = RopeScaling::Yarn, hp.rope_scaling_factor = 40, hp.rope_original_ctx = 4096;
+  hp.yarn_log_multiplier = 0.1f;
+  return hp;
+}
+
+// ---- tokenizer -------------------------------------------------------------------------------
+
+constexpr int32_t kTokenNormal = 1, kTokenControl = 3, kTokenUnused = 5;
+
+// Control tokens after the learned ones, as DeepSeek vocabularies have them.
+constexpr std::string_view kAddedTokens[] = {
+    "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>", "<｜User｜>", "<｜Assistant｜>", "<|EOT|>",
+};
+
+// A DeepSeek-V3-style chat template written for tandem's synthetic models.
+constexpr std::string_view kChatTemplate =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ message['content'] }}{% elif message['role'] == 'user' %}{{ '<｜User｜>' + "
+    "message['content'] }}{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + "
+    "message['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}";
+
+struct Tokenizer {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+};
+
+Tokenizer make_tokenizer(uint32_t n_vocab) {
+  Tokenizer tok;
+  auto add = [&](std::string text, int32_t type) {
+    tok.tokens.push_back(std::move(text));
+    tok.types.push_back(type);
+  };
+  add("<｜begin▁of▁sentence｜>", kTokenControl);
+  add("<｜end▁of▁sentence｜>", kTokenControl);
+  add("<｜▁pad▁｜>", kTokenControl);
+  for (uint8_t byte : byte_alphabet_order()) add(utf8_encode(byte_to_codepoint(byte)), kTokenNormal);
+  const BpeVocabulary learned = train_byte_level_bpe(synthetic_tokenizer_corpus(), 4000);
+  std::unordered_set<std::string> seen(tok.tokens.begin(), tok.tokens.end());
+  for (const std::string& text : learned.merged_tokens)
+    if (seen.insert(text).second) add(text, kTokenNormal);
+  tok.merges = learned.merges;
+  for (std::string_view text : kAddedTokens) add(std::string(text), kTokenControl);
+  if (n_vocab != 0) {
+    if (n_vocab < tok.tokens.size())
+      fail("synthetic tokenizer has {} tokens, more than the preset's vocabulary of {}",
+           tok.tokens.size(), n_vocab);
+    // Real vocabularies are padded the same way (DeepSeek-V3 has [PAD] ids up to 129280).
+    for (uint32_t i = 0; tok.tokens.size() < n_vocab; ++i) add(fmt::format("[PAD{}]", i), kTokenUnused);
+  }
+  return tok;
+}
+
+// ---- tensors ---------------------------------------------------------------------------------
+
+enum class Init { Gaussian, Ones };
+
+struct TensorSpec {
+  std::string name;
+  std::vector<uint64_t> shape;  // GGUF order: shape[0] is the row length
+  DType type;
+  Init init;
+  float std;                    // Gaussian standard deviation
+};
+
+// The layers that llama.cpp-style Q4_K_M gives more bits (first and last eighth, and every
+// third one between): their ffn_down and attn_v_b use Q6_K.
+bool gets_more_bits(uint32_t layer, uint32_t n_layer) {
+  const uint32_t eighth = n_layer / 8;
+  return layer < eighth || layer >= n_layer - eighth || (layer - eighth) % 3 == 2;
+}
+
+DType choose_type(const std::string& format, const std::string& name, uint32_t n_layer,
+                  const std::vector<uint64_t>& shape) {
+  const TensorRole role = classify_tensor(name, n_layer);
+  // Vectors, the router and the selection bias stay F32 in every mix (they are tiny and the
+  // routing decision is sensitive to them).
+  if (shape.size() == 1 || role.group == WeightGroup::Router) return DType::F32;
+  if (format == "F32") return DType::F32;
+  if (format == "F16") return DType::F16;
+  if (format == "BF16") return DType::BF16;
+  DType type = DType::Q8_0;
+  if (format == "Q4_K_M") {
+    const bool down_like = name.find("ffn_down") != std::string::npos || name.find("attn_v_b") != std::string::npos;
+    if (role.group == WeightGroup::OutputHead) type = DType::Q6_K;
+    else if (down_like && role.layer && gets_more_bits(*role.layer, n_layer)) type = DType::Q6_K;
+    else type = DType::Q4_K;
+  }
+  // Rows that are not whole super-blocks fall back as the converters do.
+  const uint64_t row = shape[0];
+  if (row % 256 != 0 && type == DType::Q4_K) type = DType::Q5_0;
+  if (row % 256 != 0 && type == DType::Q6_K) type = DType::Q8_0;
+  if (row % 32 != 0) type = DType::F16;
+  return type;
+}
+
+std::vector<TensorSpec> tensor_specs(const SyntheticPreset& preset, const std::string& format) {
+  const Deepseek2Hparams& hp = preset.hparams;
+  std::vector<TensorSpec> specs;
+  auto gaussian = [&](std::string name, std::vector<uint64_t> shape, float std) {
+    const DType type = choose_type(format, name, hp.n_layer, shape);
+    specs.push_back({std::move(name), std::move(shape), type, Init::Gaussian, std});
+  };
+  auto ones = [&](std::string name, uint64_t n) {
+    specs.push_back({std::move(name), {n}, DType::F32, Init::Ones, 0.0f});
+  };
+  // Matrices keep activations at unit scale: std = 1/sqrt(fan_in).
+  auto fan_in = [](uint64_t n) { return 1.0f / std::sqrt(float(n)); };
+  const uint64_t embd = hp.n_embd, heads = hp.n_head, q_dim = heads * hp.qk_head_dim();
+
+  gaussian("token_embd.weight", {embd, hp.n_vocab}, 1.0f);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const std::string blk = fmt::format("blk.{}.", il);
+    ones(blk + "attn_norm.weight", embd);
+    if (hp.q_lora_rank > 0) {
+      gaussian(blk + "attn_q_a.weight", {embd, hp.q_lora_rank}, fan_in(embd));
+      ones(blk + "attn_q_a_norm.weight", hp.q_lora_rank);
+      gaussian(blk + "attn_q_b.weight", {hp.q_lora_rank, q_dim}, fan_in(hp.q_lora_rank));
+    } else {
+      gaussian(blk + "attn_q.weight", {embd, q_dim}, fan_in(embd));
+    }
+    gaussian(blk + "attn_kv_a_mqa.weight", {embd, hp.kv_cache_dims()}, fan_in(embd));
+    ones(blk + "attn_kv_a_norm.weight", hp.kv_lora_rank);
+    gaussian(blk + "attn_k_b.weight", {hp.qk_nope_dim, hp.kv_lora_rank, heads}, fan_in(hp.kv_lora_rank));
+    gaussian(blk + "attn_v_b.weight", {hp.kv_lora_rank, hp.v_head_dim, heads}, fan_in(hp.kv_lora_rank));
+    gaussian(blk + "attn_output.weight", {heads * hp.v_head_dim, embd}, fan_in(heads * hp.v_head_dim));
+    ones(blk + "ffn_norm.weight", embd);
+    if (!hp.is_moe_layer(il)) {
+      gaussian(blk + "ffn_gate.weight", {embd, hp.n_ff_dense}, fan_in(embd));
+      gaussian(blk + "ffn_up.weight", {embd, hp.n_ff_dense}, fan_in(embd));
+      gaussian(blk + "ffn_down.weight", {hp.n_ff_dense, embd}, fan_in(hp.n_ff_dense));
+      continue;
+    }
+    const uint64_t ff = hp.n_ff_expert, n_exp = hp.n_expert, shared_ff = ff * hp.n_expert_shared;
+    gaussian(blk + "ffn_gate_inp.weight", {embd, n_exp}, preset.router_logit_std * fan_in(embd));
+    if (hp.gating == ExpertGating::Sigmoid)
+      gaussian(blk + "exp_probs_b.bias", {n_exp}, preset.expert_bias_std);
+    gaussian(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}, fan_in(embd));
+    gaussian(blk + "ffn_up_exps.weight", {embd, ff, n_exp}, fan_in(embd));
+    gaussian(blk + "ffn_down_exps.weight", {ff, embd, n_exp}, fan_in(ff));
+    if (hp.n_expert_shared > 0) {
+      gaussian(blk + "ffn_gate_shexp.weight", {embd, shared_ff}, fan_in(embd));
+      gaussian(blk + "ffn_up_shexp.weight", {embd, shared_ff}, fan_in(embd));
+      gaussian(blk + "ffn_down_shexp.weight", {shared_ff, embd}, fan_in(shared_ff));
+    }
+  }
+  ones("output_norm.weight", embd);
+  gaussian("output.weight", {embd, hp.n_vocab}, preset.output_logit_std * fan_in(embd));
+  return specs;
+}
+
+// ---- random numbers --------------------------------------------------------------------------
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Each row starts its stream at a hashed point, so rows are independent (consecutive plain
+// seeds would make row r+1 the stream of row r shifted by one draw).
+uint64_t row_seed(uint64_t tensor_seed, uint64_t row) {
+  uint64_t state = tensor_seed ^ (row * 0xd1b54a32d192ed03ull);
+  return splitmix64(state);
+}
+
+uint64_t hash_name(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (char c : name) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// Approximately Gaussian values (sum of four uniforms, rescaled to unit variance): smooth
+// enough for weights and an order of magnitude cheaper than Box-Muller at 16 billion values.
+void fill_gaussian(float* out, uint64_t n, uint64_t seed, float std) {
+  uint64_t state = seed;
+  const float scale = std * std::sqrt(3.0f) / 32768.0f;  // 4 uniforms of variance 65536²/12
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t r = splitmix64(state);
+    const int32_t sum = int32_t(r & 0xffff) + int32_t((r >> 16) & 0xffff) +
+                        int32_t((r >> 32) & 0xffff) + int32_t(r >> 48) - 2 * 65535;
+    out[i] = float(sum) * 0.5f * scale;
+  }
+}
+
+int32_t llama_file_type(const std::string& format) {
+  if (format == "F32") return 0;
+  if (format == "F16") return 1;
+  if (format == "Q8_0") return 7;
+  if (format == "Q4_K_M") return 15;
+  return 32;  // BF16
+}
+
+}  // namespace
+
+const std::vector<SyntheticPreset>& synthetic_presets() {
+  static const std::vector<SyntheticPreset> presets = {
+      {"micro", "3 layers, hidden 128, 8 experts (2 used, 2 shared): a few MB, for tests",
+       micro_hparams(), 6.0f, 10.0f, 1.0f},
+      {"lite", "DeepSeek-V2-Lite shapes: 27 layers, hidden 2048, 64 experts of 1408 (6 used, 2 shared)",
+       lite_hparams(), 6.0f, 10.0f, 1.0f},
+      {"v3-layer", "DeepSeek-V3 shapes, 3 layers (1 dense + 2 MoE): hidden 7168, 256 experts, q_lora 1536",
+       v3_layer_hparams(), 8.0f, 10.0f, 1.0f},
+  };
+  return presets;
+}
+
+const SyntheticPreset& find_synthetic_preset(const std::string& name) {
+  std::string names;
+  for (const SyntheticPreset& preset : synthetic_presets()) {
+    if (preset.name == name) return preset;
+    names += (names.empty() ? "" : ", ") + preset.name;
+  }
+  fail("unknown preset '{}'; available presets: {}", name, names);
+}
+
+const std::vector<std::string>& synthetic_formats() {
+  static const std::vector<std::string> formats = {"Q4_K_M", "Q8_0", "BF16", "F16", "F32"};
+  return formats;
+}
+
+SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPool& pool) {
+  const auto start = std::chrono::steady_clock::now();
+  SyntheticPreset preset = find_synthetic_preset(options.preset);
+  const auto& formats = synthetic_formats();
+  if (std::find(formats.begin(), formats.end(), options.format) == formats.end())
+    fail("unknown --format '{}'; choose one of Q4_K_M, Q8_0, BF16, F16, F32", options.format);
+  Deepseek2Hparams& hp = preset.hparams;
+  if (options.n_layers) {
+    if (*options.n_layers <= hp.n_leading_dense)
+      fail("--layers {} leaves no MoE layer; the preset has {} dense layer(s) first", *options.n_layers,
+           hp.n_leading_dense);
+    hp.n_layer = *options.n_layers;
+  }
+
+  const Tokenizer tokenizer = make_tokenizer(hp.n_vocab);
+  hp.n_vocab = uint32_t(tokenizer.tokens.size());
+  const std::vector<TensorSpec> specs = tensor_specs(preset, options.format);
+
+  gguf::GgufWriter writer(options.output_path);
+  writer.add_metadata("general.architecture", gguf::Value::string("deepseek2"));
+  writer.add_metadata("general.name", gguf::Value::string("tandem-synthetic-" + preset.name));
+  writer.add_metadata("general.type", gguf::Value::string("model"));
+  writer.add_metadata("general.file_type", gguf::Value::u32(uint32_t(llama_file_type(options.format))));
+  writer.add_metadata("general.quantization_version", gguf::Value::u32(2));
+  write_deepseek2_hparams(hp, writer);
+  writer.add_metadata("tokenizer.ggml.model", gguf::Value::string("gpt2"));
+  writer.add_metadata("tokenizer.ggml.pre", gguf::Value::string("deepseek-v3"));
+  writer.add_metadata("tokenizer.ggml.tokens", gguf::Value::string_array(tokenizer.tokens));
+  writer.add_metadata("tokenizer.ggml.token_type", gguf::Value::i32_array(tokenizer.types));
+  writer.add_metadata("tokenizer.ggml.merges", gguf::Value::string_array(tokenizer.merges));
+  writer.add_metadata("tokenizer.ggml.bos_token_id", gguf::Value::u32(0));
+  writer.add_metadata("tokenizer.ggml.eos_token_id", gguf::Value::u32(1));
+  writer.add_metadata("tokenizer.ggml.padding_token_id", gguf::Value::u32(2));
+  writer.add_metadata("tokenizer.ggml.add_bos_token", gguf::Value::boolean(true));
+  writer.add_metadata("tokenizer.ggml.add_eos_token", gguf::Value::boolean(false));
+  writer.add_metadata("tokenizer.chat_template", gguf::Value::string(std::string(kChatTemplate)));
+  writer.add_metadata("tandem.synthetic", gguf::Value::string(fmt::format(
+                                     R"({{"preset": "{}", "format": "{}", "seed": {}}})",
+                                     preset.name, options.format, options.seed)));
+
+  uint64_t total_bytes = 0;
+  for (const TensorSpec& spec : specs) {
+    writer.add_tensor(spec.name, spec.type, spec.shape);
+    uint64_t rows = 1;
+    for (size_t d = 1; d < spec.shape.size(); ++d) rows *= spec.shape[d];
+    total_bytes += rows * row_bytes(spec.type, spec.shape[0]);
+  }
+  writer.write_header();
+
+  // Bounded memory: at most ~16M floats are generated and quantized at a time.
+  constexpr uint64_t kChunkElements = uint64_t(1) << 24;
+  std::vector<std::vector<float>> scratch(size_t(pool.size()));
+  std::vector<uint8_t> chunk;
+  Progress progress("writing " + options.output_path, total_bytes, options.show_progress);
+  for (const TensorSpec& spec : specs) {
+    const uint64_t cols = spec.shape[0];
+    uint64_t rows = 1;
+    for (size_t d = 1; d < spec.shape.size(); ++d) rows *= spec.shape[d];
+    const uint64_t bytes_per_row = row_bytes(spec.type, cols);
+    const uint64_t rows_per_chunk = std::max<uint64_t>(1, kChunkElements / cols);
+    const uint64_t tensor_seed = options.seed ^ hash_name(spec.name);
+    for (auto& row : scratch) row.resize(cols);
+    for (uint64_t first = 0; first < rows; first += rows_per_chunk) {
+      const uint64_t n = std::min(rows_per_chunk, rows - first);
+      chunk.resize(n * bytes_per_row);
+      pool.parallel_for(int64_t(n), [&](int64_t i, int thread) {
+        float* values = scratch[size_t(thread)].data();
+        const uint64_t row = first + uint64_t(i);
+        if (spec.init == Init::Ones) std::fill(values, values + cols, 1.0f);
+        else fill_gaussian(values, cols, row_seed(tensor_seed, row), spec.std);
+        quantize_row(spec.type, values, chunk.data() + uint64_t(i) * bytes_per_row, int64_t(cols));
+      });
+      writer.write_tensor_data(spec.name, chunk);
+      progress.advance(chunk.size());
+    }
+  }
+  writer.finish();
+  progress.finish();
+
+  SyntheticSummary summary;
+  summary.file_bytes = writer.bytes_written();
+  summary.n_tensors = specs.size();
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace tandem
