@@ -1,11 +1,16 @@
 #pragma once
 // Bit packing of the k-quant sub-block scales, shared by the scalar reference (src/quant) and
 // the SIMD kernels so that both read exactly the same bits. Layouts are GGUF's.
+//
+// Internal linkage on purpose: kernel files compiled for different instruction sets include
+// this header, and inline functions with external linkage would be merged across them by the
+// linker, so portable code could end up calling an AVX-512 copy.
 #include <cstdint>
 
 #include "core/blocks.h"
 
 namespace tandem {
+namespace {  // NOLINT(google-build-namespaces): see the linkage note above
 
 // Q4_K / Q5_K: 8 scales and 8 mins of 6 bits in 12 bytes. Bytes 0..3 hold scales 0..3 and bytes
 // 4..7 mins 0..3 in their low 6 bits; the top 2 bits of those 8 bytes are bits 4..5 of scales
@@ -41,4 +46,5 @@ inline void unpack_q3_k_scales(const uint8_t packed[12], int8_t scales[16]) {
   }
 }
 
+}  // namespace
 }  // namespace tandem

@@ -1,0 +1,64 @@
+#pragma once
+// Internal to the CPU backend: the table of row-dot kernels that matmul.cpp dispatches through,
+// and the activation layouts the kernels read. One table per instruction set, filled once: the
+// portable file fills every entry, then the AVX2 and AVX-512 files overwrite the entries they
+// implement (so a format without a kernel at some level falls back to the level below).
+//
+// The kernel files compiled with -mavx2 / -mavx512* must not run any code at load time (no
+// dynamic initializers): their functions are reached only through the table, after CPUID.
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cpu/cpu_features.h"
+#include "core/blocks.h"
+
+namespace tandem::cpu {
+
+// How a kernel wants the activations x prepared before its dot products.
+enum class ActKind : uint8_t {
+  F32,   // used in place
+  BF16,  // rounded to bf16 (uint16_t per element)
+  Q8,    // ActBlockQ8 per 32 elements
+  Q8_K,  // BlockQ8_K per 256 elements (core/blocks.h)
+};
+constexpr int kActKinds = 4;
+
+// 8-bit activations for the 32-element weight formats: x ≈ d * qs, qs in [-127, 127]. `sum` is
+// Σ qs; it turns the offsets of Q4_0 (-8), Q5_0 (-16), Q5_1 (+m) into one integer correction per
+// block. The scale stays f32 (Q8_0 weights store f16): activation accuracy costs nothing here.
+struct ActBlockQ8 {
+  float d;
+  int32_t sum;
+  int8_t qs[32];
+};
+static_assert(sizeof(ActBlockQ8) == 40);
+
+// One weight row against one token's prepared activations; `cols` elements.
+using RowDotFn = float (*)(const void* weight_row, const void* act_row, int64_t cols);
+// Prepares one token's activations (`cols` floats) in the layout of an ActKind.
+using PrepareActFn = void (*)(const float* x, void* act_row, int64_t cols);
+
+struct FormatKernel {
+  ActKind act = ActKind::F32;
+  RowDotFn dot = nullptr;  // nullptr: format not supported
+};
+
+// Indexed by the DType number (as in GGUF); F32 through BF16 (30).
+constexpr int kDTypeSlots = 31;
+
+struct KernelTable {
+  FormatKernel formats[kDTypeSlots];
+  PrepareActFn prepare[kActKinds] = {};  // F32 has none: x is read in place
+};
+
+// Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
+size_t act_row_bytes(ActKind kind, int64_t cols);
+
+// The table of one level, built on first use; throws tandem::Error if the CPU lacks `isa`.
+const KernelTable& kernel_table(CpuIsa isa);
+
+void fill_portable_kernels(KernelTable& table);
+void fill_avx2_kernels(KernelTable& table);
+void fill_avx512_kernels(KernelTable& table);
+
+}  // namespace tandem::cpu

@@ -1,0 +1,41 @@
+#pragma once
+// y = W·x on the CPU for every weight format tandem reads.
+//
+// W is [rows, cols], row-major, each row row_bytes(weight_type, cols) bytes, used in place (for
+// example straight from the mmap'd GGUF file). x is [n_tokens, cols] F32, y is [n_tokens, rows]
+// F32. Quantized formats quantize x once per call to 8 bits (Q8_0-style blocks of 32 for the
+// 32-element formats, Q8_K super-blocks of 256 for the k-quants) and take integer dot products
+// per block, as the fast engines do; F32/F16 multiply in float. BF16 multiplies in float, except
+// the AVX-512 kernel, which rounds x to bf16 and uses the bf16 dot-product instruction.
+// Accuracy per format: see kMatmulErrorBound in tests/cpu/matmul_test.cpp.
+#include <cstdint>
+
+#include "backends/cpu/cpu_features.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace tandem::cpu {
+
+struct MatmulArgs {
+  DType weight_type = DType::F32;
+  const void* weights = nullptr;  // [rows, cols] in weight_type
+  int64_t rows = 0;
+  int64_t cols = 0;              // a multiple of the format's block size
+  const float* input = nullptr;  // [n_tokens, cols]
+  int64_t n_tokens = 0;
+  float* output = nullptr;  // [n_tokens, rows]; must not overlap input
+};
+
+// Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+bool matmul_supports(DType weight_type);
+
+// Uses the kernels of best_cpu_isa(). Throws tandem::Error for a format it does not support or
+// a `cols` that is not a multiple of the block size. Allocates only when a call needs more
+// activation scratch than any earlier call on this thread.
+void matmul(const MatmulArgs& args, ThreadPool& pool);
+
+// The same with a chosen instruction set (tests and benchmarks); throws tandem::Error when the
+// CPU lacks it. Formats without a kernel for `isa` use the next lower level's.
+void matmul_with_isa(CpuIsa isa, const MatmulArgs& args, ThreadPool& pool);
+
+}  // namespace tandem::cpu

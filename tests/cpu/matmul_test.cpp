@@ -1,0 +1,313 @@
+// Every (instruction set, weight format, shape) against the scalar reference: each weight row
+// dequantized by src/quant and dotted in double with the *unquantized* activations, so the
+// measured error includes the kernels' own activation quantization.
+#include "backends/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "core/blocks.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "quant/quant.h"
+
+namespace tandem::cpu {
+namespace {
+
+// Normalized error: |y - y_ref| / Σ_k |w_k x_k| over the row. Dividing by the sum of absolute
+// products (not |y_ref|) keeps the measure meaningful when the dot product cancels to near zero,
+// and makes it a relative error per element: an error of e in every product gives at most e.
+//
+// Bounds, and why (measured worst over all shapes and levels here in brackets):
+// - F32, F16: only f32 rounding in the accumulation (weights decode exactly); errors of random
+//   sign grow as sqrt(n) * 2^-24 [1.9e-7].
+// - BF16: the AVX-512 kernel rounds x to bf16 (8 significant bits) for vdpbf16ps: at most 2^-8
+//   = 3.9e-3 relative per product, so at most 3.9e-3 here even if every rounding had the same
+//   sign [2.2e-3]. The other levels multiply in f32 (as F32).
+// - Quantized formats: x is quantized to 8 bits with one scale per 32 (Q8_0-style) or 256
+//   (Q8_K) elements, |dx| <= amax / 254 per element. Gaussian x has amax ~ 2.5 sigma per 32
+//   against E|x| = 0.8 sigma, so errors all pointing the same way could reach ~1.2e-2; they are
+//   independent and of random sign, so the measure shrinks as 1/sqrt(cols) and the worst case
+//   here is the shortest rows (64 elements) [3.9e-3 to 4.0e-3 for the 32-element formats,
+//   2.6e-3 to 3.0e-3 for the k-quants, whose shortest row is 256]. Any layout bug (a wrong
+//   nibble, sub-block scale, min or bit plane) costs 0.1 or more.
+struct FormatBound {
+  DType type;
+  double bound;
+};
+constexpr FormatBound kMatmulErrorBound[] = {
+    {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
+    {DType::Q4_0, 1e-2}, {DType::Q5_0, 1e-2}, {DType::Q5_1, 1e-2}, {DType::Q2_K, 8e-3},
+    {DType::Q3_K, 8e-3}, {DType::Q4_K, 8e-3}, {DType::Q5_K, 8e-3}, {DType::Q6_K, 8e-3},
+};
+
+bool is_k_quant(DType type) {
+  return dtype_info(type).block_elems == uint32_t(kQK_K);
+}
+
+// Formats quantize_row cannot write get random blocks with sane fp16 scales (the kernels only
+// need to agree with dequantize_row, not with any particular quantizer).
+bool written_raw(DType type) {
+  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q5_1;
+}
+
+std::vector<float> gaussian(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
+std::vector<uint8_t> random_raw_blocks(DType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes(size_t(rows) * row_bytes(type, uint64_t(cols)));
+  for (uint8_t& b : bytes) b = uint8_t(rng());
+  std::uniform_real_distribution<float> scale(0.5f, 1.5f);
+  auto put = [](uint16_t* field, float value) { *field = f32_to_f16(value); };
+  const int64_t n_blocks = rows * cols / dtype_info(type).block_elems;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    if (type == DType::Q2_K) {
+      auto* block = reinterpret_cast<BlockQ2_K*>(bytes.data()) + b;
+      put(&block->d, 0.02f * scale(rng));
+      put(&block->dmin, 0.02f * scale(rng));
+    } else if (type == DType::Q3_K) {
+      put(&reinterpret_cast<BlockQ3_K*>(bytes.data())[b].d, 0.01f * scale(rng));
+    } else {
+      auto* block = reinterpret_cast<BlockQ5_1*>(bytes.data()) + b;
+      put(&block->d, 0.05f * scale(rng));
+      put(&block->m, -0.8f * scale(rng));
+    }
+  }
+  return bytes;
+}
+
+std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols, uint32_t seed) {
+  if (written_raw(type)) return random_raw_blocks(type, rows, cols, seed);
+  const std::vector<float> values = gaussian(rows * cols, seed);
+  const size_t stride = row_bytes(type, uint64_t(cols));
+  std::vector<uint8_t> bytes(size_t(rows) * stride);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(type, values.data() + r * cols, bytes.data() + size_t(r) * stride, cols);
+  return bytes;
+}
+
+struct Reference {
+  std::vector<double> y;        // [n_tokens, rows]
+  std::vector<double> abs_sum;  // [n_tokens, rows]: Σ_k |w_k x_k|
+};
+
+Reference reference_matmul(DType type, const std::vector<uint8_t>& weights, int64_t rows,
+                           int64_t cols, const std::vector<float>& x, int64_t n_tokens) {
+  Reference ref{std::vector<double>(size_t(rows * n_tokens)),
+                std::vector<double>(size_t(rows * n_tokens))};
+  std::vector<float> w(static_cast<size_t>(cols));
+  const size_t stride = row_bytes(type, uint64_t(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(type, weights.data() + size_t(r) * stride, w.data(), cols);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double p = double(w[size_t(k)]) * double(x[size_t(t * cols + k)]);
+        sum += p;
+        abs_sum += std::fabs(p);
+      }
+      ref.y[size_t(t * rows + r)] = sum;
+      ref.abs_sum[size_t(t * rows + r)] = abs_sum;
+    }
+  }
+  return ref;
+}
+
+// Largest normalized error of y against the reference.
+double max_normalized_error(const std::vector<float>& y, const Reference& ref) {
+  double worst = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double scale = std::max(ref.abs_sum[i], 1e-30);
+    const double e = std::fabs(double(y[i]) - ref.y[i]) / scale;
+    worst = std::max(worst, std::isfinite(e) ? e : INFINITY);
+  }
+  return worst;
+}
+
+std::vector<float> run(CpuIsa isa, DType type, const std::vector<uint8_t>& weights, int64_t rows,
+                       int64_t cols, const std::vector<float>& x, int64_t n_tokens,
+                       ThreadPool& pool) {
+  std::vector<float> y(size_t(rows * n_tokens), NAN);
+  matmul_with_isa(isa,
+                  {.weight_type = type,
+                   .weights = weights.data(),
+                   .rows = rows,
+                   .cols = cols,
+                   .input = x.data(),
+                   .n_tokens = n_tokens,
+                   .output = y.data()},
+                  pool);
+  return y;
+}
+
+std::vector<int64_t> test_cols(DType type) {
+  if (is_k_quant(type)) return {256, 512, 768, 2048};
+  if (dtype_info(type).block_elems == 32) return {64, 96, 160, 256, 512, 1408, 2048};
+  return {7, 33, 64, 96, 100, 160, 256, 512, 1408, 2048};  // float formats: ragged tails too
+}
+
+TEST(Matmul, EveryIsaFormatAndShapeMatchesScalarReference) {
+  ThreadPool pool(3);
+  const int64_t rows = 37;  // not a multiple of any tile
+  for (const FormatBound& format : kMatmulErrorBound) {
+    double worst_format = 0.0;
+    for (int64_t cols : test_cols(format.type)) {
+      const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, uint32_t(cols));
+      for (int64_t n_tokens : {1, 3, 17}) {
+        const std::vector<float> x = gaussian(n_tokens * cols, uint32_t(1000 + cols + n_tokens));
+        const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
+        for (CpuIsa isa : supported_cpu_isas()) {
+          const std::vector<float> y =
+              run(isa, format.type, weights, rows, cols, x, n_tokens, pool);
+          const double error = max_normalized_error(y, ref);
+          worst_format = std::max(worst_format, error);
+          EXPECT_LE(error, format.bound)
+              << dtype_name(format.type) << " " << cpu_isa_name(isa) << " rows=" << rows
+              << " cols=" << cols << " n_tokens=" << n_tokens;
+        }
+      }
+    }
+    std::printf("  %-5s worst normalized error %.3g (bound %.3g)\n",
+                std::string(dtype_name(format.type)).c_str(), worst_format, format.bound);
+  }
+}
+
+TEST(Matmul, ManyRowsSplitOverThreadsMatchReference) {
+  // Enough rows for many tasks per thread, with a ragged last tile.
+  ThreadPool pool(2);
+  const int64_t rows = 1029, cols = 512, n_tokens = 3;
+  for (DType type : {DType::Q4_K, DType::Q8_0, DType::BF16}) {
+    const std::vector<uint8_t> weights = make_weights(type, rows, cols, 7);
+    const std::vector<float> x = gaussian(n_tokens * cols, 8);
+    const Reference ref = reference_matmul(type, weights, rows, cols, x, n_tokens);
+    for (CpuIsa isa : supported_cpu_isas())
+      EXPECT_LE(max_normalized_error(run(isa, type, weights, rows, cols, x, n_tokens, pool), ref),
+                8e-3)
+          << dtype_name(type) << " " << cpu_isa_name(isa);
+  }
+}
+
+// The integer sums per block are exact at every level and the activation preparation is shared,
+// so levels differ only by f32 summation order — except BF16 on AVX-512, which rounds x to bf16.
+TEST(Matmul, AllIsaVariantsAgreeWithPortable) {
+  ThreadPool pool(2);
+  const int64_t rows = 64, n_tokens = 3;
+  for (const FormatBound& format : kMatmulErrorBound) {
+    const int64_t cols = is_k_quant(format.type) ? 2048 : 1408;
+    const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, 11);
+    const std::vector<float> x = gaussian(n_tokens * cols, 12);
+    const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
+    const std::vector<float> portable =
+        run(CpuIsa::Portable, format.type, weights, rows, cols, x, n_tokens, pool);
+    for (CpuIsa isa : supported_cpu_isas()) {
+      const std::vector<float> y = run(isa, format.type, weights, rows, cols, x, n_tokens, pool);
+      const bool bf16_rounding = format.type == DType::BF16 && isa == CpuIsa::Avx512;
+      const double bound = bf16_rounding ? 4e-3 : 2e-6;
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_LE(std::fabs(double(y[i]) - double(portable[i])) / ref.abs_sum[i], bound)
+            << dtype_name(format.type) << " " << cpu_isa_name(isa) << " output " << i;
+    }
+  }
+}
+
+// The kernels of every level read the same prepared activations; a level with its own (SIMD)
+// preparation must produce the portable bytes exactly, or the levels would stop agreeing.
+TEST(Matmul, ActivationQuantizationIsBitIdenticalAcrossIsas) {
+  const int64_t cols = 2048;
+  std::vector<float> x = gaussian(cols, 41);
+  x[5] = 0.0f;                                            // zeros and exact ties
+  for (int64_t k = 32; k < 64; ++k) x[size_t(k)] = 0.0f;  // an all-zero block
+  for (int64_t k = 64; k < 96; ++k) x[size_t(k)] = float(k % 5) * 0.5f - 1.0f;
+  for (ActKind kind : {ActKind::Q8, ActKind::Q8_K}) {
+    const size_t bytes = act_row_bytes(kind, cols);
+    std::vector<uint8_t> expected(bytes), actual(bytes);
+    const KernelTable& portable = kernel_table(CpuIsa::Portable);
+    portable.prepare[size_t(kind)](x.data(), expected.data(), cols);
+    for (CpuIsa isa : supported_cpu_isas()) {
+      kernel_table(isa).prepare[size_t(kind)](x.data(), actual.data(), cols);
+      EXPECT_EQ(std::memcmp(expected.data(), actual.data(), bytes), 0)
+          << cpu_isa_name(isa) << " activation kind " << int(kind);
+    }
+  }
+}
+
+// On a machine with AVX-512 the default path never runs the portable kernels, so they are
+// checked here explicitly, in every format, against the reference.
+TEST(Matmul, PortableKernelsAreExercisedOnEveryMachine) {
+  ThreadPool pool(1);
+  const int64_t rows = 5, cols = 512, n_tokens = 2;
+  for (const FormatBound& format : kMatmulErrorBound) {
+    const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, 21);
+    const std::vector<float> x = gaussian(n_tokens * cols, 22);
+    const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
+    const std::vector<float> y =
+        run(CpuIsa::Portable, format.type, weights, rows, cols, x, n_tokens, pool);
+    EXPECT_LE(max_normalized_error(y, ref), format.bound) << dtype_name(format.type);
+  }
+}
+
+TEST(Matmul, DefaultEntryUsesTheBestIsaAndMatchesIt) {
+  ThreadPool pool(2);
+  const int64_t rows = 40, cols = 256, n_tokens = 2;
+  const std::vector<uint8_t> weights = make_weights(DType::Q6_K, rows, cols, 31);
+  const std::vector<float> x = gaussian(n_tokens * cols, 32);
+  std::vector<float> y(size_t(rows * n_tokens));
+  matmul({.weight_type = DType::Q6_K,
+          .weights = weights.data(),
+          .rows = rows,
+          .cols = cols,
+          .input = x.data(),
+          .n_tokens = n_tokens,
+          .output = y.data()},
+         pool);
+  EXPECT_EQ(y, run(best_cpu_isa(), DType::Q6_K, weights, rows, cols, x, n_tokens, pool));
+}
+
+TEST(Matmul, RejectsUnsupportedFormatsAndRaggedRows) {
+  ThreadPool pool(1);
+  std::vector<uint8_t> weights(4096);
+  std::vector<float> x(256), y(4);
+  MatmulArgs args{.weight_type = DType::Q4_1,
+                  .weights = weights.data(),
+                  .rows = 1,
+                  .cols = 256,
+                  .input = x.data(),
+                  .n_tokens = 1,
+                  .output = y.data()};
+  EXPECT_FALSE(matmul_supports(DType::Q4_1));
+  EXPECT_THROW(matmul(args, pool), Error);
+  args.weight_type = DType::Q4_K;
+  args.cols = 200;  // not a whole super-block
+  EXPECT_THROW(matmul(args, pool), Error);
+}
+
+TEST(Matmul, EmptyShapesWriteNothing) {
+  ThreadPool pool(2);
+  std::vector<float> y(4, 42.0f);
+  const float x[1] = {};
+  matmul({.weight_type = DType::Q8_0,
+          .weights = nullptr,
+          .rows = 0,
+          .cols = 32,
+          .input = x,
+          .n_tokens = 1,
+          .output = y.data()},
+         pool);
+  EXPECT_EQ(y, std::vector<float>(4, 42.0f));
+}
+
+}  // namespace
+}  // namespace tandem::cpu
