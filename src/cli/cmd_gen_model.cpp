@@ -1,7 +1,51 @@
+// `tandem gen-model`: writes a synthetic deepseek2 GGUF (seeded random weights, real layout,
+// trained tokenizer) for tests, benchmarks and planning where no real weights can be had.
+#include <fmt/format.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
 #include "cli/commands.h"
+#include "core/progress.h"
+#include "core/thread_pool.h"
+#include "model/synthetic_model.h"
 
 namespace tandem::cli {
 
-void register_gen_model(CLI::App& app) { (void)app; }
+void register_gen_model(CLI::App& app) {
+  auto options = std::make_shared<SyntheticOptions>();
+  auto threads = std::make_shared<int>(physical_core_count());
+  auto layers = std::make_shared<uint32_t>(0);
+  std::string presets_help = "model shape:";
+  for (const SyntheticPreset& preset : synthetic_presets())
+    presets_help += fmt::format("\n  {:<9} {}", preset.name, preset.description);
+
+  CLI::App* cmd = app.add_subcommand(
+      "gen-model",
+      "Write a deepseek2-architecture GGUF with seeded random weights of realistic scale and a "
+      "small trained tokenizer. Its text output is meaningless (random weights); it exists so that "
+      "tests, benchmarks and plans run on real shapes without downloading a model.");
+  cmd->add_option("--preset", options->preset, presets_help)->capture_default_str();
+  cmd->add_option("-o,--output", options->output_path, "GGUF file to write")->required();
+  cmd->add_option("--format", options->format,
+                  "weight mix: Q4_K_M (Q4_K + Q6_K, Q5_0/Q8_0 for short rows, as converters do), "
+                  "Q8_0, BF16, F16, F32; norms and router stay F32")
+      ->capture_default_str();
+  cmd->add_option("--seed", options->seed, "random seed (same seed, same file)")->capture_default_str();
+  cmd->add_option("--layers", *layers, "override the preset's layer count (0 = preset's)");
+  cmd->add_option("-t,--threads", *threads, "threads for generation (default: physical cores)")
+      ->capture_default_str();
+  cmd->add_flag("--no-progress", [options](int64_t) { options->show_progress = false; },
+                "do not print progress");
+  cmd->callback([options, threads, layers] {
+    if (*layers) options->n_layers = *layers;
+    ThreadPool pool(*threads);
+    const SyntheticSummary summary = write_synthetic_model(*options, pool);
+    fmt::print("wrote {}: preset {}, {}, {} tensors, {} in {:.1f} s ({}/s)\n", options->output_path,
+               options->preset, options->format, summary.n_tensors, format_bytes(summary.file_bytes),
+               summary.seconds, format_bytes(uint64_t(double(summary.file_bytes) / std::max(summary.seconds, 1e-9))));
+  });
+}
 
 }  // namespace tandem::cli

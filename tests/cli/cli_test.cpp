@@ -1,0 +1,108 @@
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string command = std::string(TANDEM_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  Result result{-1, ""};
+  if (!pipe) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  std::filesystem::path dir_ =
+      std::filesystem::temp_directory_path() / ("tandem-cli-" + std::to_string(::getpid()));
+  void SetUp() override { std::filesystem::create_directories(dir_); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+};
+
+TEST_F(CliTest, InspectPrintsTheTensorTableAndGroupsOfAFixture) {
+  const Result r = run("inspect " + test::fixture("small-v3-Q4_K_M.gguf").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("architecture: deepseek2"), std::string::npos);
+  EXPECT_NE(r.output.find("blk.1.ffn_down_exps.weight"), std::string::npos);
+  EXPECT_NE(r.output.find("256 x 256 x 16"), std::string::npos);
+  EXPECT_NE(r.output.find("routed experts"), std::string::npos);
+  EXPECT_NE(r.output.find("Q6_K"), std::string::npos);
+  EXPECT_NE(r.output.find("2 of 4 groups"), std::string::npos);
+  EXPECT_NE(r.output.find("DeepSeek V3/R1"), std::string::npos);
+}
+
+TEST_F(CliTest, InspectJsonIsOneObjectWithEveryTensor) {
+  const Result r = run("inspect --json " + test::fixture("micro-v2-F32.gguf").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output);
+  EXPECT_EQ(json["architecture"], "deepseek2");
+  EXPECT_EQ(json["hparams"]["kv_lora_rank"], 64);
+  EXPECT_EQ(json["tokenizer"]["n_tokens"], 4111);
+  EXPECT_EQ(json["metadata"]["tokenizer.ggml.tokens"]["length"], 4111);
+  uint64_t sum = 0;
+  for (const auto& t : json["tensors"]) sum += t["bytes"].get<uint64_t>();
+  EXPECT_EQ(sum, json["tensor_bytes"].get<uint64_t>());
+  EXPECT_GT(json["weight_groups"]["routed experts"]["bytes"].get<uint64_t>(), 0u);
+}
+
+TEST_F(CliTest, GenModelThenInspectRoundTrips) {
+  const std::string path = (dir_ / "micro.gguf").string();
+  const Result gen = run("gen-model --preset micro --format Q8_0 --seed 3 --no-progress -o " + path);
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_NE(gen.output.find("wrote"), std::string::npos);
+  const Result r = run("inspect --json " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output);
+  EXPECT_EQ(json["hparams"]["n_layer"], 3);
+  EXPECT_TRUE(json["formats"].contains("Q8_0"));
+  EXPECT_EQ(json["metadata"]["general.file_type"], 7);
+}
+
+TEST_F(CliTest, CorruptFileIsAOneLineErrorNamingTheFile) {
+  const std::string path = (dir_ / "bad.gguf").string();
+  std::ofstream(path) << "GGUF\x03garbage";
+  const Result r = run("inspect " + path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.output.rfind("tandem: error: ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("bad.gguf"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST_F(CliTest, MissingFileAndBadPresetAreErrors) {
+  Result r = run("inspect " + (dir_ / "nope.gguf").string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("nope.gguf: cannot open"), std::string::npos) << r.output;
+  r = run("gen-model --preset giant -o " + (dir_ / "x.gguf").string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("unknown preset 'giant'"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, HelpNamesTheSubcommands) {
+  const Result r = run("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("inspect"), std::string::npos);
+  EXPECT_NE(r.output.find("gen-model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem
