@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tandem builds and tests with. Skips apt when all are present.
+set -euo pipefail
+packages=(
+  cmake ninja-build g++ clang libclang-rt-14-dev   # compilers; clang + its runtime for libFuzzer
+  libgtest-dev libgmock-dev libbenchmark-dev        # tests and micro-benchmarks
+  nlohmann-json3-dev libcli11-dev libfmt-dev        # JSON, command line, formatting
+  libpcre2-dev python3                              # tokenizer regexes; fixture checker
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

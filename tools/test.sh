@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite: Release and ASan+UBSan builds with every unit, model and CLI test,
+# a bounded libFuzzer run over the GGUF reader, and the layer-order check of DESIGN.md.
+# Usage: tools/test.sh [--quick]   (--quick: Release tests only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fixtures=../shared/fixtures
+if [[ ! -d $fixtures ]]; then
+  echo "error: $fixtures not found; the tests need the shared fixtures beside the repository" >&2
+  exit 1
+fi
+
+passed=0
+failed=0
+run_ctest() {  # preset
+  local log
+  log=$(mktemp)
+  if ctest --preset "$1" -j2 2>&1 | tee "$log"; then :; fi
+  local total fails
+  total=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -1)
+  fails=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  if [[ -z $total ]]; then failed=$((failed + 1)); return; fi
+  passed=$((passed + total - fails))
+  failed=$((failed + fails))
+  rm -f "$log"
+}
+
+echo "== Release build"
+cmake --preset release >/dev/null
+cmake --build --preset release
+run_ctest release
+
+if [[ ${1:-} != --quick ]]; then
+  echo "== ASan + UBSan build"
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan
+  run_ctest asan
+
+  echo "== GGUF reader fuzzing"
+  if bash tools/fuzz-gguf.sh "${TANDEM_FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+
+  echo "== Layer order (DESIGN.md)"
+  if ../shared/tools/check-layers .; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+fi
+
+echo "$passed passed, $failed failed"
+((failed == 0))
