@@ -1,0 +1,161 @@
+#include "text/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+const std::string kBos = "<｜begin▁of▁sentence｜>";
+
+// The fixture's `tokenizer.chat_template` (the real DeepSeek-V3 template), found by scanning the
+// GGUF bytes for the key: after it come a u32 type (8 = string), a u64 length and the text.
+// A scan keeps this test independent of the GGUF reader.
+std::string fixture_chat_template() {
+  const std::string bytes = test::read_text_file(test::fixture("micro-v3-F32.gguf"));
+  const std::string key = "tokenizer.chat_template";
+  const size_t at = bytes.find(key);
+  if (at == std::string::npos || at + key.size() + 12 > bytes.size()) {
+    ADD_FAILURE() << "no tokenizer.chat_template in micro-v3-F32.gguf";
+    return {};
+  }
+  uint32_t type = 0;
+  uint64_t length = 0;
+  std::memcpy(&type, bytes.data() + at + key.size(), 4);
+  std::memcpy(&length, bytes.data() + at + key.size() + 4, 8);
+  EXPECT_EQ(type, 8u);
+  return bytes.substr(at + key.size() + 12, size_t(length));
+}
+
+std::string render(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                   bool add_generation_prompt) {
+  return apply_chat_template(kind, messages, add_generation_prompt, kBos);
+}
+
+// A conversation with system prompts before and between turns, and an assistant turn that
+// carries reasoning. Expected texts below were produced by rendering the models' Jinja templates.
+const std::vector<ChatMessage> kConversation = {
+    {"system", "Be brief."},
+    {"user", "Hi"},
+    {"assistant", "<think>greet back</think>\n\nHello!"},
+    {"system", "Use English."},
+    {"user", "Sea?"},
+};
+
+TEST(ChatTemplate, V3SingleUserMessageMatchesTheFixturePrompt) {
+  const std::vector<ChatMessage> messages = {
+      {"user", "Write a short poem about the sea, in English and 中文."}};
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV3, messages, true),
+            "<｜begin▁of▁sentence｜><｜User｜>Write a short poem about the sea, in English and "
+            "中文.<｜Assistant｜>");
+}
+
+TEST(ChatTemplate, V3HoistsAndJoinsSystemPromptsAndKeepsReasoning) {
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV3, kConversation, true),
+            kBos +
+                "Be brief.\n\nUse English.<｜User｜>Hi<｜Assistant｜><think>greet back</think>\n\n"
+                "Hello!<｜end▁of▁sentence｜><｜User｜>Sea?<｜Assistant｜>");
+}
+
+TEST(ChatTemplate, V3EndsAssistantTurnsWithEndOfSentence) {
+  const std::vector<ChatMessage> messages = {{"user", "Hi"}, {"assistant", "Hello"}};
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV3, messages, false),
+            kBos + "<｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜>");
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV3, {}, false), kBos);
+}
+
+TEST(ChatTemplate, V2WritesRolesAsTextWithSystemPromptsInPlace) {
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV2, kConversation, true),
+            kBos +
+                "Be brief.\n\nUser: Hi\n\nAssistant: <think>greet back</think>\n\n"
+                "Hello!<｜end▁of▁sentence｜>Use English.\n\nUser: Sea?\n\nAssistant:");
+  const std::vector<ChatMessage> messages = {{"user", "Hi"}, {"assistant", "Hello"}};
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV2, messages, false),
+            kBos + "User: Hi\n\nAssistant: Hello<｜end▁of▁sentence｜>");
+}
+
+TEST(ChatTemplate, R1StripsEarlierReasoningAndOpensThinking) {
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekR1, kConversation, true),
+            kBos +
+                "Use English.<｜User｜>Hi<｜Assistant｜>\n\nHello!<｜end▁of▁sentence｜>"
+                "<｜User｜>Sea?<｜Assistant｜><think>\n");
+  // Only the text after the last </think> survives; a turn without one is untouched.
+  const std::vector<ChatMessage> messages = {
+      {"user", "a"}, {"assistant", "x</think>y</think>answer"}, {"user", "b"}, {"assistant", "c"}};
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekR1, messages, false),
+            kBos +
+                "<｜User｜>a<｜Assistant｜>answer<｜end▁of▁sentence｜><｜User｜>b<｜Assistant｜>c"
+                "<｜end▁of▁sentence｜>");
+}
+
+TEST(ChatTemplate, UnknownRoleIsAnErrorNamingIt) {
+  const std::vector<ChatMessage> messages = {{"user", "a"}, {"tool", "42"}};
+  for (auto kind :
+       {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekV3, ChatTemplateKind::DeepSeekR1}) {
+    try {
+      render(kind, messages, true);
+      ADD_FAILURE() << "role 'tool' accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'tool'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ChatTemplate, DetectsTheFixtureV3Template) {
+  const std::string source = fixture_chat_template();
+  ASSERT_FALSE(source.empty());
+  EXPECT_EQ(detect_chat_template(source), ChatTemplateKind::DeepSeekV3);
+}
+
+TEST(ChatTemplate, DetectsR1AndV2ByTheirMarkers) {
+  // R1's template is V3's with reasoning stripped from assistant turns.
+  std::string r1 = fixture_chat_template();
+  r1 +=
+      "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}";
+  EXPECT_EQ(detect_chat_template(r1), ChatTemplateKind::DeepSeekR1);
+  // V3.1-style hybrid templates render differently from every kind here.
+  EXPECT_EQ(detect_chat_template(r1 + "{%- if not thinking is defined -%}"), std::nullopt);
+
+  const std::string v2 =
+      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+      "{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}"
+      "{{ 'Assistant: ' + message['content'] + eos_token }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+  EXPECT_EQ(detect_chat_template(v2), ChatTemplateKind::DeepSeekV2);
+}
+
+TEST(ChatTemplate, DetectionRejectsOtherTemplates) {
+  EXPECT_EQ(detect_chat_template(""), std::nullopt);
+  EXPECT_EQ(detect_chat_template("garbage {{ not a template"), std::nullopt);
+  EXPECT_EQ(detect_chat_template("{% for message in messages %}<|im_start|>{{ message['role'] }}"
+                                 "\n{{ message['content'] }}<|im_end|>{% endfor %}"),
+            std::nullopt);
+}
+
+TEST(ChatTemplate, NamesAndAliases) {
+  EXPECT_EQ(chat_template_from_name("deepseek2"), ChatTemplateKind::DeepSeekV2);
+  EXPECT_EQ(chat_template_from_name("deepseek-v2"), ChatTemplateKind::DeepSeekV2);
+  EXPECT_EQ(chat_template_from_name("deepseek3"), ChatTemplateKind::DeepSeekV3);
+  EXPECT_EQ(chat_template_from_name("deepseek-v3"), ChatTemplateKind::DeepSeekV3);
+  EXPECT_EQ(chat_template_from_name("deepseek-r1"), ChatTemplateKind::DeepSeekR1);
+  for (auto kind :
+       {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekV3, ChatTemplateKind::DeepSeekR1})
+    EXPECT_EQ(chat_template_from_name(chat_template_name(kind)), kind);
+  try {
+    chat_template_from_name("chatml");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("chatml"), std::string::npos) << message;
+    EXPECT_NE(message.find("deepseek2"), std::string::npos) << message;
+    EXPECT_NE(message.find("deepseek3"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace tandem
