@@ -1,0 +1,133 @@
+// RoPE (with YaRN) and multi-head latent attention on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/matmul.h"
+#include "core/error.h"
+
+namespace tandem::cpu {
+namespace {
+
+// The dimension index at which a rotation makes `n_rot` turns over the original context; YaRN
+// extrapolates below the beta_fast one and interpolates above the beta_slow one.
+float yarn_correction_dim(int64_t n_dims, int64_t original_ctx, float n_rot, float base) {
+  return float(n_dims) *
+         std::log(float(original_ctx) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
+         (2.0f * std::log(base));
+}
+
+}  // namespace
+
+void CpuBackend::rope(const RopeOp& op) {
+  const RopeParams& p = op.params;
+  TANDEM_CHECK(p.rope_dims % 2 == 0);
+  const int64_t half = p.rope_dims / 2;
+  // Per rotated pair i: the ramp between extrapolation (1) and interpolation (0).
+  float low = 0, high = 0;
+  if (p.ext_factor != 0.0f) {
+    low = std::max(0.0f, std::floor(yarn_correction_dim(p.rope_dims, p.original_ctx, p.beta_fast,
+                                                        p.freq_base)));
+    high = std::min(
+        float(p.rope_dims - 1),
+        std::ceil(yarn_correction_dim(p.rope_dims, p.original_ctx, p.beta_slow, p.freq_base)));
+  }
+  float* cos_sin = grow(scratch_d_, size_t(2 * half));
+  for (int64_t t = 0; t < op.n_tokens; ++t) {
+    const float pos = float(op.positions[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float theta_extrap = pos * std::pow(p.freq_base, -2.0f * float(i) / float(p.rope_dims));
+      float theta = p.freq_scale * theta_extrap;
+      if (p.ext_factor != 0.0f) {
+        const float y = (float(i) - low) / std::max(0.001f, high - low);
+        const float mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
+        theta = theta * (1.0f - mix) + theta_extrap * mix;
+      }
+      // YaRN's magnitude correction is folded into the attention scale by the caller, so the
+      // rotation itself stays unscaled.
+      cos_sin[2 * i] = std::cos(theta);
+      cos_sin[2 * i + 1] = std::sin(theta);
+    }
+    for (int64_t h = 0; h < op.n_heads; ++h) {
+      float* x = op.data + t * op.token_stride + h * op.head_stride + op.offset;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = x[2 * i], x1 = x[2 * i + 1];
+        const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+        x[2 * i] = x0 * c - x1 * s;
+        x[2 * i + 1] = x0 * s + x1 * c;
+      }
+    }
+  }
+}
+
+void CpuBackend::mla_attention(const MlaAttentionOp& op) {
+  const int64_t T = op.n_tokens, H = op.n_heads, nope = op.nope_dims;
+  const int64_t lora = op.cache.kv_lora_rank, rope = op.cache.rope_dims, row = op.cache.row();
+  const int64_t q_stride = nope + rope;
+
+  // Absorb the key up-projection into the query, one head at a time over all tokens:
+  // q_lat[h] = k_b[h] · q_nope[h]  ([T, nope] -> [T, kv_lora]).
+  float* q_nope = grow(scratch_a_, size_t(T * nope));
+  float* q_lat = grow(scratch_b_, size_t(H * T * lora));
+  for (int64_t h = 0; h < H; ++h) {
+    copy_rows(q_nope, nope, op.q + h * q_stride, H * q_stride, T, nope);
+    cpu::matmul({.weight_type = op.k_b.type,
+                 .weights = op.k_b.matrix(h).data,
+                 .rows = lora,
+                 .cols = nope,
+                 .input = q_nope,
+                 .n_tokens = T,
+                 .output = q_lat + h * T * lora},
+                pool_);
+  }
+
+  // Scores, softmax and the latent output for every (token, head), spread over the threads.
+  float* o_lat = grow(scratch_c_, size_t(H * T * lora));
+  int64_t max_ctx = 0;
+  for (int64_t t = 0; t < T; ++t) max_ctx = std::max<int64_t>(max_ctx, op.positions[t] + 1);
+  for (auto& s : per_thread_) grow(s, size_t(max_ctx));
+  pool_.parallel_for(T * H, [&](int64_t task, int thread) {
+    const int64_t t = task / H, h = task % H;
+    const int64_t n_keys = op.positions[t] + 1;
+    const float* cache = op.cache.data + int64_t(op.seq_ids[t]) * op.cache.n_ctx * row;
+    const float* ql = q_lat + (h * T + t) * lora;
+    const float* qr = op.q + (t * H + h) * q_stride + nope;
+    float* scores = per_thread_[size_t(thread)].data();
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const float* key = cache + j * row;
+      float s = 0;
+      for (int64_t i = 0; i < lora; ++i) s += ql[i] * key[i];
+      for (int64_t i = 0; i < rope; ++i) s += qr[i] * key[lora + i];
+      scores[j] = s * op.scale;
+      max_score = std::max(max_score, scores[j]);
+    }
+    float sum = 0;
+    for (int64_t j = 0; j < n_keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
+    float* out = o_lat + (h * T + t) * lora;
+    std::fill(out, out + lora, 0.0f);
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const float w = scores[j] / sum;
+      const float* latent = cache + j * row;
+      for (int64_t i = 0; i < lora; ++i) out[i] += w * latent[i];
+    }
+  });
+
+  // Expand each head's latent output through its value projection: [T, kv_lora] -> [T, v_head].
+  float* v_out = grow(scratch_a_, size_t(T * op.v_head_dims));
+  for (int64_t h = 0; h < H; ++h) {
+    cpu::matmul({.weight_type = op.v_b.type,
+                 .weights = op.v_b.matrix(h).data,
+                 .rows = op.v_head_dims,
+                 .cols = lora,
+                 .input = o_lat + h * T * lora,
+                 .n_tokens = T,
+                 .output = v_out},
+                pool_);
+    copy_rows(op.output + h * op.v_head_dims, H * op.v_head_dims, v_out, op.v_head_dims, T,
+              op.v_head_dims);
+  }
+}
+
+}  // namespace tandem::cpu

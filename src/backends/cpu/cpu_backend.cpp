@@ -1,0 +1,99 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/matmul.h"
+#include "core/aligned_buffer.h"
+#include "core/error.h"
+#include "quant/quant.h"
+
+namespace tandem::cpu {
+namespace {
+
+class HostBuffer final : public DeviceBuffer {
+ public:
+  explicit HostBuffer(size_t bytes) : buffer_(bytes) {}
+  void* data() override { return buffer_.data(); }
+  size_t size() const override { return buffer_.size(); }
+
+ private:
+  AlignedBuffer buffer_;
+};
+
+}  // namespace
+
+float* grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads), per_thread_(size_t(n_threads)) {}
+CpuBackend::~CpuBackend() = default;
+
+std::shared_ptr<DeviceBuffer> CpuBackend::allocate(size_t bytes, const std::string& what) {
+  try {
+    // Not touched here: a KV cache sized for a long context only takes memory as it fills.
+    return std::make_shared<HostBuffer>(bytes);
+  } catch (const std::bad_alloc&) {
+    fail("cpu: cannot allocate {} MiB for {}; lower --ctx or free memory", bytes >> 20, what);
+  }
+}
+
+void CpuBackend::copy_from_host(void* device_dst, const void* host_src, size_t bytes) {
+  std::memcpy(device_dst, host_src, bytes);
+}
+
+void CpuBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  std::memcpy(host_dst, device_src, bytes);
+}
+
+void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
+  for (int64_t i = 0; i < n; ++i) {
+    TANDEM_CHECK(ids[i] >= 0 && ids[i] < table.rows);
+    const auto* row = static_cast<const uint8_t*>(table.data) + uint64_t(ids[i]) * table.row_bytes;
+    dequantize_row(table.type, row, output + i * table.cols, table.cols);
+  }
+}
+
+void CpuBackend::matmul(const MatmulOp& op) {
+  matmul_rows(op.weight, op.input, op.n_tokens, op.output);
+}
+
+void CpuBackend::rms_norm(const RmsNormOp& op) {
+  for (int64_t r = 0; r < op.n_rows; ++r) {
+    const float* x = op.input + r * op.input_stride;
+    float* y = op.output + r * op.output_stride;
+    double sum_sq = 0;
+    for (int64_t i = 0; i < op.dim; ++i) sum_sq += double(x[i]) * x[i];
+    const float scale = float(1.0 / std::sqrt(sum_sq / double(op.dim) + op.eps));
+    for (int64_t i = 0; i < op.dim; ++i) y[i] = x[i] * scale * op.weight[i];
+  }
+}
+
+void CpuBackend::add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void CpuBackend::zero(float* y, int64_t n) {
+  std::fill(y, y + n, 0.0f);
+}
+
+void CpuBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                           int64_t n_rows, int64_t row_len) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, size_t(row_len) * sizeof(float));
+}
+
+void CpuBackend::kv_store(const KvStoreOp& op) {
+  const int64_t row = op.cache.row();
+  for (int64_t t = 0; t < op.n_tokens; ++t) {
+    TANDEM_CHECK(op.seq_ids[t] >= 0 && op.seq_ids[t] < op.cache.n_seq);
+    TANDEM_CHECK(op.positions[t] >= 0 && op.positions[t] < op.cache.n_ctx);
+    float* dst = op.cache.data + (int64_t(op.seq_ids[t]) * op.cache.n_ctx + op.positions[t]) * row;
+    std::memcpy(dst, op.rows + t * row, size_t(row) * sizeof(float));
+  }
+}
+
+}  // namespace tandem::cpu

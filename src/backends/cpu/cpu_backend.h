@@ -1,0 +1,54 @@
+#pragma once
+// The host CPU as a Backend: ops run on the calling thread plus a persistent thread pool, on
+// host memory, so weights are used in place from the mmap'd GGUF file.
+#include <memory>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/thread_pool.h"
+
+namespace tandem::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  bool uses_host_memory() const override { return true; }
+  int n_threads() const { return pool_.size(); }
+  ThreadPool& pool() { return pool_; }
+
+  std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override;
+  void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  void synchronize() override {}
+
+  void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
+  void matmul(const MatmulOp& op) override;
+  void rms_norm(const RmsNormOp& op) override;
+  void rope(const RopeOp& op) override;
+  void kv_store(const KvStoreOp& op) override;
+  void mla_attention(const MlaAttentionOp& op) override;
+  void moe_route(const MoeRouteOp& op) override;
+  void moe(const MoeOp& op) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void zero(float* y, int64_t n) override;
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                 int64_t n_rows, int64_t row_len) override;
+
+ private:
+  void matmul_rows(const WeightView& w, const float* input, int64_t n_tokens, float* output);
+
+  ThreadPool pool_;
+  // Scratch that only grows: ops allocate nothing once the largest batch has been seen.
+  std::vector<float> scratch_a_, scratch_b_, scratch_c_, scratch_d_;
+  std::vector<std::vector<float>> per_thread_;
+  std::vector<int32_t> index_scratch_;
+  std::vector<int32_t> expert_fill_;
+};
+
+// Grows `v` to at least n elements (never shrinks) and returns its data.
+float* grow(std::vector<float>& v, size_t n);
+
+}  // namespace tandem::cpu

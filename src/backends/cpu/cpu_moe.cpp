@@ -1,0 +1,141 @@
+// Expert routing and the mixture-of-experts FFN on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/matmul.h"
+#include "core/error.h"
+
+namespace tandem::cpu {
+namespace {
+
+// Indices of the k largest values, largest first; ties go to the lower index.
+void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out, int32_t* order) {
+  std::iota(order, order + n, 0);
+  std::partial_sort(order, order + k, order + n, [&](int32_t a, int32_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  });
+  std::copy(order, order + k, out);
+}
+
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+
+}  // namespace
+
+void CpuBackend::moe_route(const MoeRouteOp& op) {
+  const int64_t E = op.n_expert, K = op.top_k;
+  TANDEM_CHECK(K >= 1 && K <= E && op.n_groups >= 1 && E % op.n_groups == 0);
+  float* probs = grow(scratch_a_, size_t(E));
+  float* selection = grow(scratch_b_, size_t(E));
+  float* group_scores = grow(scratch_c_, size_t(op.n_groups));
+  if (index_scratch_.size() < size_t(E + op.n_groups))
+    index_scratch_.resize(size_t(E + op.n_groups));
+  int32_t* order = index_scratch_.data();
+  int32_t* kept_groups = order + E;
+  const int64_t per_group = E / op.n_groups;
+
+  for (int64_t t = 0; t < op.n_tokens; ++t) {
+    const float* logits = op.logits + t * E;
+    if (op.gating == MoeGating::Softmax) {
+      const float max_logit = *std::max_element(logits, logits + E);
+      float sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(logits[e] - max_logit);
+      for (int64_t e = 0; e < E; ++e) probs[e] /= sum;
+    } else {
+      for (int64_t e = 0; e < E; ++e) probs[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    }
+    // The bias steers which experts are chosen, never how much they weigh (DeepSeek-V3).
+    for (int64_t e = 0; e < E; ++e) selection[e] = probs[e] + (op.bias ? op.bias[e] : 0.0f);
+
+    if (op.n_groups > 1 && op.n_groups_used < op.n_groups) {
+      // Group score: V3 (sigmoid) sums each group's two best experts; V2 (softmax) takes the
+      // best one, as each model was trained.
+      for (int64_t g = 0; g < op.n_groups; ++g) {
+        const float* s = selection + g * per_group;
+        float best = -INFINITY, second = -INFINITY;
+        for (int64_t i = 0; i < per_group; ++i) {
+          if (s[i] > best)
+            second = best, best = s[i];
+          else if (s[i] > second)
+            second = s[i];
+        }
+        group_scores[g] = op.gating == MoeGating::Sigmoid && per_group > 1 ? best + second : best;
+      }
+      top_k_indices(group_scores, op.n_groups, op.n_groups_used, kept_groups, order);
+      std::sort(kept_groups, kept_groups + op.n_groups_used);
+      for (int64_t g = 0, next_kept = 0; g < op.n_groups; ++g) {
+        if (next_kept < op.n_groups_used && kept_groups[next_kept] == g) {
+          ++next_kept;
+          continue;
+        }
+        std::fill(selection + g * per_group, selection + (g + 1) * per_group, -INFINITY);
+      }
+    }
+
+    int32_t* ids = op.expert_ids + t * K;
+    float* weights = op.expert_weights + t * K;
+    top_k_indices(selection, E, K, ids, order);
+    float sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += weights[k] = probs[ids[k]];
+    for (int64_t k = 0; k < K; ++k)
+      weights[k] = (op.normalize ? weights[k] / sum : weights[k]) * op.scale;
+  }
+}
+
+void CpuBackend::moe(const MoeOp& op) {
+  const int64_t T = op.n_tokens, K = op.top_k, D = op.dim, F = op.ffn_dims;
+  const int64_t E = op.gate.n_mats;
+  // Tokens grouped by expert, so each expert's weights are read once per call.
+  if (index_scratch_.size() < size_t(E + 1 + T * K)) index_scratch_.resize(size_t(E + 1 + T * K));
+  int32_t* offsets = index_scratch_.data();  // [E + 1]
+  int32_t* slots = offsets + E + 1;          // [T * K] (token * K + k), by expert
+  std::fill(offsets, offsets + E + 1, 0);
+  for (int64_t i = 0; i < T * K; ++i) {
+    TANDEM_CHECK(op.expert_ids[i] >= 0 && op.expert_ids[i] < E);
+    ++offsets[op.expert_ids[i] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  {
+    std::vector<int32_t>& fill = expert_fill_;
+    fill.assign(offsets, offsets + E);
+    for (int64_t i = 0; i < T * K; ++i) slots[fill[size_t(op.expert_ids[i])]++] = int32_t(i);
+  }
+
+  float* x = grow(scratch_a_, size_t(T * K * D));
+  float* gate = grow(scratch_b_, size_t(T * K * F));
+  float* up = grow(scratch_c_, size_t(T * K * F));
+  float* down = grow(scratch_d_, size_t(T * K * D));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = offsets[e], n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(op.input + (slots[first + i] / K) * D, D, x + i * D);
+    matmul_rows(op.gate.matrix(e), x, n, gate);
+    matmul_rows(op.up.matrix(e), x, n, up);
+    for (int64_t i = 0; i < n * F; ++i) gate[i] = silu(gate[i]) * up[i];
+    matmul_rows(op.down.matrix(e), gate, n, down);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t slot = slots[first + i];
+      const float w = op.expert_weights[slot];
+      float* out = op.output + (slot / K) * D;
+      for (int64_t d = 0; d < D; ++d) out[d] += w * down[i * D + d];
+    }
+  }
+}
+
+void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_tokens,
+                             float* output) {
+  cpu::matmul({.weight_type = w.type,
+               .weights = w.data,
+               .rows = w.rows,
+               .cols = w.cols,
+               .input = input,
+               .n_tokens = n_tokens,
+               .output = output},
+              pool_);
+}
+
+}  // namespace tandem::cpu

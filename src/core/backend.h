@@ -1,0 +1,188 @@
+#pragma once
+// The Backend interface every device implements (DESIGN.md "The Backend interface").
+//
+// Operations are coarse — matmul, rms_norm, rope, MLA attention, MoE, add — so the executor stays
+// simple and each backend can fuse inside an op. Every pointer an op takes lives in memory the
+// backend can reach: host memory for `cpu`, device memory for `cuda:N` and `sim:N`. Ops are
+// submitted in order and may run asynchronously (a CUDA stream); `synchronize()` waits for all
+// of them, and `copy_to_host` is the one way results come back. The CPU backend executes each
+// op before returning.
+//
+// Shapes are written [outer, ..., inner]: the last dimension is contiguous.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace tandem {
+
+// A weight matrix, or a stack of equally shaped matrices (experts of a layer, heads of attn_k_b),
+// stored as GGUF stores it: `rows` rows of `cols` elements, each row row_bytes(type, cols) bytes.
+struct WeightView {
+  DType type = DType::F32;
+  const void* data = nullptr;
+  int64_t cols = 0;      // row length (GGUF shape[0])
+  int64_t rows = 0;      // rows per matrix (GGUF shape[1], 1 for vectors)
+  int64_t n_mats = 1;    // matrices in the stack (GGUF shape[2])
+  uint64_t row_bytes = 0;
+
+  uint64_t matrix_bytes() const { return row_bytes * uint64_t(rows); }
+  // Matrix i of a stack, as its own view.
+  WeightView matrix(int64_t i) const {
+    WeightView m = *this;
+    m.data = static_cast<const uint8_t*>(data) + uint64_t(i) * matrix_bytes();
+    m.n_mats = 1;
+    return m;
+  }
+};
+
+// Device memory owned by a backend; freed when the last owner lets go.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+  float* floats() { return static_cast<float*>(data()); }
+};
+
+// RoPE on `rope_dims` dimensions starting at `offset` inside each head, adjacent pairs rotated
+// ("normal" GGUF rope), with optional YaRN interpolation.
+struct RopeParams {
+  int64_t rope_dims = 0;
+  float freq_base = 10000.0f;
+  // YaRN: 1/factor (1 = no scaling); ext_factor 1 blends interpolation and extrapolation per
+  // dimension between the correction dims computed from beta_fast/beta_slow.
+  float freq_scale = 1.0f;
+  float ext_factor = 0.0f;
+  int64_t original_ctx = 0;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+};
+
+struct MatmulOp {
+  WeightView weight;         // one matrix: [rows, cols]
+  const float* input;        // [n_tokens, cols]
+  float* output;             // [n_tokens, rows]
+  int64_t n_tokens;
+};
+
+struct RmsNormOp {
+  const float* input;        // [n_rows, dim], rows `input_stride` floats apart
+  const float* weight;       // [dim] F32 (host-visible for cpu)
+  float* output;             // [n_rows, dim], rows `output_stride` apart; may equal input
+  int64_t n_rows, dim;
+  int64_t input_stride, output_stride;
+  float eps;
+};
+
+struct RopeOp {
+  float* data;               // [n_tokens, n_heads, head_stride]: rotated in place
+  const int32_t* positions;  // [n_tokens] (host memory)
+  int64_t n_tokens, n_heads;
+  int64_t head_stride;       // floats from one head to the next
+  int64_t token_stride;      // floats from one token to the next
+  int64_t offset;            // first rotated dim inside a head
+  RopeParams params;
+};
+
+// The latent KV cache of one layer for several sequences: per (sequence, position) one row of
+// kv_lora_rank latent values followed by the rope dims of the shared key.
+struct KvLayerView {
+  float* data;               // [n_seq, n_ctx, row]
+  int64_t n_seq, n_ctx;
+  int64_t kv_lora_rank, rope_dims;
+  int64_t row() const { return kv_lora_rank + rope_dims; }
+};
+
+// Multi-head latent attention in absorbed form. For each token t, head h:
+//   q_lat = Wkb_h^T-absorbed(q_nope) [kv_lora];  score_j = (q_lat·c_j + q_rope·k_rope_j) * scale
+//   over the cached positions j <= pos[t] of the token's sequence; o_lat = softmax · c;
+//   out = Wvb_h · o_lat [v_head].
+// The token's own latent must already be stored in the cache (kv_store).
+struct MlaAttentionOp {
+  const float* q;            // [n_tokens, n_heads, nope + rope], rope part already rotated
+  WeightView k_b;            // [n_heads] x [kv_lora rows, nope cols]
+  WeightView v_b;            // [n_heads] x [v_head rows, kv_lora cols]
+  KvLayerView cache;
+  const int32_t* positions;  // [n_tokens] (host memory)
+  const int32_t* seq_ids;    // [n_tokens] (host memory)
+  int64_t n_tokens, n_heads, nope_dims, v_head_dims;
+  float scale;
+  float* output;             // [n_tokens, n_heads, v_head]
+};
+
+// Writes each token's latent row (already normalized and rotated) into the cache.
+struct KvStoreOp {
+  const float* rows;         // [n_tokens, kv_lora + rope]
+  KvLayerView cache;
+  const int32_t* positions;  // [n_tokens] (host memory)
+  const int32_t* seq_ids;    // [n_tokens] (host memory)
+  int64_t n_tokens;
+};
+
+// How a MoE layer picks experts from router logits (DeepSeek V2 / V3 variants).
+enum class MoeGating { Softmax, Sigmoid };
+struct MoeRouteOp {
+  const float* logits;       // [n_tokens, n_expert]
+  const float* bias;         // [n_expert] selection-only bias (exp_probs_b) or nullptr
+  int64_t n_tokens, n_expert, top_k;
+  MoeGating gating;
+  int64_t n_groups, n_groups_used;  // group-limited selection; 1/1 = off
+  bool normalize;            // divide the chosen weights by their sum
+  float scale;               // then multiply by this
+  int32_t* expert_ids;       // [n_tokens, top_k] (host memory)
+  float* expert_weights;     // [n_tokens, top_k] (host memory)
+};
+
+// Σ_k weight_k · down_k(silu(gate_k·x) ⊙ up_k·x) over each token's chosen experts, added to
+// `output`. A dense SwiGLU FFN is the same op with one expert of weight 1.
+struct MoeOp {
+  const float* input;        // [n_tokens, dim]
+  WeightView gate, up;       // [n_expert] x [ffn rows, dim cols]
+  WeightView down;           // [n_expert] x [dim rows, ffn cols]
+  const int32_t* expert_ids; // [n_tokens, top_k] (host memory)
+  const float* expert_weights;  // [n_tokens, top_k] (host memory)
+  int64_t n_tokens, top_k, dim, ffn_dims;
+  float* output;             // [n_tokens, dim], accumulated into
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda:0", "sim:1".
+  virtual std::string name() const = 0;
+  // True when the backend computes on host memory, so weights can be used in place from the
+  // mmap'd file and activations read without a copy.
+  virtual bool uses_host_memory() const = 0;
+
+  // Throws tandem::Error naming the device, the request and what is free when it cannot.
+  virtual std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) = 0;
+  // Copies between host memory and this backend's memory (plain memcpy on the CPU).
+  virtual void copy_from_host(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  // Waits until every submitted op has finished.
+  virtual void synchronize() = 0;
+
+  // Rows of an embedding table (any format) to F32: output[i] = dequantize(table row ids[i]).
+  virtual void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) = 0;
+  virtual void matmul(const MatmulOp& op) = 0;
+  virtual void rms_norm(const RmsNormOp& op) = 0;
+  virtual void rope(const RopeOp& op) = 0;
+  virtual void kv_store(const KvStoreOp& op) = 0;
+  virtual void mla_attention(const MlaAttentionOp& op) = 0;
+  virtual void moe_route(const MoeRouteOp& op) = 0;
+  virtual void moe(const MoeOp& op) = 0;
+  // y += x over n floats.
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  // y = 0 over n floats.
+  virtual void zero(float* y, int64_t n) = 0;
+  // Copies `n_rows` rows of `row_len` floats between strided layouts on this device.
+  virtual void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                         int64_t n_rows, int64_t row_len) = 0;
+};
+
+}  // namespace tandem
