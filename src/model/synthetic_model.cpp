@@ -76,14 +76,14 @@ constexpr std::string_view kChatTemplate =
     "message['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}";
 
-struct Tokenizer {
+struct SyntheticVocabulary {
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   std::vector<std::string> merges;
 };
 
-Tokenizer make_tokenizer(uint32_t n_vocab) {
-  Tokenizer tok;
+SyntheticVocabulary make_vocabulary(uint32_t n_vocab) {
+  SyntheticVocabulary tok;
   auto add = [&](std::string text, int32_t type) {
     tok.tokens.push_back(std::move(text));
     tok.types.push_back(type);
@@ -291,7 +291,7 @@ SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPo
     hp.n_layer = *options.n_layers;
   }
 
-  const Tokenizer tokenizer = make_tokenizer(hp.n_vocab);
+  const SyntheticVocabulary tokenizer = make_vocabulary(hp.n_vocab);
   hp.n_vocab = uint32_t(tokenizer.tokens.size());
   const std::vector<TensorSpec> specs = tensor_specs(preset, options.format);
 

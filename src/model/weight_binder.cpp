@@ -1,0 +1,94 @@
+#include "model/weight_binder.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "gguf/gguf_file.h"
+#include "quant/quant.h"
+
+namespace tandem {
+namespace {
+
+std::string shape_text(std::initializer_list<int64_t> shape) {
+  std::string text;
+  for (int64_t d : shape) text += (text.empty() ? "" : " x ") + std::to_string(d);
+  return "[" + text + "]";
+}
+
+std::string shape_text(const std::vector<uint64_t>& shape) {
+  std::string text;
+  for (uint64_t d : shape) text += (text.empty() ? "" : " x ") + std::to_string(d);
+  return "[" + text + "]";
+}
+
+}  // namespace
+
+WeightBinder::WeightBinder(const gguf::GgufFile& file, Backend& backend)
+    : file_(file), backend_(backend) {}
+
+bool WeightBinder::has(std::string_view name) const { return file_.find_tensor(name) != nullptr; }
+
+const gguf::TensorInfo& WeightBinder::info(std::string_view name,
+                                           std::initializer_list<int64_t> shape) const {
+  const gguf::TensorInfo* t = file_.find_tensor(name);
+  if (!t) fail("{}: tensor '{}' is missing; the file does not match its architecture", file_.name(), name);
+  // Trailing dimensions of 1 may be left out on either side.
+  std::vector<uint64_t> want(shape.begin(), shape.end()), have = t->shape;
+  while (want.size() > 1 && want.back() == 1) want.pop_back();
+  while (have.size() > 1 && have.back() == 1) have.pop_back();
+  if (want != have)
+    fail("{}: tensor '{}' has shape {}, expected {} from the hyperparameters", file_.name(), name,
+         shape_text(t->shape), shape_text(shape));
+  if (!can_dequantize(t->type))
+    fail("{}: tensor '{}' is stored as {}, which tandem cannot read yet; supported: F32, F16, BF16, "
+         "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
+         file_.name(), name, dtype_name(t->type));
+  return *t;
+}
+
+const void* WeightBinder::device_pointer(const void* host, size_t bytes, const std::string& what) {
+  bound_bytes_ += bytes;
+  if (backend_.uses_host_memory()) return host;
+  auto buffer = backend_.allocate(bytes, what);
+  backend_.copy_from_host(buffer->data(), host, bytes);
+  owned_.push_back(buffer);
+  return buffer->data();
+}
+
+WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int64_t> shape) {
+  const gguf::TensorInfo& t = info(name, shape);
+  WeightView view;
+  view.type = t.type;
+  view.cols = int64_t(t.shape[0]);
+  view.rows = t.shape.size() > 1 ? int64_t(t.shape[1]) : 1;
+  view.n_mats = t.shape.size() > 2 ? int64_t(t.shape[2]) : 1;
+  view.row_bytes = row_bytes(t.type, t.shape[0]);
+  view.data = device_pointer(t.data, t.n_bytes, std::string(name));
+  return view;
+}
+
+const float* WeightBinder::f32(std::string_view name, std::initializer_list<int64_t> shape) {
+  const gguf::TensorInfo& t = info(name, shape);
+  if (t.type == DType::F32) return static_cast<const float*>(device_pointer(t.data, t.n_bytes, std::string(name)));
+  std::vector<float>& values = converted_.emplace_back(t.n_elements);
+  dequantize_row(t.type, t.data, values.data(), int64_t(t.n_elements));
+  return static_cast<const float*>(device_pointer(values.data(), values.size() * sizeof(float), std::string(name)));
+}
+
+WeightView WeightBinder::owned(const std::vector<float>& values, DType type, int64_t cols,
+                              int64_t rows, int64_t n_mats, const std::string& what) {
+  TANDEM_CHECK(int64_t(values.size()) == cols * rows * n_mats);
+  WeightView view;
+  view.type = type;
+  view.cols = cols;
+  view.rows = rows;
+  view.n_mats = n_mats;
+  view.row_bytes = row_bytes(type, uint64_t(cols));
+  std::vector<uint8_t>& bytes = converted_bytes_.emplace_back(view.row_bytes * uint64_t(rows * n_mats));
+  for (int64_t r = 0; r < rows * n_mats; ++r)
+    quantize_row(type, values.data() + r * cols, bytes.data() + uint64_t(r) * view.row_bytes, cols);
+  view.data = device_pointer(bytes.data(), bytes.size(), what);
+  return view;
+}
+
+}  // namespace tandem

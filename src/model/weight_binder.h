@@ -1,0 +1,50 @@
+#pragma once
+// Binds GGUF tensors to an architecture's weight fields: one call per tensor that checks the
+// name, shape and format, says expected vs found, and returns a view the backend can use
+// (in place from the mmap on the CPU; uploaded for devices with their own memory).
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace tandem {
+namespace gguf {
+class GgufFile;
+struct TensorInfo;
+}  // namespace gguf
+
+class WeightBinder {
+ public:
+  WeightBinder(const gguf::GgufFile& file, Backend& backend);
+
+  bool has(std::string_view name) const;
+  // A matrix or a stack of matrices for matmul-style ops; `shape` in GGUF order
+  // (shape[0] = row length). Any format the backend multiplies with.
+  WeightView matrix(std::string_view name, std::initializer_list<int64_t> shape);
+  // A vector or small matrix needed as F32 values (norm weights, router, expert bias):
+  // converted to F32 once if stored otherwise.
+  const float* f32(std::string_view name, std::initializer_list<int64_t> shape);
+  // A weight built at load time (e.g. a transposed projection), stored as `type` (F32 or a
+  // format quantize_row writes), kept alive by the binder.
+  WeightView owned(const std::vector<float>& values, DType type, int64_t cols, int64_t rows,
+                   int64_t n_mats, const std::string& what);
+  // The tensor's info after the same checks, for code that must rework a weight at load time.
+  const gguf::TensorInfo& info(std::string_view name, std::initializer_list<int64_t> shape) const;
+
+  uint64_t bound_bytes() const { return bound_bytes_; }
+
+ private:
+  const void* device_pointer(const void* host, size_t bytes, const std::string& what);
+
+  const gguf::GgufFile& file_;
+  Backend& backend_;
+  std::vector<std::shared_ptr<DeviceBuffer>> owned_;
+  std::vector<std::vector<float>> converted_;
+  std::vector<std::vector<uint8_t>> converted_bytes_;
+  uint64_t bound_bytes_ = 0;
+};
+
+}  // namespace tandem

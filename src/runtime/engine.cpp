@@ -1,0 +1,99 @@
+#include "runtime/engine.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf_file.h"
+#include "model/deepseek2.h"
+#include "runtime/kv_cache.h"
+#include "text/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+// MemAvailable from /proc/meminfo, or 0 when unknown.
+uint64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+}  // namespace
+
+std::string supported_architectures() { return "deepseek2"; }
+
+Engine::Engine(const EngineOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
+  const std::string arch = file_->get_string_or("general.architecture", "(none)");
+  if (arch != "deepseek2")
+    fail("{}: architecture '{}' is not supported; tandem runs: {}", file_->name(), arch,
+         supported_architectures());
+
+  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
+  n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
+  backend_ = std::make_unique<cpu::CpuBackend>(n_threads_);
+  model_ = std::make_unique<Deepseek2Model>(*file_, *backend_);
+  const Deepseek2Hparams& hp = model_->hparams();
+
+  const uint64_t per_token = KvCache::bytes_per_token(model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim);
+  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(hp.n_ctx_train);
+  if (options.n_ctx <= 0) {
+    // Default: the model's context, but never more cache than half the free memory.
+    const uint64_t budget = available_memory_bytes() / 2;
+    const int64_t fits = budget ? int64_t(budget / (per_token * uint64_t(options.n_seq))) : n_ctx;
+    if (fits < n_ctx) {
+      n_ctx = std::max<int64_t>(fits, 256);
+      std::fprintf(stderr, "tandem: context capped at %lld tokens (of %u) to keep the KV cache "
+                   "within half of free memory; set --ctx to choose\n", (long long)n_ctx, hp.n_ctx_train);
+    }
+  }
+  cache_ = std::make_unique<KvCache>(*backend_, model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim,
+                                     n_ctx, options.n_seq);
+  load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.verbose)
+    std::fprintf(stderr, "tandem: loaded %s: %s of weights (mmap, cpu), %u layers, KV cache %s for %lld tokens "
+                 "(%s per token), %d threads, %.2f s\n",
+                 file_->name().c_str(), format_bytes(model_->weight_bytes()).c_str(), model_->n_layers(),
+                 format_bytes(cache_->bytes()).c_str(), (long long)n_ctx, format_bytes(per_token).c_str(),
+                 n_threads_, load_seconds_);
+}
+
+Engine::~Engine() = default;
+
+const Deepseek2Hparams& Engine::hparams() const { return model_->hparams(); }
+int64_t Engine::n_vocab() const { return model_->hparams().n_vocab; }
+int64_t Engine::n_ctx() const { return cache_->n_ctx(); }
+uint64_t Engine::kv_cache_bytes() const { return cache_->bytes(); }
+uint64_t Engine::weight_bytes() const { return model_->weight_bytes(); }
+
+void Engine::evaluate(std::span<const int32_t> tokens, int32_t start, int32_t seq, bool all_logits,
+                      std::vector<float>& logits) {
+  const int64_t n = int64_t(tokens.size());
+  if (start < 0 || start + n > cache_->n_ctx())
+    fail("{} tokens at position {} pass the context of {} tokens; raise --ctx or shorten the input",
+         n, start, cache_->n_ctx());
+  if (seq < 0 || seq >= cache_->n_seq()) fail("sequence {} is outside 0..{}", seq, cache_->n_seq() - 1);
+  positions_.resize(size_t(n));
+  seq_ids_.assign(size_t(n), seq);
+  for (int64_t i = 0; i < n; ++i) positions_[size_t(i)] = start + int32_t(i);
+  logit_rows_.clear();
+  for (int64_t i = all_logits ? 0 : n - 1; i < n; ++i) logit_rows_.push_back(int32_t(i));
+  logits.resize(logit_rows_.size() * size_t(n_vocab()));
+  model_->forward({.tokens = tokens, .positions = positions_, .seq_ids = seq_ids_, .logit_rows = logit_rows_},
+                  cache_->views(), logits.data());
+}
+
+}  // namespace tandem

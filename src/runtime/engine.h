@@ -1,0 +1,66 @@
+#pragma once
+// The public entry of the engine: load a model file onto the devices and evaluate tokens.
+// Today: one CPU backend, one architecture (deepseek2). Sessions (runtime/session.h) generate
+// text on top of it.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/deepseek2_hparams.h"
+
+namespace tandem {
+
+namespace gguf {
+class GgufFile;
+}
+class Backend;
+class Deepseek2Model;
+class KvCache;
+class Tokenizer;
+
+struct EngineOptions {
+  std::string model_path;
+  int n_threads = 0;     // 0: physical cores
+  int64_t n_ctx = 0;     // 0: the model's training context, capped by free memory
+  int64_t n_seq = 1;     // sequences that can be in flight at once
+  bool verbose = false;  // load details on stderr
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& options);
+  ~Engine();
+
+  const gguf::GgufFile& file() const { return *file_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const Deepseek2Hparams& hparams() const;
+  int64_t n_vocab() const;
+  int64_t n_ctx() const;
+  uint64_t kv_cache_bytes() const;
+  uint64_t weight_bytes() const;
+  int n_threads() const { return n_threads_; }
+  double load_seconds() const { return load_seconds_; }
+
+  // Evaluates `tokens` of sequence `seq` at positions start, start+1, ...; the cache keeps them.
+  // Writes the logits of every token (all_logits) or of the last one into `logits`
+  // ([rows, n_vocab]). Throws tandem::Error if the tokens would pass the context.
+  void evaluate(std::span<const int32_t> tokens, int32_t start, int32_t seq, bool all_logits,
+                std::vector<float>& logits);
+
+ private:
+  std::unique_ptr<gguf::GgufFile> file_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Deepseek2Model> model_;
+  std::unique_ptr<KvCache> cache_;
+  int n_threads_ = 1;
+  double load_seconds_ = 0;
+  std::vector<int32_t> positions_, seq_ids_, logit_rows_;
+};
+
+// Architectures this build runs, for error messages ("deepseek2").
+std::string supported_architectures();
+
+}  // namespace tandem
