@@ -4,6 +4,10 @@ namespace tandem::cli {
 
 void register_commands(CLI::App& app) {
   register_inspect(app);
+  register_run(app);
+  register_chat(app);
+  register_eval(app);
+  register_tokenize(app);
   register_gen_model(app);
 }
 

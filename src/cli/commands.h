@@ -8,5 +8,9 @@ void register_commands(CLI::App& app);
 
 void register_inspect(CLI::App& app);
 void register_gen_model(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_run(CLI::App& app);
+void register_chat(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -1,5 +1,4 @@
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -8,28 +7,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_runner.h"
 #include "test_support.h"
 
 namespace tandem {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const std::string command = std::string(TANDEM_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  Result result{-1, ""};
-  if (!pipe) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using Result = CliResult;
+Result run(const std::string& args) { return run_tandem(args); }
 
 class CliTest : public ::testing::Test {
  protected:

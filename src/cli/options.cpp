@@ -1,0 +1,43 @@
+#include "cli/options.h"
+
+#include <chrono>
+
+namespace tandem::cli {
+
+void add_engine_options(CLI::App* cmd, EngineOptions& options) {
+  cmd->add_option("model", options.model_path, "GGUF model (first part of a split model)")->required();
+  cmd->add_option("-t,--threads", options.n_threads, "CPU threads (default: physical cores)");
+  cmd->add_option("-c,--ctx", options.n_ctx,
+                  "context length in tokens (default: the model's, capped to half the free memory)");
+  cmd->add_flag("-v,--verbose", options.verbose, "print load details and timings");
+}
+
+void add_sampling_options(CLI::App* cmd, SamplerParams& p, bool& seed_given) {
+  // llama.cpp's defaults.
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.min_p = 0.05f;
+  cmd->add_option("--temp", p.temperature, "temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", p.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
+  cmd->add_option("--top-p", p.top_p, "nucleus sampling mass; 1 = off")->capture_default_str();
+  cmd->add_option("--min-p", p.min_p, "drop tokens below min-p x the best one's probability; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", p.repeat_penalty, "penalty for recent tokens; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalties see")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", p.presence_penalty, "OpenAI presence penalty; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", p.frequency_penalty, "OpenAI frequency penalty; 0 = off")
+      ->capture_default_str();
+  cmd->add_option_function<uint64_t>(
+      "-s,--seed", [&p, &seed_given](uint64_t seed) { p.seed = seed, seed_given = true; },
+      "random seed (default: from the clock); same seed and threads, same output");
+}
+
+uint64_t random_seed() {
+  return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,18 @@
+#pragma once
+// Flags shared by the subcommands that load a model and sample from it, with llama.cpp's names
+// and defaults so that people's habits carry over.
+#include <CLI/CLI.hpp>
+
+#include "runtime/engine.h"
+#include "text/sampler.h"
+
+namespace tandem::cli {
+
+void add_engine_options(CLI::App* cmd, EngineOptions& options);
+// Adds --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
+// --presence-penalty, --frequency-penalty, --seed. `seed_given` tells whether --seed was used.
+void add_sampling_options(CLI::App* cmd, SamplerParams& params, bool& seed_given);
+// A seed from the clock, for runs without --seed (printed with --verbose to reproduce them).
+uint64_t random_seed();
+
+}  // namespace tandem::cli
