@@ -1,5 +1,6 @@
-// CPU matmul at decode shapes (one token): GB/s of weights streamed, per format, shape and thread
-// count, next to a STREAM-style triad as the machine's measured memory bandwidth.
+// CPU matmul at decode shapes (one token): GB/s of weights streamed, per format, activation
+// precision (int16, the default, and int8 for quantized formats), shape and thread count, next to
+// a STREAM-style triad as the machine's measured memory bandwidth.
 //
 // Shapes are DeepSeek-V2-Lite's: expert up/gate [1408, 2048], expert down [2048, 1408], output
 // head [102400, 2048]. A k-quant row must be a whole number of 256-element super-blocks, so
@@ -108,7 +109,8 @@ ThreadPool& pool_of(int n_threads) {
   return n_threads == 1 ? one : two;
 }
 
-void bm_matmul(benchmark::State& state, DType type, Shape shape, int n_threads) {
+void bm_matmul(benchmark::State& state, DType type, ActPrecision precision, Shape shape,
+               int n_threads) {
   const Weights& weights = weights_for(type, shape);
   ThreadPool& pool = pool_of(n_threads);
   std::vector<float> x(size_t(shape.cols)), y(size_t(shape.rows));
@@ -121,7 +123,8 @@ void bm_matmul(benchmark::State& state, DType type, Shape shape, int n_threads) 
             .cols = shape.cols,
             .input = x.data(),
             .n_tokens = 1,
-            .output = y.data()},
+            .output = y.data(),
+            .precision = precision},
            pool);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -165,13 +168,17 @@ void register_all() {
   for (DType type : types) {
     for (const Shape& shape : shapes) {
       if (shape.cols % dtype_info(type).block_elems != 0) continue;
-      for (int n_threads : {1, 2}) {
-        const std::string name = "matmul/" + std::string(dtype_name(type)) + "/" +
-                                 std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
-                                 "/threads:" + std::to_string(n_threads);
-        benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, shape, n_threads)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
+      // BF16's int8 row is its bf16-rounded-x dot (AVX-512); F32/F16 have one kernel.
+      for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
+        for (int n_threads : {1, 2}) {
+          const std::string name = "matmul/" + std::string(dtype_name(type)) + "/" +
+                                   (precision == ActPrecision::Int16 ? "int16/" : "int8/") +
+                                   std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
+                                   "/threads:" + std::to_string(n_threads);
+          benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, precision, shape, n_threads)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }

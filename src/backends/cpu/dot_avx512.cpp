@@ -88,8 +88,30 @@ float dot_f16(const void* w, const void* a, int64_t cols) {
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-// BF16 weights against bf16-rounded activations (ActKind::BF16): vdpbf16ps multiplies 32 pairs
-// and accumulates in f32. The rounding of x costs up to 2^-9 relative per element.
+// BF16 weights against f32 activations (the Int16 precision): widening bf16 is a shift.
+float dot_bf16_f32(const void* w, const void* a, int64_t cols) {
+  const auto* wr = static_cast<const uint16_t*>(w);
+  const auto* x = static_cast<const float*>(a);
+  auto widen = [](__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  };
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= cols; i += 32) {
+    acc0 = _mm512_fmadd_ps(widen(load256(wr + i)), _mm512_loadu_ps(x + i), acc0);
+    acc1 = _mm512_fmadd_ps(widen(load256(wr + i + 16)), _mm512_loadu_ps(x + i + 16), acc1);
+  }
+  for (; i < cols; i += 16) {
+    const __mmask16 m = cols - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - i)) - 1);
+    acc0 = _mm512_fmadd_ps(widen(_mm256_maskz_loadu_epi16(m, wr + i)),
+                           _mm512_maskz_loadu_ps(m, x + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+// BF16 weights against bf16-rounded activations (ActKind::BF16, the Int8 precision): vdpbf16ps
+// multiplies 32 pairs and accumulates in f32. The rounding of x costs up to 2^-9 relative per
+// element.
 float dot_bf16(const void* w, const void* a, int64_t cols) {
   const auto* wr = static_cast<const uint16_t*>(w);
   const auto* x = static_cast<const uint16_t*>(a);
@@ -308,12 +330,15 @@ void prepare_bf16(const float* x, void* act_row, int64_t cols) {
 }  // namespace
 
 void fill_avx512_kernels(KernelTable& table) {
+  // Float formats serve both precisions; the 8-bit kernels only Int8.
   auto set = [&](DType type, ActKind act, RowDotFn dot) {
-    table.formats[size_t(type)] = {act, dot};
+    table.formats[size_t(ActPrecision::Int8)][size_t(type)] = {act, dot};
+    if (act == ActKind::F32) table.formats[size_t(ActPrecision::Int16)][size_t(type)] = {act, dot};
   };
   set(DType::F32, ActKind::F32, dot_f32);
   set(DType::F16, ActKind::F32, dot_f16);
   set(DType::BF16, ActKind::BF16, dot_bf16);
+  table.formats[size_t(ActPrecision::Int16)][size_t(DType::BF16)] = {ActKind::F32, dot_bf16_f32};
   set(DType::Q8_0, ActKind::Q8, dot_q8_0);
   set(DType::Q4_0, ActKind::Q8, dot_q4_0);
   set(DType::Q5_0, ActKind::Q8, dot_q5_0);

@@ -288,8 +288,10 @@ float dot_q6_k(const void* w, const void* a, int64_t cols) {
 }  // namespace
 
 void fill_portable_kernels(KernelTable& table) {
+  // Float formats serve both precisions; the 8-bit kernels only Int8.
   auto set = [&](DType type, ActKind act, RowDotFn dot) {
-    table.formats[size_t(type)] = {act, dot};
+    table.formats[size_t(ActPrecision::Int8)][size_t(type)] = {act, dot};
+    if (act == ActKind::F32) table.formats[size_t(ActPrecision::Int16)][size_t(type)] = {act, dot};
   };
   set(DType::F32, ActKind::F32, dot_f32);
   set(DType::F16, ActKind::F32, dot_f16);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cpu/cpu_features.h"
+#include "backends/cpu/matmul.h"
 #include "core/blocks.h"
 
 namespace tandem::cpu {
@@ -20,8 +21,9 @@ enum class ActKind : uint8_t {
   BF16,  // rounded to bf16 (uint16_t per element)
   Q8,    // ActBlockQ8 per 32 elements
   Q8_K,  // BlockQ8_K per 256 elements (core/blocks.h)
+  Q16,   // 16-bit quants, one scale per 32 elements (layout in act_q16.h)
 };
-constexpr int kActKinds = 4;
+constexpr int kActKinds = 5;
 
 // 8-bit activations for the 32-element weight formats: x ≈ d * qs, qs in [-127, 127]. `sum` is
 // Σ qs; it turns the offsets of Q4_0 (-8), Q5_0 (-16), Q5_1 (+m) into one integer correction per
@@ -46,9 +48,11 @@ struct FormatKernel {
 // Indexed by the DType number (as in GGUF); F32 through BF16 (30).
 constexpr int kDTypeSlots = 31;
 
+constexpr int kActPrecisions = 2;
+
 struct KernelTable {
-  FormatKernel formats[kDTypeSlots];
-  PrepareActFn prepare[kActKinds] = {};  // F32 has none: x is read in place
+  FormatKernel formats[kActPrecisions][kDTypeSlots];  // [ActPrecision][DType]
+  PrepareActFn prepare[kActKinds] = {};               // F32 has none: x is read in place
 };
 
 // Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
@@ -57,8 +61,13 @@ size_t act_row_bytes(ActKind kind, int64_t cols);
 // The table of one level, built on first use; throws tandem::Error if the CPU lacks `isa`.
 const KernelTable& kernel_table(CpuIsa isa);
 
+// Each fills both precisions' float formats and the Int8 quantized ones; the *_q16 files fill
+// the Int16 quantized ones.
 void fill_portable_kernels(KernelTable& table);
 void fill_avx2_kernels(KernelTable& table);
 void fill_avx512_kernels(KernelTable& table);
+void fill_portable_q16_kernels(KernelTable& table);
+void fill_avx2_q16_kernels(KernelTable& table);
+void fill_avx512_q16_kernels(KernelTable& table);
 
 }  // namespace tandem::cpu

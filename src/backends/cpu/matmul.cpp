@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backends/cpu/act_q16.h"
 #include "backends/cpu/kernels.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
@@ -12,8 +13,15 @@ namespace {
 KernelTable build_table(CpuIsa isa) {
   KernelTable table;
   fill_portable_kernels(table);
-  if (int(isa) >= int(CpuIsa::Avx2)) fill_avx2_kernels(table);
-  if (int(isa) >= int(CpuIsa::Avx512)) fill_avx512_kernels(table);
+  fill_portable_q16_kernels(table);
+  if (int(isa) >= int(CpuIsa::Avx2)) {
+    fill_avx2_kernels(table);
+    fill_avx2_q16_kernels(table);
+  }
+  if (int(isa) >= int(CpuIsa::Avx512)) {
+    fill_avx512_kernels(table);
+    fill_avx512_q16_kernels(table);
+  }
   return table;
 }
 
@@ -76,7 +84,8 @@ void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& po
   if (args.rows == 0 || args.n_tokens == 0) return;
   TANDEM_CHECK(args.weights != nullptr && args.input != nullptr && args.output != nullptr);
 
-  const FormatKernel kernel = table.formats[size_t(type)];
+  TANDEM_CHECK(args.precision == ActPrecision::Int16 || args.precision == ActPrecision::Int8);
+  const FormatKernel kernel = table.formats[size_t(args.precision)][size_t(type)];
   const int64_t cols = args.cols;
   const int64_t n_tokens = args.n_tokens;
 
@@ -130,6 +139,9 @@ size_t act_row_bytes(ActKind kind, int64_t cols) {
       break;
     case ActKind::Q8_K:
       bytes = size_t(cols / kQK_K) * sizeof(BlockQ8_K);
+      break;
+    case ActKind::Q16:
+      bytes = q16_row_bytes(cols);
       break;
   }
   return (bytes + 63) / 64 * 64;

@@ -3,11 +3,14 @@
 //
 // W is [rows, cols], row-major, each row row_bytes(weight_type, cols) bytes, used in place (for
 // example straight from the mmap'd GGUF file). x is [n_tokens, cols] F32, y is [n_tokens, rows]
-// F32. Quantized formats quantize x once per call to 8 bits (Q8_0-style blocks of 32 for the
-// 32-element formats, Q8_K super-blocks of 256 for the k-quants) and take integer dot products
-// per block, as the fast engines do; F32/F16 multiply in float. BF16 multiplies in float, except
-// the AVX-512 kernel, which rounds x to bf16 and uses the bf16 dot-product instruction.
-// Accuracy per format: see kMatmulErrorBound in tests/cpu/matmul_test.cpp.
+// F32. Quantized formats quantize x once per call and take integer dot products per block:
+// by default (ActPrecision::Int16) to 16 bits with one scale per 32 elements, which keeps the
+// result within ~1e-5 of f32 activations; ActPrecision::Int8 quantizes to 8 bits (Q8_0-style
+// blocks of 32, Q8_K super-blocks of 256 for the k-quants) as the fast engines do, ~250x less
+// accurate and enough to flip expert choices of sigmoid-routed models. F32/F16 multiply in float;
+// so does BF16, except that Int8 on AVX-512 rounds x to bf16 for the bf16 dot-product instruction.
+// Accuracy per format and precision: kInt16ErrorBound, kInt8ErrorBound in
+// tests/cpu/matmul_test.cpp.
 #include <cstdint>
 
 #include "backends/cpu/cpu_features.h"
@@ -15,6 +18,12 @@
 #include "core/thread_pool.h"
 
 namespace tandem::cpu {
+
+// How finely quantized formats quantize the activations x (see above).
+enum class ActPrecision : uint8_t {
+  Int16,  // default: near-f32 accuracy
+  Int8,   // faster to compute, 8-bit activation error; for benchmarks and opt-in speed work
+};
 
 struct MatmulArgs {
   DType weight_type = DType::F32;
@@ -24,6 +33,7 @@ struct MatmulArgs {
   const float* input = nullptr;  // [n_tokens, cols]
   int64_t n_tokens = 0;
   float* output = nullptr;  // [n_tokens, rows]; must not overlap input
+  ActPrecision precision = ActPrecision::Int16;
 };
 
 // Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.

@@ -1,0 +1,284 @@
+// AVX-512 Int16-precision kernels: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K against ActKind::Q16
+// (act_q16.h), and the Q16 preparation. Other formats use the portable kernels.
+//
+// One 32-element activation block is one zmm of int16. Weights are widened to int16 (with their
+// offsets applied: Q4_0 -8, Q5_0 -16, Q6_K -32, so every weight is signed and |w| <= 128) and
+// vpmaddwd gives 16 int32 lanes of pair sums, each at most 2 * 128 * 32767 = 8.4e6: no overflow,
+// and the pair (-32768)^2 * 2 that could overflow never occurs since |q| <= 32767. Each block's
+// lanes are converted to float once and multiplied by the block's scale (weight scale x activation
+// scale, and the sub-block scale for the k-quants) in one FMA; the sum over blocks is in float.
+// The scales of 16 consecutive 32-element weight blocks are fetched with one gather and
+// converted together, so a block costs about four vector instructions.
+//
+// GCC 12's AVX-512 intrinsics trip its own -Wuninitialized (see dot_avx512.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "backends/cpu/act_q16.h"
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/kscales.h"
+#include "core/blocks.h"
+#include "core/dtype.h"
+
+namespace tandem::cpu {
+namespace {
+
+inline float f16(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+// Makes the compiler forget what it stored at `p`, so that the FMAs read each scale stored there
+// with a broadcast load (a load-port operation) where GCC would otherwise extract and broadcast
+// it within registers (two vector ALU operations per block, in loops bound by them).
+inline void reload_from_memory(const void* p) {
+  asm volatile("" : : "r"(p) : "memory");
+}
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline __m128i load128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+// Activation block b (32 int16); the row is 64-byte aligned.
+inline __m512i load_x(const Q16Row& x, int64_t b) {
+  return _mm512_loadu_si512(x.q + 32 * b);
+}
+
+// ---- 32-element formats ----
+
+// Σ over blocks of scale_b * Σ lanes of dot(b), where scale_b = the block's f16 weight scale
+// (its first two bytes) times the activation scale. Scales are made 16 blocks at a time: one
+// gather of the f16 fields, one conversion, one multiply; the FMAs then read them broadcast from
+// memory. Two accumulators so consecutive blocks' FMAs do not wait on each other.
+template <class DotFn>
+inline float sum_blocks(const void* weights, int block_bytes, const Q16Row& x, int64_t n_blocks,
+                        DotFn dot) {
+  const auto* base = static_cast<const uint8_t*>(weights);
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(block_bytes));
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  alignas(64) float scale[16];
+  for (int64_t g = 0; g < n_blocks; g += 16) {
+    const int n = int(std::min<int64_t>(16, n_blocks - g));
+    const __mmask16 m = n == 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+    // 4 bytes per block from its start: the f16 scale and two bytes we drop.
+    const __m512i raw =
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, base + g * block_bytes, 1);
+    const __m512 weight_scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+    _mm512_store_ps(scale, _mm512_mul_ps(weight_scale, _mm512_maskz_loadu_ps(m, x.d + g)));
+    reload_from_memory(scale);
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(scale[j]), _mm512_cvtepi32_ps(dot(g + j)), acc0);
+      acc1 =
+          _mm512_fmadd_ps(_mm512_set1_ps(scale[j + 1]), _mm512_cvtepi32_ps(dot(g + j + 1)), acc1);
+    }
+    if (j < n)
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(scale[j]), _mm512_cvtepi32_ps(dot(g + j)), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+// The 32 nibbles of 16 bytes as int16 in element order (element j in the low nibble of byte j,
+// element j + 16 in the high one): bytes widened twice over, the upper copy shifted down by 4.
+inline __m512i unpack_nibbles_16(const uint8_t* qs) {
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(load128(qs)));
+  return _mm512_and_si512(_mm512_srlv_epi16(words, shift), _mm512_set1_epi16(15));
+}
+
+float dot_q8_0(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockQ8_0*>(w);
+  const Q16Row x = q16_row(a, cols);
+  return sum_blocks(w, sizeof(BlockQ8_0), x, cols / 32, [&](int64_t b) {
+    return _mm512_madd_epi16(_mm512_cvtepi8_epi16(load256(wb[b].qs)), load_x(x, b));
+  });
+}
+
+float dot_q4_0(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockQ4_0*>(w);
+  const Q16Row x = q16_row(a, cols);
+  return sum_blocks(w, sizeof(BlockQ4_0), x, cols / 32, [&](int64_t b) {
+    const __m512i q = _mm512_sub_epi16(unpack_nibbles_16(wb[b].qs), _mm512_set1_epi16(8));
+    return _mm512_madd_epi16(q, load_x(x, b));
+  });
+}
+
+float dot_q5_0(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockQ5_0*>(w);
+  const Q16Row x = q16_row(a, cols);
+  return sum_blocks(w, sizeof(BlockQ5_0), x, cols / 32, [&](int64_t b) {
+    uint32_t qh;
+    std::memcpy(&qh, wb[b].qh, sizeof(qh));
+    // q - 16 = nibble + 16 * bit - 16: subtract 16 where bit i of qh is clear.
+    const __m512i low = unpack_nibbles_16(wb[b].qs);
+    const __m512i q = _mm512_mask_sub_epi16(low, __mmask32(~qh), low, _mm512_set1_epi16(16));
+    return _mm512_madd_epi16(q, load_x(x, b));
+  });
+}
+
+// ---- k-quants ----
+
+// Q4_K and Q5_K: sub-block j (32 elements) is activation block 8b + j, so each has one float
+// scale d * scale_j * dx_j (made 8 at a time); the mins go through the activation sums per 16.
+template <bool kFifthBit, class Block>
+inline float dot_q4_q5_k(const Block* wb, const void* a, int64_t cols) {
+  const Q16Row x = q16_row(a, cols);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  __m512 mins_acc = _mm512_setzero_ps();
+  alignas(32) float scale[8];
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const Block& block = wb[b];
+    alignas(16) uint32_t words[4];  // bytes 0..7: scales, 8..15: mins
+    unpack_k_scales_words(block.scales, words);
+    const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(words));
+    const __m256 sub_scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    _mm256_store_ps(scale, _mm256_mul_ps(_mm256_mul_ps(sub_scales, _mm256_set1_ps(f16(block.d))),
+                                         _mm256_loadu_ps(x.d + 8 * b)));
+    reload_from_memory(scale);
+    // Σ_k min_{k/2} * sum16_k: each min twice against the 16 sums of the super-block.
+    const __m512 mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(bytes, bytes)));
+    mins_acc = _mm512_fmadd_ps(_mm512_mul_ps(mins, _mm512_set1_ps(f16(block.dmin))),
+                               _mm512_loadu_ps(x.sum16 + 16 * b), mins_acc);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = load256(block.qh);
+    for (int c = 0; c < 4; ++c) {
+      // 32 bytes: low nibbles are sub-block 2c, high nibbles 2c + 1. Widened to int16 first,
+      // so the high nibble needs only a shift.
+      const __m512i q = _mm512_cvtepu8_epi16(load256(block.qs + 32 * c));
+      __m512i lo = _mm512_and_si512(q, _mm512_set1_epi16(15));
+      __m512i hi = _mm512_srli_epi16(q, 4);
+      if constexpr (kFifthBit) {
+        // Bit 2c of qh[i] is the fifth bit of element i of sub-block 2c, bit 2c + 1 of 2c + 1.
+        const __mmask32 h_lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c))));
+        const __mmask32 h_hi = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(2 << (2 * c))));
+        lo = _mm512_mask_add_epi16(lo, h_lo, lo, _mm512_set1_epi16(16));
+        hi = _mm512_mask_add_epi16(hi, h_hi, hi, _mm512_set1_epi16(16));
+      }
+      const __m512i dot_lo = _mm512_madd_epi16(lo, load_x(x, 8 * b + 2 * c));
+      const __m512i dot_hi = _mm512_madd_epi16(hi, load_x(x, 8 * b + 2 * c + 1));
+      acc[(2 * c) % 4] = _mm512_fmadd_ps(_mm512_set1_ps(scale[2 * c]), _mm512_cvtepi32_ps(dot_lo),
+                                         acc[(2 * c) % 4]);
+      acc[(2 * c + 1) % 4] = _mm512_fmadd_ps(_mm512_set1_ps(scale[2 * c + 1]),
+                                             _mm512_cvtepi32_ps(dot_hi), acc[(2 * c + 1) % 4]);
+    }
+  }
+  const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  return _mm512_reduce_add_ps(_mm512_sub_ps(total, mins_acc));
+}
+
+float dot_q4_k(const void* w, const void* a, int64_t cols) {
+  return dot_q4_q5_k<false>(static_cast<const BlockQ4_K*>(w), a, cols);
+}
+
+float dot_q5_k(const void* w, const void* a, int64_t cols) {
+  return dot_q4_q5_k<true>(static_cast<const BlockQ5_K*>(w), a, cols);
+}
+
+// Q6_K: 16 sub-blocks of 16, two per activation block. vpmaddwd puts elements 0..15 of a block
+// in lanes 0..7 and 16..31 in lanes 8..15, so one float vector [s_k x 8, s_k+1 x 8] (sub-block
+// scale x d x dx, permuted out of the 16 made per super-block) scales a block in one FMA.
+float dot_q6_k(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockQ6_K*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  const __m256i offset = _mm256_set1_epi8(32);
+  // Lane k of the 16 scales: sub-block k, whose activation block is k / 2.
+  const __m512i pair_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i pair_index = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const BlockQ6_K& block = wb[b];
+    const __m512 dx =
+        _mm512_permutexvar_ps(pair_of, _mm512_castps256_ps512(_mm256_loadu_ps(x.d + 8 * b)));
+    const __m512 sub_scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(block.scales)));
+    const __m512 scales =
+        _mm512_mul_ps(_mm512_mul_ps(sub_scales, dx), _mm512_set1_ps(f16(block.d)));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i ql0 = load256(block.ql + 64 * half);
+      const __m256i ql1 = load256(block.ql + 64 * half + 32);
+      const __m256i qh = load256(block.qh + 32 * half);
+      // Element 32p + i: low 4 bits from ql0/ql1 (low nibble for p < 2, high for p >= 2), high
+      // 2 bits from bits 2p, 2p+1 of qh[i], moved to bits 4-5. (A & B) | C = 0xEA.
+      const __m256i q[4] = {
+          _mm256_ternarylogic_epi32(ql0, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45),
+                                    0xEA),
+          _mm256_ternarylogic_epi32(ql1, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45),
+                                    0xEA),
+          _mm256_ternarylogic_epi32(_mm256_srli_epi16(ql0, 4), low4, _mm256_and_si256(qh, bits45),
+                                    0xEA),
+          _mm256_ternarylogic_epi32(_mm256_srli_epi16(ql1, 4), low4,
+                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45), 0xEA),
+      };
+      for (int p = 0; p < 4; ++p) {
+        // q - 32 in -32..31: subtracted as bytes, then sign-extended.
+        const __m512i w16 = _mm512_cvtepi8_epi16(_mm256_sub_epi8(q[p], offset));
+        const __m512i dot = _mm512_madd_epi16(w16, load_x(x, 8 * b + 4 * half + p));
+        const int k = 8 * half + 2 * p;
+        const __m512 scale =
+            _mm512_permutexvar_ps(_mm512_add_epi32(pair_index, _mm512_set1_epi32(k)), scales);
+        acc[p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[p]);
+      }
+    }
+  }
+  return _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+// ---- activation preparation ----
+// Bit for bit the portable preparer: the same amax (max is exact and order-free), the same
+// 32767 / amax and product, cvtps2dq rounding to nearest even as the portable trick does, and the
+// sums exact in int32 before the one rounding of d * Σq.
+void prepare_q16(const float* x, void* act_row, int64_t cols) {
+  const Q16RowOut row = q16_row_out(act_row, cols);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b);
+    const __m512 x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
+    const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? kQ16Max / amax : 0.0f);
+    const float d = amax / kQ16Max;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inverse));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inverse));
+    // |q| <= 32767, so the narrowing (truncating vpmovdw) is exact.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row.q + 32 * b), _mm512_cvtepi32_epi16(q0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row.q + 32 * b + 16), _mm512_cvtepi32_epi16(q1));
+    row.d[b] = d;
+    row.sum16[2 * b] = d * float(_mm512_reduce_add_epi32(q0));
+    row.sum16[2 * b + 1] = d * float(_mm512_reduce_add_epi32(q1));
+  }
+}
+
+}  // namespace
+
+void fill_avx512_q16_kernels(KernelTable& table) {
+  auto set = [&](DType type, RowDotFn dot) {
+    table.formats[size_t(ActPrecision::Int16)][size_t(type)] = {ActKind::Q16, dot};
+  };
+  set(DType::Q8_0, dot_q8_0);
+  set(DType::Q4_0, dot_q4_0);
+  set(DType::Q5_0, dot_q5_0);
+  set(DType::Q4_K, dot_q4_k);
+  set(DType::Q5_K, dot_q5_k);
+  set(DType::Q6_K, dot_q6_k);
+  table.prepare[size_t(ActKind::Q16)] = prepare_q16;
+}
+
+}  // namespace tandem::cpu
