@@ -3,10 +3,12 @@
 //
 // Operations are coarse — matmul, rms_norm, rope, MLA attention, MoE, add — so the executor stays
 // simple and each backend can fuse inside an op. Every pointer an op takes lives in memory the
-// backend can reach: host memory for `cpu`, device memory for `cuda:N` and `sim:N`. Ops are
-// submitted in order and may run asynchronously (a CUDA stream); `synchronize()` waits for all
-// of them, and `copy_to_host` is the one way results come back. The CPU backend executes each
-// op before returning.
+// backend can reach: host memory for `cpu`, device memory for `cuda:N` and `sim:N`; arrays marked
+// "host memory" are read on the host and must stay valid until the op has run. Ops are submitted
+// in order to one stream per backend and may run asynchronously (a CUDA stream, a sim worker
+// thread); events order work across backends, `synchronize()` waits for all of it, and
+// `copy_to_host` is the one way results come back. The CPU backend executes each op before
+// returning.
 //
 // Shapes are written [outer, ..., inner]: the last dimension is contiguous.
 #include <cstddef>
@@ -137,16 +139,36 @@ struct MoeRouteOp {
   float* expert_weights;     // [n_tokens, top_k] (host memory)
 };
 
-// Σ_k weight_k · down_k(silu(gate_k·x) ⊙ up_k·x) over each token's chosen experts, added to
-// `output`. A dense SwiGLU FFN is the same op with one expert of weight 1.
+// down_k(silu(gate_k·x) ⊙ up_k·x) for each (token, k) slot whose expert this device holds,
+// written unweighted to slots[token * top_k + k]; other slots are left alone. Experts of one
+// layer may be spread over several devices: each computes its own slots, and moe_reduce on the
+// layer's device sums them in a fixed order, so results do not depend on the split.
+// A dense SwiGLU FFN is the same op with one expert.
 struct MoeOp {
-  const float* input;        // [n_tokens, dim]
-  WeightView gate, up;       // [n_expert] x [ffn rows, dim cols]
-  WeightView down;           // [n_expert] x [dim rows, ffn cols]
-  const int32_t* expert_ids; // [n_tokens, top_k] (host memory)
-  const float* expert_weights;  // [n_tokens, top_k] (host memory)
+  const float* input;           // [n_tokens, dim]
+  WeightView gate, up;          // [held experts] x [ffn rows, dim cols]
+  WeightView down;              // [held experts] x [dim rows, ffn cols]
+  const int32_t* expert_ids;    // [n_tokens, top_k] global expert ids (host memory)
+  const int32_t* local_index;   // [n_expert] matrix in the stacks, -1 if not held; null = identity
+  int64_t n_expert;             // experts of the layer (length of local_index)
   int64_t n_tokens, top_k, dim, ffn_dims;
-  float* output;             // [n_tokens, dim], accumulated into
+  float* slots;                 // [n_tokens, top_k, dim]
+};
+
+// output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.
+struct MoeReduceOp {
+  const float* slots;           // [n_tokens, top_k, dim]
+  const float* weights;         // [n_tokens, top_k] (host memory)
+  int64_t n_tokens, top_k, dim;
+  float* output;                // [n_tokens, dim]
+};
+
+// A point in a backend's stream of submitted ops.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Blocks the calling thread until every op submitted before the event has finished.
+  virtual void wait() = 0;
 };
 
 class Backend {
@@ -166,6 +188,12 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
   // Waits until every submitted op has finished.
   virtual void synchronize() = 0;
+  // Marks the current end of the stream; later ops on other backends can wait for it.
+  virtual std::shared_ptr<Event> record_event() = 0;
+  // Ops submitted after this call start only when `event` has completed.
+  virtual void wait_for(std::shared_ptr<Event> event) = 0;
+  // Bytes this backend may still allocate (SIZE_MAX when unbounded).
+  virtual size_t free_bytes() const = 0;
 
   // Rows of an embedding table (any format) to F32: output[i] = dequantize(table row ids[i]).
   virtual void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) = 0;
@@ -176,6 +204,7 @@ class Backend {
   virtual void mla_attention(const MlaAttentionOp& op) = 0;
   virtual void moe_route(const MoeRouteOp& op) = 0;
   virtual void moe(const MoeOp& op) = 0;
+  virtual void moe_reduce(const MoeReduceOp& op) = 0;
   // y += x over n floats.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   // y = 0 over n floats.

@@ -30,66 +30,101 @@ struct Deepseek2Model::Layer {
   // MoE layers.
   WeightView router;                       // [n_expert, n_embd] F32 logits
   const float* expert_bias = nullptr;      // [n_expert] selection-only bias (V3), or null
-  WeightView gate_exps, up_exps, down_exps;  // n_expert x the dense shapes with n_ff_expert
+  std::vector<ExpertShard> shards;         // the routed experts, by device
   WeightView gate_shexp, up_shexp, down_shexp;  // shared experts, width n_ff_expert * n_shared
   bool moe = false;
+  Backend* device = nullptr;               // runs everything above but the expert shards
 };
 
-// Activation buffers on the backend, sized for the largest batch seen so far.
+// The routed experts of one layer that live on one device: stacks of their gate, up and down
+// matrices (n_expert_here x the dense shapes with n_ff_expert) and where each expert sits.
+struct Deepseek2Model::ExpertShard {
+  Backend* device = nullptr;
+  WeightView gate, up, down;
+  std::vector<int32_t> local_index;  // [n_expert]: matrix in the stacks, -1 if elsewhere
+};
+
+// Activation buffers of one device, allocated on first use and grown for larger batches: a
+// device that only holds experts gets only the buffers the experts need.
 struct Deepseek2Model::Workspace {
-  int64_t n_tokens = 0, n_logit_rows = 0;
-  std::shared_ptr<DeviceBuffer> x;        // [T, n_embd] residual stream
-  std::shared_ptr<DeviceBuffer> h;        // [T, n_embd] normed input of a sub-layer
-  std::shared_ptr<DeviceBuffer> q_a;      // [T, q_lora]
-  std::shared_ptr<DeviceBuffer> q;        // [T, n_head, nope + rope]
-  std::shared_ptr<DeviceBuffer> kv;       // [T, kv_lora + rope]
-  std::shared_ptr<DeviceBuffer> attn;     // [T, n_head * v_head]
-  std::shared_ptr<DeviceBuffer> out;      // [T, n_embd] sub-layer output
-  std::shared_ptr<DeviceBuffer> router;   // [T, n_expert]
-  std::shared_ptr<DeviceBuffer> last;     // [rows, n_embd] hidden states that need logits
-  std::shared_ptr<DeviceBuffer> logits;   // [rows, n_vocab]
-  std::vector<int32_t> expert_ids;        // [T, top_k] (host)
-  std::vector<float> expert_weights;      // [T, top_k] (host)
-  std::vector<int32_t> dense_ids;         // [T] zeros: a dense FFN is expert 0 of 1
-  std::vector<float> dense_weights;       // [T] ones
+  enum Buffer {
+    kResidual,   // [T, n_embd] residual stream
+    kNormed,     // [T, n_embd] normed input of a sub-layer
+    kQueryLora,  // [T, q_lora]
+    kQuery,      // [T, n_head, nope + rope]
+    kLatent,     // [T, kv_lora + rope]
+    kAttention,  // [T, n_head * v_head]
+    kOutput,     // [T, n_embd] sub-layer output
+    kShared,     // [T, n_embd] shared experts output
+    kSharedSlot, // [T, 1, n_embd] shared experts before weighting
+    kRouter,     // [T, n_expert]
+    kSlots,      // [T, top_k, n_embd] expert outputs before weighting
+    kLast,       // [rows, n_embd] hidden states that need logits
+    kLogits,     // [rows, n_vocab]
+    kCount
+  };
+  Backend* device = nullptr;
+  std::shared_ptr<DeviceBuffer> buffers[kCount];
+
+  float* get(Buffer which, int64_t n_floats) {
+    static constexpr const char* kNames[kCount] = {
+        "residual stream", "normed activations", "q LoRA activations", "queries", "latent keys",
+        "attention output", "sub-layer output", "shared experts output", "shared experts slot",
+        "router logits",
+        "expert outputs", "final hidden states", "logits"};
+    const size_t bytes = size_t(std::max<int64_t>(n_floats, 1)) * sizeof(float);
+    std::shared_ptr<DeviceBuffer>& buffer = buffers[which];
+    if (!buffer || buffer->size() < bytes) {
+      buffer.reset();  // give the old one back first: budgets are tight on small devices
+      buffer = device->allocate(bytes, kNames[which]);
+    }
+    return buffer->floats();
+  }
 };
 
 Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, Backend& backend)
-    : hp_(read_deepseek2_hparams(file)), backend_(backend), binder_(file, backend) {
-  const int64_t embd = hp_.n_embd, vocab = hp_.n_vocab;
-  token_embd_ = binder_.matrix("token_embd.weight", {embd, vocab});
-  output_norm_ = binder_.f32("output_norm.weight", {embd});
-  // Some files tie the LM head to the embeddings.
-  output_ = binder_.has("output.weight") ? binder_.matrix("output.weight", {embd, vocab}) : token_embd_;
+    : Deepseek2Model(file, [&] {
+        const Deepseek2Hparams hp = read_deepseek2_hparams(file);
+        return DevicePlan::single(backend, hp.n_layer - hp.n_nextn_layers, hp.n_expert);
+      }()) {}
 
-  // V3 files may append multi-token-prediction blocks; inference does not use them.
-  n_layers_ = hp_.n_layer - hp_.n_nextn_layers;
+Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& devices)
+    : hp_(read_deepseek2_hparams(file)), devices_(devices), binder_(file, *devices.embeddings) {
+  const int64_t embd = hp_.n_embd, vocab = hp_.n_vocab;
+  n_layers_ = hp_.n_layer - hp_.n_nextn_layers;  // V3 files may append MTP blocks: not run
+  TANDEM_CHECK(devices_.layers.size() == n_layers_ && devices_.experts.size() == n_layers_);
+  token_embd_ = binder_.matrix("token_embd.weight", {embd, vocab}, *devices_.embeddings);
+  Backend& out = *devices_.output;
+  output_norm_ = binder_.f32("output_norm.weight", {embd}, out);
+  // Some files tie the LM head to the embeddings.
+  output_ = binder_.matrix(binder_.has("output.weight") ? "output.weight" : "token_embd.weight", {embd, vocab}, out);
+
   layers_.resize(n_layers_);
-  for (uint32_t il = 0; il < layers_.size(); ++il) {
+  for (uint32_t il = 0; il < n_layers_; ++il) {
     Layer& l = layers_[il];
+    Backend& on = *devices_.layers[il];
+    l.device = &on;
     const std::string blk = fmt::format("blk.{}.", il);
-    l.attn_norm = binder_.f32(blk + "attn_norm.weight", {embd});
-    bind_attention(l, il);
-    l.ffn_norm = binder_.f32(blk + "ffn_norm.weight", {embd});
+    l.attn_norm = binder_.f32(blk + "attn_norm.weight", {embd}, on);
+    bind_attention(l, il, on);
+    l.ffn_norm = binder_.f32(blk + "ffn_norm.weight", {embd}, on);
     l.moe = hp_.is_moe_layer(il);
     if (!l.moe) {
       const int64_t ff = hp_.n_ff_dense;
-      l.ffn_gate = binder_.matrix(blk + "ffn_gate.weight", {embd, ff});
-      l.ffn_up = binder_.matrix(blk + "ffn_up.weight", {embd, ff});
-      l.ffn_down = binder_.matrix(blk + "ffn_down.weight", {ff, embd});
+      l.ffn_gate = binder_.matrix(blk + "ffn_gate.weight", {embd, ff}, on);
+      l.ffn_up = binder_.matrix(blk + "ffn_up.weight", {embd, ff}, on);
+      l.ffn_down = binder_.matrix(blk + "ffn_down.weight", {ff, embd}, on);
       continue;
     }
-    const int64_t ff = hp_.n_ff_expert, n_exp = hp_.n_expert;
-    l.router = binder_.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp});
-    if (binder_.has(blk + "exp_probs_b.bias")) l.expert_bias = binder_.f32(blk + "exp_probs_b.bias", {n_exp});
-    l.gate_exps = binder_.matrix(blk + "ffn_gate_exps.weight", {embd, ff, n_exp});
-    l.up_exps = binder_.matrix(blk + "ffn_up_exps.weight", {embd, ff, n_exp});
-    l.down_exps = binder_.matrix(blk + "ffn_down_exps.weight", {ff, embd, n_exp});
+    const int64_t n_exp = hp_.n_expert;
+    l.router = binder_.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp}, on);
+    if (binder_.has(blk + "exp_probs_b.bias")) l.expert_bias = binder_.f32(blk + "exp_probs_b.bias", {n_exp}, on);
+    bind_experts(l, il);
     if (hp_.n_expert_shared > 0) {
-      const int64_t shared_ff = ff * hp_.n_expert_shared;
-      l.gate_shexp = binder_.matrix(blk + "ffn_gate_shexp.weight", {embd, shared_ff});
-      l.up_shexp = binder_.matrix(blk + "ffn_up_shexp.weight", {embd, shared_ff});
-      l.down_shexp = binder_.matrix(blk + "ffn_down_shexp.weight", {shared_ff, embd});
+      const int64_t shared_ff = int64_t(hp_.n_ff_expert) * hp_.n_expert_shared;
+      l.gate_shexp = binder_.matrix(blk + "ffn_gate_shexp.weight", {embd, shared_ff}, on);
+      l.up_shexp = binder_.matrix(blk + "ffn_up_shexp.weight", {embd, shared_ff}, on);
+      l.down_shexp = binder_.matrix(blk + "ffn_down_shexp.weight", {shared_ff, embd}, on);
     }
   }
 
@@ -110,24 +145,49 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, Backend& backend)
 
 Deepseek2Model::~Deepseek2Model() = default;
 
-void Deepseek2Model::bind_attention(Layer& l, uint32_t il) {
+void Deepseek2Model::bind_experts(Layer& l, uint32_t il) {
+  const std::string blk = fmt::format("blk.{}.", il);
+  const int64_t embd = hp_.n_embd, ff = hp_.n_ff_expert, n_exp = hp_.n_expert;
+  const std::vector<Backend*>& where = devices_.experts[il];
+  TANDEM_CHECK(int64_t(where.size()) == n_exp);
+  std::vector<Backend*> devices;  // in order of first appearance
+  for (Backend* d : where)
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  for (Backend* d : devices) {
+    ExpertShard shard;
+    shard.device = d;
+    shard.local_index.assign(size_t(n_exp), -1);
+    std::vector<int32_t> held;
+    for (int32_t e = 0; e < n_exp; ++e)
+      if (where[size_t(e)] == d) {
+        shard.local_index[size_t(e)] = int32_t(held.size());
+        held.push_back(e);
+      }
+    shard.gate = binder_.matrices(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}, held, *d);
+    shard.up = binder_.matrices(blk + "ffn_up_exps.weight", {embd, ff, n_exp}, held, *d);
+    shard.down = binder_.matrices(blk + "ffn_down_exps.weight", {ff, embd, n_exp}, held, *d);
+    l.shards.push_back(std::move(shard));
+  }
+}
+
+void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
   const std::string blk = fmt::format("blk.{}.", il);
   const int64_t embd = hp_.n_embd, heads = hp_.n_head, nope = hp_.qk_nope_dim;
   const int64_t lora = hp_.kv_lora_rank, v_head = hp_.v_head_dim;
   const int64_t q_dim = heads * hp_.qk_head_dim();
   if (hp_.q_lora_rank > 0) {
-    l.q_a = binder_.matrix(blk + "attn_q_a.weight", {embd, hp_.q_lora_rank});
-    l.q_a_norm = binder_.f32(blk + "attn_q_a_norm.weight", {hp_.q_lora_rank});
-    l.q_b = binder_.matrix(blk + "attn_q_b.weight", {hp_.q_lora_rank, q_dim});
+    l.q_a = binder_.matrix(blk + "attn_q_a.weight", {embd, hp_.q_lora_rank}, on);
+    l.q_a_norm = binder_.f32(blk + "attn_q_a_norm.weight", {hp_.q_lora_rank}, on);
+    l.q_b = binder_.matrix(blk + "attn_q_b.weight", {hp_.q_lora_rank, q_dim}, on);
   } else {
-    l.q = binder_.matrix(blk + "attn_q.weight", {embd, q_dim});
+    l.q = binder_.matrix(blk + "attn_q.weight", {embd, q_dim}, on);
   }
-  l.kv_a_mqa = binder_.matrix(blk + "attn_kv_a_mqa.weight", {embd, hp_.kv_cache_dims()});
-  l.kv_a_norm = binder_.f32(blk + "attn_kv_a_norm.weight", {lora});
-  l.attn_output = binder_.matrix(blk + "attn_output.weight", {heads * v_head, embd});
+  l.kv_a_mqa = binder_.matrix(blk + "attn_kv_a_mqa.weight", {embd, hp_.kv_cache_dims()}, on);
+  l.kv_a_norm = binder_.f32(blk + "attn_kv_a_norm.weight", {lora}, on);
+  l.attn_output = binder_.matrix(blk + "attn_output.weight", {heads * v_head, embd}, on);
   if (binder_.has(blk + "attn_k_b.weight") || !binder_.has(blk + "attn_kv_b.weight")) {
-    l.k_b = binder_.matrix(blk + "attn_k_b.weight", {nope, lora, heads});
-    l.v_b = binder_.matrix(blk + "attn_v_b.weight", {lora, v_head, heads});
+    l.k_b = binder_.matrix(blk + "attn_k_b.weight", {nope, lora, heads}, on);
+    l.v_b = binder_.matrix(blk + "attn_v_b.weight", {lora, v_head, heads}, on);
     return;
   }
   // Older files store the combined up-projection attn_kv_b: per head, nope key rows then v_head
@@ -144,37 +204,31 @@ void Deepseek2Model::bind_attention(Layer& l, uint32_t il) {
     std::copy_n(head + nope * lora, v_head * lora, v_b.data() + h * v_head * lora);
   }
   const DType type = kv_b.type == DType::F32 || nope % 32 != 0 ? DType::F32 : DType::Q8_0;
-  l.k_b = binder_.owned(k_b, type, nope, lora, heads, blk + "attn_k_b (from attn_kv_b)");
-  l.v_b = binder_.owned(v_b, type, lora, v_head, heads, blk + "attn_v_b (from attn_kv_b)");
+  l.k_b = binder_.owned(k_b, type, nope, lora, heads, blk + "attn_k_b (from attn_kv_b)", on);
+  l.v_b = binder_.owned(v_b, type, lora, v_head, heads, blk + "attn_v_b (from attn_kv_b)", on);
 }
 
-void Deepseek2Model::ensure_workspace(int64_t n_tokens, int64_t n_logit_rows) {
-  if (ws_ && ws_->n_tokens >= n_tokens && ws_->n_logit_rows >= n_logit_rows) return;
+Deepseek2Model::Workspace& Deepseek2Model::workspace(Backend& on) {
+  for (auto& [device, ws] : workspaces_)
+    if (device == &on) return *ws;
   auto ws = std::make_unique<Workspace>();
-  ws->n_tokens = std::max<int64_t>(n_tokens, ws_ ? ws_->n_tokens : 0);
-  ws->n_logit_rows = std::max<int64_t>(n_logit_rows, ws_ ? ws_->n_logit_rows : 0);
-  const int64_t T = ws->n_tokens;
-  auto floats = [&](int64_t n, const char* what) {
-    return backend_.allocate(size_t(std::max<int64_t>(n, 1)) * sizeof(float), what);
-  };
-  ws->x = floats(T * hp_.n_embd, "residual stream");
-  ws->h = floats(T * hp_.n_embd, "normed activations");
-  ws->q_a = floats(T * hp_.q_lora_rank, "q LoRA activations");
-  ws->q = floats(T * hp_.n_head * hp_.qk_head_dim(), "queries");
-  ws->kv = floats(T * hp_.kv_cache_dims(), "latent keys");
-  ws->attn = floats(T * hp_.n_head * hp_.v_head_dim, "attention output");
-  ws->out = floats(T * hp_.n_embd, "sub-layer output");
-  ws->router = floats(T * hp_.n_expert, "router logits");
-  ws->last = floats(ws->n_logit_rows * hp_.n_embd, "final hidden states");
-  ws->logits = floats(ws->n_logit_rows * hp_.n_vocab, "logits");
-  ws->expert_ids.resize(size_t(T * hp_.n_expert_used));
-  ws->expert_weights.resize(size_t(T * hp_.n_expert_used));
-  ws->dense_ids.assign(size_t(T), 0);
-  ws->dense_weights.assign(size_t(T), 1.0f);
-  ws_ = std::move(ws);
+  ws->device = &on;
+  workspaces_.emplace_back(&on, std::move(ws));
+  return *workspaces_.back().second;
+}
+
+void Deepseek2Model::transfer(Backend& from, const float* src, Backend& to, float* dst, int64_t n) {
+  if (&from == &to) {
+    if (src != dst) to.copy_rows(dst, n, src, n, 1, n);
+    return;
+  }
+  if (staging_.size() < size_t(n)) staging_.resize(size_t(n));
+  from.copy_to_host(staging_.data(), src, size_t(n) * sizeof(float));
+  to.copy_from_host(dst, staging_.data(), size_t(n) * sizeof(float));
 }
 
 void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) {
+  using W = Workspace;
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   TANDEM_CHECK(batch.positions.size() == batch.tokens.size() && batch.seq_ids.size() == batch.tokens.size());
   TANDEM_CHECK(cache.size() == layers_.size());
@@ -182,26 +236,37 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
   for (int32_t token : batch.tokens)
     if (token < 0 || uint32_t(token) >= hp_.n_vocab)
       fail("token id {} is outside the vocabulary (0..{})", token, hp_.n_vocab - 1);
-  ensure_workspace(T, R);
-  Workspace& ws = *ws_;
-  Backend& be = backend_;
   const int64_t embd = hp_.n_embd, heads = hp_.n_head, nope = hp_.qk_nope_dim;
   const int64_t lora = hp_.kv_lora_rank, kv_row = hp_.kv_cache_dims(), q_row = hp_.qk_head_dim();
   const float eps = hp_.rms_norm_eps;
-  float *x = ws.x->floats(), *h = ws.h->floats(), *q = ws.q->floats(), *kv = ws.kv->floats();
-  float *attn = ws.attn->floats(), *out = ws.out->floats();
+  dense_ids_.assign(size_t(T), 0);  // a dense FFN (or the shared experts) is expert 0 of 1
+  dense_weights_.assign(size_t(T), 1.0f);
 
-  be.get_rows(token_embd_, batch.tokens.data(), T, x);  // [T, n_embd]
+  Backend* at = devices_.embeddings;  // the device holding the residual stream
+  float* x = workspace(*at).get(W::kResidual, T * embd);
+  at->get_rows(token_embd_, batch.tokens.data(), T, x);  // [T, n_embd]
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& l = layers_[il];
+    Backend& be = *l.device;
+    Workspace& ws = workspace(be);
+    if (at != &be) {  // a cut between devices: the residual stream moves
+      float* moved = ws.get(W::kResidual, T * embd);
+      transfer(*at, x, be, moved, T * embd);
+      x = moved, at = &be;
+    }
+    float* h = ws.get(W::kNormed, T * embd);
+    float* q = ws.get(W::kQuery, T * heads * q_row);
+    float* kv = ws.get(W::kLatent, T * kv_row);
+    float* attn = ws.get(W::kAttention, T * heads * hp_.v_head_dim);
+    float* out = ws.get(W::kOutput, T * embd);
 
     // ---- attention ----
     be.rms_norm({.input = x, .weight = l.attn_norm, .output = h, .n_rows = T, .dim = embd,
                  .input_stride = embd, .output_stride = embd, .eps = eps});
     if (hp_.q_lora_rank > 0) {
       const int64_t q_lora = hp_.q_lora_rank;
-      float* q_a = ws.q_a->floats();
+      float* q_a = ws.get(W::kQueryLora, T * q_lora);
       be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T});
       be.rms_norm({.input = q_a, .weight = l.q_a_norm, .output = q_a, .n_rows = T, .dim = q_lora,
                    .input_stride = q_lora, .output_stride = q_lora, .eps = eps});
@@ -229,45 +294,120 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
     // ---- feed-forward: dense SwiGLU, or routed experts plus shared experts ----
     be.rms_norm({.input = x, .weight = l.ffn_norm, .output = h, .n_rows = T, .dim = embd,
                  .input_stride = embd, .output_stride = embd, .eps = eps});
-    be.zero(out, T * embd);
+    float* slots = ws.get(W::kSlots, T * std::max<int64_t>(hp_.n_expert_used, 1) * embd);
     if (!l.moe) {
       be.moe({.input = h, .gate = l.ffn_gate, .up = l.ffn_up, .down = l.ffn_down,
-              .expert_ids = ws.dense_ids.data(), .expert_weights = ws.dense_weights.data(),
-              .n_tokens = T, .top_k = 1, .dim = embd, .ffn_dims = hp_.n_ff_dense, .output = out});
-    } else {
-      const int64_t k = hp_.n_expert_used;
-      be.matmul({.weight = l.router, .input = h, .output = ws.router->floats(), .n_tokens = T});
-      be.moe_route({.logits = ws.router->floats(), .bias = l.expert_bias, .n_tokens = T,
-                    .n_expert = hp_.n_expert, .top_k = k,
-                    .gating = hp_.gating == ExpertGating::Sigmoid ? MoeGating::Sigmoid : MoeGating::Softmax,
-                    .n_groups = hp_.n_expert_group, .n_groups_used = hp_.n_group_used,
-                    .normalize = hp_.expert_weights_norm, .scale = hp_.expert_weights_scale,
-                    .expert_ids = ws.expert_ids.data(), .expert_weights = ws.expert_weights.data()});
-      be.moe({.input = h, .gate = l.gate_exps, .up = l.up_exps, .down = l.down_exps,
-              .expert_ids = ws.expert_ids.data(), .expert_weights = ws.expert_weights.data(),
-              .n_tokens = T, .top_k = k, .dim = embd, .ffn_dims = hp_.n_ff_expert, .output = out});
-      if (hp_.n_expert_shared > 0)
-        be.moe({.input = h, .gate = l.gate_shexp, .up = l.up_shexp, .down = l.down_shexp,
-                .expert_ids = ws.dense_ids.data(), .expert_weights = ws.dense_weights.data(),
-                .n_tokens = T, .top_k = 1, .dim = embd,
-                .ffn_dims = hp_.n_ff_expert * hp_.n_expert_shared, .output = out});
+              .expert_ids = dense_ids_.data(), .n_expert = 1, .n_tokens = T, .top_k = 1,
+              .dim = embd, .ffn_dims = hp_.n_ff_dense, .slots = slots});
+      be.moe_reduce({.slots = slots, .weights = dense_weights_.data(), .n_tokens = T, .top_k = 1,
+                     .dim = embd, .output = out});
+      be.add(x, out, T * embd);
+      continue;
     }
+    float* shared = hp_.n_expert_shared > 0 ? ws.get(W::kShared, T * embd) : nullptr;
+    routed_experts(l, h, T, out, shared);
     be.add(x, out, T * embd);
+    if (shared) be.add(x, shared, T * embd);
   }
 
   // ---- output head, only for the rows that need logits ----
   if (R == 0) return;
-  float* last = ws.last->floats();
+  Backend& head = *devices_.output;
+  Workspace& ws = workspace(*at);
+  float* last = ws.get(W::kLast, R * embd);
   for (int64_t r = 0; r < R; ++r) {
     const int32_t row = batch.logit_rows[size_t(r)];
     TANDEM_CHECK(row >= 0 && row < T);
-    be.copy_rows(last + r * embd, embd, x + int64_t(row) * embd, embd, 1, embd);
+    at->copy_rows(last + r * embd, embd, x + int64_t(row) * embd, embd, 1, embd);
   }
-  be.rms_norm({.input = last, .weight = output_norm_, .output = last, .n_rows = R, .dim = embd,
-               .input_stride = embd, .output_stride = embd, .eps = eps});
-  be.matmul({.weight = output_, .input = last, .output = ws.logits->floats(), .n_tokens = R});
-  be.copy_to_host(logits, ws.logits->floats(), size_t(R * hp_.n_vocab) * sizeof(float));
-  be.synchronize();
+  if (at != &head) {
+    float* moved = workspace(head).get(W::kLast, R * embd);
+    transfer(*at, last, head, moved, R * embd);
+    last = moved;
+  }
+  float* out_logits = workspace(head).get(W::kLogits, R * hp_.n_vocab);
+  head.rms_norm({.input = last, .weight = output_norm_, .output = last, .n_rows = R, .dim = embd,
+                 .input_stride = embd, .output_stride = embd, .eps = eps});
+  head.matmul({.weight = output_, .input = last, .output = out_logits, .n_tokens = R});
+  head.copy_to_host(logits, out_logits, size_t(R * hp_.n_vocab) * sizeof(float));
+  head.synchronize();
+}
+
+// Routing runs on the layer's device; each device holding chosen experts computes their slots at
+// the same time (the host only submits), while the layer's device computes the shared experts
+// into `shared_out`; the slots come back to the layer's device, which sums them in routing
+// order, so the result is the same however the experts are spread.
+void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, float* out,
+                                    float* shared_out) {
+  using W = Workspace;
+  Backend& be = *l.device;
+  Workspace& ws = workspace(be);
+  const int64_t embd = hp_.n_embd, k = hp_.n_expert_used;
+  expert_ids_.resize(size_t(T * k));
+  expert_weights_.resize(size_t(T * k));
+  be.matmul({.weight = l.router, .input = h, .output = ws.get(W::kRouter, T * hp_.n_expert), .n_tokens = T});
+  be.moe_route({.logits = ws.get(W::kRouter, T * hp_.n_expert), .bias = l.expert_bias, .n_tokens = T,
+                .n_expert = hp_.n_expert, .top_k = k,
+                .gating = hp_.gating == ExpertGating::Sigmoid ? MoeGating::Sigmoid : MoeGating::Softmax,
+                .n_groups = hp_.n_expert_group, .n_groups_used = hp_.n_group_used,
+                .normalize = hp_.expert_weights_norm, .scale = hp_.expert_weights_scale,
+                .expert_ids = expert_ids_.data(), .expert_weights = expert_weights_.data()});
+  be.synchronize();  // the host reads the routing to know which devices have work
+
+  float* slots = ws.get(W::kSlots, T * k * embd);
+  struct Remote {
+    const ExpertShard* shard;
+    float* slots;
+  };
+  std::vector<Remote> remotes;
+  for (const ExpertShard& shard : l.shards) {
+    bool used = false;
+    for (int32_t e : expert_ids_) used |= shard.local_index[size_t(e)] >= 0;
+    if (!used) continue;
+    const MoeOp op = {.input = h, .gate = shard.gate, .up = shard.up, .down = shard.down,
+                      .expert_ids = expert_ids_.data(), .local_index = shard.local_index.data(),
+                      .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
+                      .ffn_dims = hp_.n_ff_expert, .slots = slots};
+    if (shard.device == &be) {
+      remotes.push_back({&shard, nullptr});  // run after the remote ones are submitted
+      continue;
+    }
+    Workspace& remote = workspace(*shard.device);
+    float* input = remote.get(W::kNormed, T * embd);
+    transfer(be, h, *shard.device, input, T * embd);
+    float* remote_slots = remote.get(W::kSlots, T * k * embd);
+    MoeOp remote_op = op;
+    remote_op.input = input;
+    remote_op.slots = remote_slots;
+    shard.device->moe(remote_op);  // asynchronous on devices with their own stream
+    remotes.push_back({&shard, remote_slots});
+  }
+  // While the other devices work: the shared experts, then this device's own routed experts.
+  if (shared_out) {
+    float* shared_slot = ws.get(W::kSharedSlot, T * embd);
+    be.moe({.input = h, .gate = l.gate_shexp, .up = l.up_shexp, .down = l.down_shexp,
+            .expert_ids = dense_ids_.data(), .n_expert = 1, .n_tokens = T, .top_k = 1, .dim = embd,
+            .ffn_dims = int64_t(hp_.n_ff_expert) * hp_.n_expert_shared, .slots = shared_slot});
+    be.moe_reduce({.slots = shared_slot, .weights = dense_weights_.data(), .n_tokens = T,
+                   .top_k = 1, .dim = embd, .output = shared_out});
+  }
+  for (const Remote& r : remotes)
+    if (!r.slots)
+      be.moe({.input = h, .gate = r.shard->gate, .up = r.shard->up, .down = r.shard->down,
+              .expert_ids = expert_ids_.data(), .local_index = r.shard->local_index.data(),
+              .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
+              .ffn_dims = hp_.n_ff_expert, .slots = slots});
+  for (const Remote& r : remotes) {
+    if (!r.slots) continue;
+    Backend& device = *r.shard->device;
+    if (staging_.size() < size_t(T * k * embd)) staging_.resize(size_t(T * k * embd));
+    device.copy_to_host(staging_.data(), r.slots, size_t(T * k * embd) * sizeof(float));
+    for (int64_t s = 0; s < T * k; ++s)
+      if (r.shard->local_index[size_t(expert_ids_[size_t(s)])] >= 0)
+        be.copy_from_host(slots + s * embd, staging_.data() + s * embd, size_t(embd) * sizeof(float));
+  }
+  be.moe_reduce({.slots = slots, .weights = expert_weights_.data(), .n_tokens = T, .top_k = k,
+                 .dim = embd, .output = out});
 }
 
 }  // namespace tandem

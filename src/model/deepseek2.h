@@ -5,11 +5,13 @@
 // Reaches devices only through core/backend.h.
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <span>
 #include <vector>
 
 #include "core/backend.h"
 #include "model/deepseek2_hparams.h"
+#include "model/device_plan.h"
 #include "model/weight_binder.h"
 
 namespace tandem {
@@ -27,7 +29,10 @@ struct Batch {
 
 class Deepseek2Model {
  public:
-  // Reads the hyperparameters and binds every weight; the file must outlive the model.
+  // Reads the hyperparameters and binds every weight where `devices` says (for devices with
+  // their own memory, weights are copied there); the file must outlive the model.
+  Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& devices);
+  // Everything on one backend.
   Deepseek2Model(const gguf::GgufFile& file, Backend& backend);
   ~Deepseek2Model();
 
@@ -36,24 +41,38 @@ class Deepseek2Model {
   uint32_t n_layers() const { return n_layers_; }
   uint64_t weight_bytes() const { return binder_.bound_bytes(); }
 
-  // Runs `batch`: stores every token's latent in `cache` (one view per layer) and writes the
-  // logits of batch.logit_rows to `logits` ([rows, n_vocab], host memory).
+  // Runs `batch`: stores every token's latent in `cache` (one view per layer, each on its
+  // layer's device) and writes the logits of batch.logit_rows to `logits` ([rows, n_vocab],
+  // host memory).
   void forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits);
 
  private:
   struct Layer;
+  struct ExpertShard;
   struct Workspace;
-  void bind_attention(Layer& layer, uint32_t il);
-  void ensure_workspace(int64_t n_tokens, int64_t n_logit_rows);
+  void bind_attention(Layer& layer, uint32_t il, Backend& on);
+  void bind_experts(Layer& layer, uint32_t il);
+  Workspace& workspace(Backend& on);
+  // Moves `n` floats from one device's buffer to another's (through the host when they differ).
+  void transfer(Backend& from, const float* src, Backend& to, float* dst, int64_t n);
+  // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
+  // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
+  // model has them) to `shared_out`.
+  void routed_experts(const Layer& layer, const float* h, int64_t n_tokens, float* out,
+                      float* shared_out);
 
   Deepseek2Hparams hp_;
-  Backend& backend_;
+  DevicePlan devices_;
   WeightBinder binder_;
   WeightView token_embd_, output_;
   const float* output_norm_ = nullptr;
   uint32_t n_layers_ = 0;
   std::vector<Layer> layers_;
-  std::unique_ptr<Workspace> ws_;
+  std::vector<std::pair<Backend*, std::unique_ptr<Workspace>>> workspaces_;
+  std::vector<float> staging_;  // host bounce buffer for transfers between devices
+  // Routing of the current MoE layer, and the trivial routing of dense FFNs (host memory).
+  std::vector<int32_t> expert_ids_, dense_ids_;
+  std::vector<float> expert_weights_, dense_weights_;
   RopeParams rope_;
   float attention_scale_ = 1.0f;
 };

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "core/error.h"
 #include "gguf/gguf_file.h"
 #include "quant/quant.h"
@@ -46,16 +48,21 @@ const gguf::TensorInfo& WeightBinder::info(std::string_view name,
   return *t;
 }
 
-const void* WeightBinder::device_pointer(const void* host, size_t bytes, const std::string& what) {
+const void* WeightBinder::device_pointer(const void* host, size_t bytes, const std::string& what,
+                                         Backend& on) {
   bound_bytes_ += bytes;
-  if (backend_.uses_host_memory()) return host;
-  auto buffer = backend_.allocate(bytes, what);
-  backend_.copy_from_host(buffer->data(), host, bytes);
+  if (on.uses_host_memory()) return host;
+  auto buffer = on.allocate(bytes, what);
+  on.copy_from_host(buffer->data(), host, bytes);
   owned_.push_back(buffer);
   return buffer->data();
 }
 
 WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int64_t> shape) {
+  return matrix(name, shape, backend_);
+}
+
+WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int64_t> shape, Backend& on) {
   const gguf::TensorInfo& t = info(name, shape);
   WeightView view;
   view.type = t.type;
@@ -63,20 +70,60 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
   view.rows = t.shape.size() > 1 ? int64_t(t.shape[1]) : 1;
   view.n_mats = t.shape.size() > 2 ? int64_t(t.shape[2]) : 1;
   view.row_bytes = row_bytes(t.type, t.shape[0]);
-  view.data = device_pointer(t.data, t.n_bytes, std::string(name));
+  view.data = device_pointer(t.data, t.n_bytes, std::string(name), on);
+  return view;
+}
+
+WeightView WeightBinder::matrices(std::string_view name, std::initializer_list<int64_t> shape,
+                                  std::span<const int32_t> indices, Backend& on) {
+  const gguf::TensorInfo& t = info(name, shape);
+  WeightView all;
+  all.type = t.type;
+  all.cols = int64_t(t.shape[0]);
+  all.rows = t.shape.size() > 1 ? int64_t(t.shape[1]) : 1;
+  all.n_mats = t.shape.size() > 2 ? int64_t(t.shape[2]) : 1;
+  all.row_bytes = row_bytes(t.type, t.shape[0]);
+  all.data = t.data;
+  WeightView view = all;
+  view.n_mats = int64_t(indices.size());
+  const uint64_t bytes = all.matrix_bytes();
+  // On the host the chosen matrices are packed into one buffer only when they are not already
+  // the whole stack in order (the common single-device case stays zero-copy).
+  bool whole = int64_t(indices.size()) == all.n_mats;
+  for (size_t i = 0; whole && i < indices.size(); ++i) whole = indices[i] == int32_t(i);
+  if (whole) {
+    view.data = device_pointer(t.data, t.n_bytes, std::string(name), on);
+    return view;
+  }
+  std::vector<uint8_t>& packed = converted_bytes_.emplace_back(bytes * indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    TANDEM_CHECK(indices[i] >= 0 && indices[i] < all.n_mats);
+    std::memcpy(packed.data() + i * bytes, all.matrix(indices[i]).data, bytes);
+  }
+  view.data = device_pointer(packed.data(), packed.size(), std::string(name), on);
+  if (!on.uses_host_memory()) {  // the device has its own copy now
+    packed.clear();
+    packed.shrink_to_fit();
+  }
   return view;
 }
 
 const float* WeightBinder::f32(std::string_view name, std::initializer_list<int64_t> shape) {
+  return f32(name, shape, backend_);
+}
+
+const float* WeightBinder::f32(std::string_view name, std::initializer_list<int64_t> shape, Backend& on) {
   const gguf::TensorInfo& t = info(name, shape);
-  if (t.type == DType::F32) return static_cast<const float*>(device_pointer(t.data, t.n_bytes, std::string(name)));
+  if (t.type == DType::F32)
+    return static_cast<const float*>(device_pointer(t.data, t.n_bytes, std::string(name), on));
   std::vector<float>& values = converted_.emplace_back(t.n_elements);
   dequantize_row(t.type, t.data, values.data(), int64_t(t.n_elements));
-  return static_cast<const float*>(device_pointer(values.data(), values.size() * sizeof(float), std::string(name)));
+  return static_cast<const float*>(
+      device_pointer(values.data(), values.size() * sizeof(float), std::string(name), on));
 }
 
 WeightView WeightBinder::owned(const std::vector<float>& values, DType type, int64_t cols,
-                              int64_t rows, int64_t n_mats, const std::string& what) {
+                              int64_t rows, int64_t n_mats, const std::string& what, Backend& on) {
   TANDEM_CHECK(int64_t(values.size()) == cols * rows * n_mats);
   WeightView view;
   view.type = type;
@@ -87,7 +134,7 @@ WeightView WeightBinder::owned(const std::vector<float>& values, DType type, int
   std::vector<uint8_t>& bytes = converted_bytes_.emplace_back(view.row_bytes * uint64_t(rows * n_mats));
   for (int64_t r = 0; r < rows * n_mats; ++r)
     quantize_row(type, values.data() + r * cols, bytes.data() + uint64_t(r) * view.row_bytes, cols);
-  view.data = device_pointer(bytes.data(), bytes.size(), what);
+  view.data = device_pointer(bytes.data(), bytes.size(), what, on);
   return view;
 }
 

@@ -4,6 +4,7 @@
 // (in place from the mmap on the CPU; uploaded for devices with their own memory).
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,26 +19,33 @@ struct TensorInfo;
 
 class WeightBinder {
  public:
+  // Weights go to `backend` unless a call names another device.
   WeightBinder(const gguf::GgufFile& file, Backend& backend);
 
   bool has(std::string_view name) const;
   // A matrix or a stack of matrices for matmul-style ops; `shape` in GGUF order
   // (shape[0] = row length). Any format the backend multiplies with.
   WeightView matrix(std::string_view name, std::initializer_list<int64_t> shape);
+  WeightView matrix(std::string_view name, std::initializer_list<int64_t> shape, Backend& on);
+  // Some matrices of a stack (the experts of a layer that live on `on`), packed in the order
+  // of `indices`; matrix i of the result is matrix indices[i] of the tensor.
+  WeightView matrices(std::string_view name, std::initializer_list<int64_t> shape,
+                      std::span<const int32_t> indices, Backend& on);
   // A vector or small matrix needed as F32 values (norm weights, router, expert bias):
   // converted to F32 once if stored otherwise.
   const float* f32(std::string_view name, std::initializer_list<int64_t> shape);
+  const float* f32(std::string_view name, std::initializer_list<int64_t> shape, Backend& on);
   // A weight built at load time (e.g. a transposed projection), stored as `type` (F32 or a
   // format quantize_row writes), kept alive by the binder.
   WeightView owned(const std::vector<float>& values, DType type, int64_t cols, int64_t rows,
-                   int64_t n_mats, const std::string& what);
+                   int64_t n_mats, const std::string& what, Backend& on);
   // The tensor's info after the same checks, for code that must rework a weight at load time.
   const gguf::TensorInfo& info(std::string_view name, std::initializer_list<int64_t> shape) const;
 
   uint64_t bound_bytes() const { return bound_bytes_; }
 
  private:
-  const void* device_pointer(const void* host, size_t bytes, const std::string& what);
+  const void* device_pointer(const void* host, size_t bytes, const std::string& what, Backend& on);
 
   const gguf::GgufFile& file_;
   Backend& backend_;

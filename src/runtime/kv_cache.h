@@ -13,8 +13,12 @@ namespace tandem {
 
 class KvCache {
  public:
+  // One layer's cache on each of `layer_devices` (the device that runs that layer's attention).
+  KvCache(std::span<Backend* const> layer_devices, int64_t kv_lora_rank, int64_t rope_dims,
+          int64_t n_ctx, int64_t n_seq);
   KvCache(Backend& backend, int64_t n_layers, int64_t kv_lora_rank, int64_t rope_dims, int64_t n_ctx,
-          int64_t n_seq);
+          int64_t n_seq)
+      : KvCache(std::vector<Backend*>(size_t(n_layers), &backend), kv_lora_rank, rope_dims, n_ctx, n_seq) {}
 
   std::span<const KvLayerView> views() const { return views_; }
   int64_t n_ctx() const { return n_ctx_; }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "backends/cpu/matmul.h"
 #include "core/aligned_buffer.h"
@@ -22,6 +24,12 @@ class HostBuffer final : public DeviceBuffer {
   AlignedBuffer buffer_;
 };
 
+// Ops run before their call returns, so every event is complete when recorded.
+class DoneEvent final : public Event {
+ public:
+  void wait() override {}
+};
+
 }  // namespace
 
 float* grow(std::vector<float>& v, size_t n) {
@@ -29,7 +37,16 @@ float* grow(std::vector<float>& v, size_t n) {
   return v.data();
 }
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads), per_thread_(size_t(n_threads)) {}
+CpuBackend::CpuBackend(int n_threads, std::string name)
+    : name_(std::move(name)), pool_(n_threads), per_thread_(size_t(n_threads)) {}
+
+std::shared_ptr<Event> CpuBackend::record_event() { return std::make_shared<DoneEvent>(); }
+
+// Another backend's event: this stream is the caller's thread, so waiting is blocking.
+void CpuBackend::wait_for(std::shared_ptr<Event> event) { event->wait(); }
+
+size_t CpuBackend::free_bytes() const { return SIZE_MAX; }
+
 CpuBackend::~CpuBackend() = default;
 
 std::shared_ptr<DeviceBuffer> CpuBackend::allocate(size_t bytes, const std::string& what) {
@@ -37,7 +54,7 @@ std::shared_ptr<DeviceBuffer> CpuBackend::allocate(size_t bytes, const std::stri
     // Not touched here: a KV cache sized for a long context only takes memory as it fills.
     return std::make_shared<HostBuffer>(bytes);
   } catch (const std::bad_alloc&) {
-    fail("cpu: cannot allocate {} MiB for {}; lower --ctx or free memory", bytes >> 20, what);
+    fail("{}: cannot allocate {} MiB for {}; lower --ctx or free memory", name_, bytes >> 20, what);
   }
 }
 

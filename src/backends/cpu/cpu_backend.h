@@ -11,10 +11,11 @@ namespace tandem::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads);
+  // `name` lets a simulated device reuse these ops under its own name.
+  explicit CpuBackend(int n_threads, std::string name = "cpu");
   ~CpuBackend() override;
 
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return name_; }
   bool uses_host_memory() const override { return true; }
   int n_threads() const { return pool_.size(); }
   ThreadPool& pool() { return pool_; }
@@ -23,6 +24,9 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
   void synchronize() override {}
+  std::shared_ptr<Event> record_event() override;
+  void wait_for(std::shared_ptr<Event> event) override;
+  size_t free_bytes() const override;
 
   void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
   void matmul(const MatmulOp& op) override;
@@ -32,6 +36,7 @@ class CpuBackend final : public Backend {
   void mla_attention(const MlaAttentionOp& op) override;
   void moe_route(const MoeRouteOp& op) override;
   void moe(const MoeOp& op) override;
+  void moe_reduce(const MoeReduceOp& op) override;
   void add(float* y, const float* x, int64_t n) override;
   void zero(float* y, int64_t n) override;
   void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
@@ -40,6 +45,7 @@ class CpuBackend final : public Backend {
  private:
   void matmul_rows(const WeightView& w, const float* input, int64_t n_tokens, float* output);
 
+  std::string name_;
   ThreadPool pool_;
   // Scratch that only grows: ops allocate nothing once the largest batch has been seen.
   std::vector<float> scratch_a_, scratch_b_, scratch_c_, scratch_d_;

@@ -87,41 +87,49 @@ void CpuBackend::moe_route(const MoeRouteOp& op) {
 
 void CpuBackend::moe(const MoeOp& op) {
   const int64_t T = op.n_tokens, K = op.top_k, D = op.dim, F = op.ffn_dims;
-  const int64_t E = op.gate.n_mats;
-  // Tokens grouped by expert, so each expert's weights are read once per call.
-  if (index_scratch_.size() < size_t(E + 1 + T * K)) index_scratch_.resize(size_t(E + 1 + T * K));
-  int32_t* offsets = index_scratch_.data();  // [E + 1]
-  int32_t* slots = offsets + E + 1;          // [T * K] (token * K + k), by expert
-  std::fill(offsets, offsets + E + 1, 0);
-  for (int64_t i = 0; i < T * K; ++i) {
-    TANDEM_CHECK(op.expert_ids[i] >= 0 && op.expert_ids[i] < E);
-    ++offsets[op.expert_ids[i] + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  {
-    std::vector<int32_t>& fill = expert_fill_;
-    fill.assign(offsets, offsets + E);
-    for (int64_t i = 0; i < T * K; ++i) slots[fill[size_t(op.expert_ids[i])]++] = int32_t(i);
-  }
+  const int64_t held = op.gate.n_mats;
+  // Slots grouped by the expert's local matrix, so each held expert's weights are read once.
+  if (index_scratch_.size() < size_t(held + 1 + T * K)) index_scratch_.resize(size_t(held + 1 + T * K));
+  int32_t* offsets = index_scratch_.data();  // [held + 1]
+  int32_t* order = offsets + held + 1;       // [<= T * K] slot indices, by local expert
+  std::fill(offsets, offsets + held + 1, 0);
+  auto local = [&](int64_t slot) -> int32_t {
+    const int32_t e = op.expert_ids[slot];
+    TANDEM_CHECK(e >= 0 && e < op.n_expert);
+    return op.local_index ? op.local_index[e] : e;
+  };
+  for (int64_t s = 0; s < T * K; ++s)
+    if (const int32_t m = local(s); m >= 0) ++offsets[m + 1];
+  for (int64_t m = 0; m < held; ++m) offsets[m + 1] += offsets[m];
+  expert_fill_.assign(offsets, offsets + held);
+  for (int64_t s = 0; s < T * K; ++s)
+    if (const int32_t m = local(s); m >= 0) order[expert_fill_[size_t(m)]++] = int32_t(s);
 
   float* x = grow(scratch_a_, size_t(T * K * D));
   float* gate = grow(scratch_b_, size_t(T * K * F));
   float* up = grow(scratch_c_, size_t(T * K * F));
   float* down = grow(scratch_d_, size_t(T * K * D));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t first = offsets[e], n = offsets[e + 1] - offsets[e];
+  for (int64_t m = 0; m < held; ++m) {
+    const int64_t first = offsets[m], n = offsets[m + 1] - offsets[m];
     if (n == 0) continue;
-    for (int64_t i = 0; i < n; ++i)
-      std::copy_n(op.input + (slots[first + i] / K) * D, D, x + i * D);
-    matmul_rows(op.gate.matrix(e), x, n, gate);
-    matmul_rows(op.up.matrix(e), x, n, up);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(op.input + (order[first + i] / K) * D, D, x + i * D);
+    matmul_rows(op.gate.matrix(m), x, n, gate);
+    matmul_rows(op.up.matrix(m), x, n, up);
     for (int64_t i = 0; i < n * F; ++i) gate[i] = silu(gate[i]) * up[i];
-    matmul_rows(op.down.matrix(e), gate, n, down);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t slot = slots[first + i];
-      const float w = op.expert_weights[slot];
-      float* out = op.output + (slot / K) * D;
-      for (int64_t d = 0; d < D; ++d) out[d] += w * down[i * D + d];
+    matmul_rows(op.down.matrix(m), gate, n, down);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(down + i * D, D, op.slots + int64_t(order[first + i]) * D);
+  }
+}
+
+void CpuBackend::moe_reduce(const MoeReduceOp& op) {
+  const int64_t K = op.top_k, D = op.dim;
+  for (int64_t t = 0; t < op.n_tokens; ++t) {
+    float* out = op.output + t * D;
+    std::fill(out, out + D, 0.0f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float w = op.weights[t * K + k];
+      const float* slot = op.slots + (t * K + k) * D;
+      for (int64_t d = 0; d < D; ++d) out[d] += w * slot[d];
     }
   }
 }

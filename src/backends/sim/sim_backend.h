@@ -1,0 +1,73 @@
+#pragma once
+// A simulated device computed on the CPU. It behaves like a GPU where that matters for the
+// executor: its own memory budget (allocations beyond it fail like an out-of-memory GPU),
+// its own stream (a worker thread that runs ops in submission order while the host goes on),
+// and explicit copies in and out. Multi-device plans run on machines without GPUs this way, and
+// must give results bit-identical to a single-CPU run.
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/backend.h"
+
+namespace tandem::sim {
+
+class SimBackend final : public Backend {
+ public:
+  // `memory_bytes`: the device's budget. `n_threads`: CPU threads its kernels use.
+  SimBackend(int index, size_t memory_bytes, int n_threads = 1);
+  ~SimBackend() override;
+
+  std::string name() const override { return name_; }
+  bool uses_host_memory() const override { return false; }
+  size_t memory_bytes() const { return memory_bytes_; }
+  size_t used_bytes() const;
+
+  std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override;
+  void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  void synchronize() override;
+  std::shared_ptr<Event> record_event() override;
+  void wait_for(std::shared_ptr<Event> event) override;
+  size_t free_bytes() const override;
+
+  void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
+  void matmul(const MatmulOp& op) override;
+  void rms_norm(const RmsNormOp& op) override;
+  void rope(const RopeOp& op) override;
+  void kv_store(const KvStoreOp& op) override;
+  void mla_attention(const MlaAttentionOp& op) override;
+  void moe_route(const MoeRouteOp& op) override;
+  void moe(const MoeOp& op) override;
+  void moe_reduce(const MoeReduceOp& op) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void zero(float* y, int64_t n) override;
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                 int64_t n_rows, int64_t row_len) override;
+
+ private:
+  struct Budget;
+  void submit(std::function<void()> work);
+  void worker_loop();
+
+  std::string name_;
+  size_t memory_bytes_;
+  std::shared_ptr<Budget> budget_;
+  cpu::CpuBackend compute_;  // the kernels, run on the worker thread only
+
+  std::mutex mutex_;
+  std::condition_variable work_ready_, work_done_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false, stopping_ = false;
+  std::exception_ptr error_;  // first failure of an op, rethrown by synchronize()
+  std::thread worker_;
+};
+
+}  // namespace tandem::sim

@@ -1,0 +1,134 @@
+// One forward pass spread over several devices (simulated ones here) must give exactly the
+// logits of the single-CPU run, whatever the plan: layer splits, experts of one layer over three
+// devices, the head elsewhere, everything on one simulated device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/sim/sim_backend.h"
+#include "core/error.h"
+#include "gguf/gguf_file.h"
+#include "model/deepseek2.h"
+#include "runtime/kv_cache.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+constexpr size_t kSimMemory = size_t(64) << 20;
+
+struct Machine {
+  cpu::CpuBackend cpu{2};
+  sim::SimBackend sim0{0, kSimMemory}, sim1{1, kSimMemory};
+};
+
+// Logits of the prompt (every position) and then of `n_decode` greedy steps, one token each.
+std::vector<float> run_plan(const gguf::GgufFile& file, const DevicePlan& plan, int n_decode) {
+  Deepseek2Model model(file, plan);
+  const auto& hp = model.hparams();
+  KvCache cache(plan.layers, hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
+  std::vector<int32_t> tokens = {0, 671, 645, 1193, 291, 1072, 80, 285, 1876, 597, 395};
+  std::vector<float> all;
+  std::vector<int32_t> positions, seq(tokens.size(), 0), rows;
+  for (size_t i = 0; i < tokens.size(); ++i) positions.push_back(int32_t(i)), rows.push_back(int32_t(i));
+  std::vector<float> logits(tokens.size() * hp.n_vocab);
+  model.forward({.tokens = tokens, .positions = positions, .seq_ids = seq, .logit_rows = rows}, cache.views(),
+                logits.data());
+  all.insert(all.end(), logits.begin(), logits.end());
+  for (int step = 0; step < n_decode; ++step) {
+    const float* last = all.data() + all.size() - hp.n_vocab;
+    const int32_t next = int32_t(std::max_element(last, last + hp.n_vocab) - last);
+    const int32_t pos = int32_t(tokens.size()), zero = 0;
+    tokens.push_back(next);
+    std::vector<float> one(hp.n_vocab);
+    model.forward({.tokens = {&tokens.back(), 1}, .positions = {&pos, 1}, .seq_ids = {&zero, 1}, .logit_rows = {&zero, 1}},
+                  cache.views(), one.data());
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  return all;
+}
+
+class MultiDevice : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(test::fixture(GetParam()).string()));
+    hp_ = read_deepseek2_hparams(*file_);
+    n_layers_ = hp_.n_layer - hp_.n_nextn_layers;
+    reference_ = run_plan(*file_, DevicePlan::single(m_.cpu, n_layers_, hp_.n_expert), 4);
+  }
+  DevicePlan all_on(Backend& b) { return DevicePlan::single(b, n_layers_, hp_.n_expert); }
+  void expect_identical(const DevicePlan& plan) {
+    const std::vector<float> logits = run_plan(*file_, plan, 4);
+    ASSERT_EQ(logits.size(), reference_.size());
+    EXPECT_EQ(std::memcmp(logits.data(), reference_.data(), logits.size() * sizeof(float)), 0)
+        << "logits differ from the single-CPU run";
+  }
+
+  Machine m_;
+  std::unique_ptr<gguf::GgufFile> file_;
+  Deepseek2Hparams hp_;
+  uint32_t n_layers_ = 0;
+  std::vector<float> reference_;
+};
+
+TEST_P(MultiDevice, EverythingOnOneSimulatedDevice) { expect_identical(all_on(m_.sim0)); }
+
+TEST_P(MultiDevice, LayersSplitAcrossDevicesWithActivationCopiesAtEachCut) {
+  DevicePlan plan = all_on(m_.cpu);
+  for (uint32_t il = 0; il < n_layers_; ++il) {
+    Backend* device = il < n_layers_ / 2 ? static_cast<Backend*>(&m_.sim0) : &m_.sim1;
+    plan.layers[il] = device;
+    for (auto& e : plan.experts[il]) e = device;
+  }
+  plan.output = &m_.sim1;
+  expect_identical(plan);
+}
+
+TEST_P(MultiDevice, ExpertsOfEveryLayerSplitOverThreeDevices) {
+  DevicePlan plan = all_on(m_.cpu);
+  Backend* three[] = {&m_.cpu, &m_.sim0, &m_.sim1};
+  for (auto& layer : plan.experts)
+    for (size_t e = 0; e < layer.size(); ++e) layer[e] = three[e % 3];
+  expect_identical(plan);
+}
+
+TEST_P(MultiDevice, ExpertsOnOneDeviceAttentionOnAnother) {
+  DevicePlan plan = all_on(m_.sim0);
+  for (auto& layer : plan.experts)
+    for (auto& e : layer) e = &m_.cpu;
+  plan.embeddings = &m_.cpu;
+  expect_identical(plan);
+}
+
+TEST_P(MultiDevice, AlternatingLayersWithTheHeadOnTheHost) {
+  DevicePlan plan = all_on(m_.cpu);
+  for (uint32_t il = 0; il < n_layers_; ++il) {
+    Backend* device = il % 2 ? static_cast<Backend*>(&m_.sim1) : &m_.cpu;
+    plan.layers[il] = device;
+    for (size_t e = 0; e < plan.experts[il].size(); ++e) plan.experts[il][e] = e < 3 ? &m_.sim0 : device;
+  }
+  expect_identical(plan);
+}
+
+TEST_P(MultiDevice, ADeviceThatIsTooSmallFailsLikeAnOutOfMemoryGpu) {
+  sim::SimBackend tiny(7, 64 << 10);
+  try {
+    Deepseek2Model model(*file_, all_on(tiny));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sim:7: out of memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tiny.used_bytes(), 0u);  // nothing leaked from the failed load
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MultiDevice, ::testing::Values("micro-v2-F32.gguf", "micro-v3-F32.gguf", "small-v3-Q4_K_M.gguf"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) c = std::isalnum(uint8_t(c)) ? c : '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace tandem
