@@ -5,7 +5,7 @@ packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev   # compilers; clang + its runtime for libFuzzer
   libgtest-dev libgmock-dev libbenchmark-dev        # tests and micro-benchmarks
   nlohmann-json3-dev libcli11-dev libfmt-dev        # JSON, command line, formatting
-  libpcre2-dev python3                              # tokenizer regexes; fixture checker
+  libpcre2-dev libyaml-cpp-dev python3              # tokenizer regexes; rule files; fixture checker
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -13,8 +13,8 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_writer.h"
+#include "model/deepseek2_layout.h"
 #include "model/synthetic_corpus.h"
-#include "model/weight_groups.h"
 #include "quant/quant.h"
 #include "text/bpe_trainer.h"
 #include "text/byte_unicode.h"
@@ -112,97 +112,43 @@ SyntheticVocabulary make_vocabulary(uint32_t n_vocab) {
 
 enum class Init { Gaussian, Ones };
 
+// A tensor of the layout with how its values are drawn.
 struct TensorSpec {
-  std::string name;
-  std::vector<uint64_t> shape;  // GGUF order: shape[0] is the row length
-  DType type;
+  TensorLayout layout;
   Init init;
-  float std;                    // Gaussian standard deviation
+  float std;  // Gaussian standard deviation
 };
 
-// The layers that llama.cpp-style Q4_K_M gives more bits (first and last eighth, and every
-// third one between): their ffn_down and attn_v_b use Q6_K.
-bool gets_more_bits(uint32_t layer, uint32_t n_layer) {
-  const uint32_t eighth = n_layer / 8;
-  return layer < eighth || layer >= n_layer - eighth || (layer - eighth) % 3 == 2;
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-DType choose_type(const std::string& format, const std::string& name, uint32_t n_layer,
-                  const std::vector<uint64_t>& shape) {
-  const TensorRole role = classify_tensor(name, n_layer);
-  // Vectors, the router and the selection bias stay F32 in every mix (they are tiny and the
-  // routing decision is sensitive to them).
-  if (shape.size() == 1 || role.group == WeightGroup::Router) return DType::F32;
-  if (format == "F32") return DType::F32;
-  if (format == "F16") return DType::F16;
-  if (format == "BF16") return DType::BF16;
-  DType type = DType::Q8_0;
-  if (format == "Q4_K_M") {
-    const bool down_like = name.find("ffn_down") != std::string::npos || name.find("attn_v_b") != std::string::npos;
-    if (role.group == WeightGroup::OutputHead) type = DType::Q6_K;
-    else if (down_like && role.layer && gets_more_bits(*role.layer, n_layer)) type = DType::Q6_K;
-    else type = DType::Q4_K;
-  }
-  // Rows that are not whole super-blocks fall back as the converters do.
-  const uint64_t row = shape[0];
-  if (row % 256 != 0 && type == DType::Q4_K) type = DType::Q5_0;
-  if (row % 256 != 0 && type == DType::Q6_K) type = DType::Q8_0;
-  if (row % 32 != 0) type = DType::F16;
-  return type;
+// Matrices keep activations at unit scale: std = 1/sqrt(fan_in), where fan_in is the row length
+// except for attn_k_b, which multiplies the latent (its shape[1]). The router and the LM head are
+// scaled up for decisive routing and clear top tokens; norms start at one.
+TensorSpec init_for(TensorLayout layout, const SyntheticPreset& preset) {
+  const std::string& name = layout.name;
+  const auto& shape = layout.shape;
+  auto fan_in = [](uint64_t n) { return 1.0f / std::sqrt(float(n)); };
+  if (ends_with(name, "_norm.weight")) return {std::move(layout), Init::Ones, 0.0f};
+  float std = fan_in(shape[0]);
+  if (name == "token_embd.weight")
+    std = 1.0f;
+  else if (name == "output.weight")
+    std = preset.output_logit_std * fan_in(shape[0]);
+  else if (ends_with(name, "exp_probs_b.bias"))
+    std = preset.expert_bias_std;
+  else if (ends_with(name, "ffn_gate_inp.weight"))
+    std = preset.router_logit_std * fan_in(shape[0]);
+  else if (ends_with(name, "attn_k_b.weight"))
+    std = fan_in(shape[1]);
+  return {std::move(layout), Init::Gaussian, std};
 }
 
 std::vector<TensorSpec> tensor_specs(const SyntheticPreset& preset, const std::string& format) {
-  const Deepseek2Hparams& hp = preset.hparams;
   std::vector<TensorSpec> specs;
-  auto gaussian = [&](std::string name, std::vector<uint64_t> shape, float std) {
-    const DType type = choose_type(format, name, hp.n_layer, shape);
-    specs.push_back({std::move(name), std::move(shape), type, Init::Gaussian, std});
-  };
-  auto ones = [&](std::string name, uint64_t n) {
-    specs.push_back({std::move(name), {n}, DType::F32, Init::Ones, 0.0f});
-  };
-  // Matrices keep activations at unit scale: std = 1/sqrt(fan_in).
-  auto fan_in = [](uint64_t n) { return 1.0f / std::sqrt(float(n)); };
-  const uint64_t embd = hp.n_embd, heads = hp.n_head, q_dim = heads * hp.qk_head_dim();
-
-  gaussian("token_embd.weight", {embd, hp.n_vocab}, 1.0f);
-  for (uint32_t il = 0; il < hp.n_layer; ++il) {
-    const std::string blk = fmt::format("blk.{}.", il);
-    ones(blk + "attn_norm.weight", embd);
-    if (hp.q_lora_rank > 0) {
-      gaussian(blk + "attn_q_a.weight", {embd, hp.q_lora_rank}, fan_in(embd));
-      ones(blk + "attn_q_a_norm.weight", hp.q_lora_rank);
-      gaussian(blk + "attn_q_b.weight", {hp.q_lora_rank, q_dim}, fan_in(hp.q_lora_rank));
-    } else {
-      gaussian(blk + "attn_q.weight", {embd, q_dim}, fan_in(embd));
-    }
-    gaussian(blk + "attn_kv_a_mqa.weight", {embd, hp.kv_cache_dims()}, fan_in(embd));
-    ones(blk + "attn_kv_a_norm.weight", hp.kv_lora_rank);
-    gaussian(blk + "attn_k_b.weight", {hp.qk_nope_dim, hp.kv_lora_rank, heads}, fan_in(hp.kv_lora_rank));
-    gaussian(blk + "attn_v_b.weight", {hp.kv_lora_rank, hp.v_head_dim, heads}, fan_in(hp.kv_lora_rank));
-    gaussian(blk + "attn_output.weight", {heads * hp.v_head_dim, embd}, fan_in(heads * hp.v_head_dim));
-    ones(blk + "ffn_norm.weight", embd);
-    if (!hp.is_moe_layer(il)) {
-      gaussian(blk + "ffn_gate.weight", {embd, hp.n_ff_dense}, fan_in(embd));
-      gaussian(blk + "ffn_up.weight", {embd, hp.n_ff_dense}, fan_in(embd));
-      gaussian(blk + "ffn_down.weight", {hp.n_ff_dense, embd}, fan_in(hp.n_ff_dense));
-      continue;
-    }
-    const uint64_t ff = hp.n_ff_expert, n_exp = hp.n_expert, shared_ff = ff * hp.n_expert_shared;
-    gaussian(blk + "ffn_gate_inp.weight", {embd, n_exp}, preset.router_logit_std * fan_in(embd));
-    if (hp.gating == ExpertGating::Sigmoid)
-      gaussian(blk + "exp_probs_b.bias", {n_exp}, preset.expert_bias_std);
-    gaussian(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}, fan_in(embd));
-    gaussian(blk + "ffn_up_exps.weight", {embd, ff, n_exp}, fan_in(embd));
-    gaussian(blk + "ffn_down_exps.weight", {ff, embd, n_exp}, fan_in(ff));
-    if (hp.n_expert_shared > 0) {
-      gaussian(blk + "ffn_gate_shexp.weight", {embd, shared_ff}, fan_in(embd));
-      gaussian(blk + "ffn_up_shexp.weight", {embd, shared_ff}, fan_in(embd));
-      gaussian(blk + "ffn_down_shexp.weight", {shared_ff, embd}, fan_in(shared_ff));
-    }
-  }
-  ones("output_norm.weight", embd);
-  gaussian("output.weight", {embd, hp.n_vocab}, preset.output_logit_std * fan_in(embd));
+  for (TensorLayout& layout : deepseek2_layout(preset.hparams, format))
+    specs.push_back(init_for(std::move(layout), preset));
   return specs;
 }
 
@@ -319,10 +265,8 @@ SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPo
 
   uint64_t total_bytes = 0;
   for (const TensorSpec& spec : specs) {
-    writer.add_tensor(spec.name, spec.type, spec.shape);
-    uint64_t rows = 1;
-    for (size_t d = 1; d < spec.shape.size(); ++d) rows *= spec.shape[d];
-    total_bytes += rows * row_bytes(spec.type, spec.shape[0]);
+    writer.add_tensor(spec.layout.name, spec.layout.type, spec.layout.shape);
+    total_bytes += spec.layout.n_bytes();
   }
   writer.write_header();
 
@@ -332,12 +276,11 @@ SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPo
   std::vector<uint8_t> chunk;
   Progress progress("writing " + options.output_path, total_bytes, options.show_progress);
   for (const TensorSpec& spec : specs) {
-    const uint64_t cols = spec.shape[0];
-    uint64_t rows = 1;
-    for (size_t d = 1; d < spec.shape.size(); ++d) rows *= spec.shape[d];
-    const uint64_t bytes_per_row = row_bytes(spec.type, cols);
+    const TensorLayout& layout = spec.layout;
+    const uint64_t cols = layout.shape[0], rows = layout.n_rows();
+    const uint64_t bytes_per_row = row_bytes(layout.type, cols);
     const uint64_t rows_per_chunk = std::max<uint64_t>(1, kChunkElements / cols);
-    const uint64_t tensor_seed = options.seed ^ hash_name(spec.name);
+    const uint64_t tensor_seed = options.seed ^ hash_name(layout.name);
     for (auto& row : scratch) row.resize(cols);
     for (uint64_t first = 0; first < rows; first += rows_per_chunk) {
       const uint64_t n = std::min(rows_per_chunk, rows - first);
@@ -345,11 +288,14 @@ SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPo
       pool.parallel_for(int64_t(n), [&](int64_t i, int thread) {
         float* values = scratch[size_t(thread)].data();
         const uint64_t row = first + uint64_t(i);
-        if (spec.init == Init::Ones) std::fill(values, values + cols, 1.0f);
-        else fill_gaussian(values, cols, row_seed(tensor_seed, row), spec.std);
-        quantize_row(spec.type, values, chunk.data() + uint64_t(i) * bytes_per_row, int64_t(cols));
+        if (spec.init == Init::Ones)
+          std::fill(values, values + cols, 1.0f);
+        else
+          fill_gaussian(values, cols, row_seed(tensor_seed, row), spec.std);
+        quantize_row(layout.type, values, chunk.data() + uint64_t(i) * bytes_per_row,
+                     int64_t(cols));
       });
-      writer.write_tensor_data(spec.name, chunk);
+      writer.write_tensor_data(layout.name, chunk);
       progress.advance(chunk.size());
     }
   }

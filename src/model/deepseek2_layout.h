@@ -1,0 +1,49 @@
+#pragma once
+// The tensor list of a deepseek2 model: every tensor's name, shape and stored format, as
+// converters and quantizers write them, computed from the hyperparameters and a quantization mix.
+// gen-model writes exactly this list; the planner sizes models that are not on this machine
+// with it, so a preset's bytes are the bytes a file of that mix would hold.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/deepseek2_hparams.h"
+
+namespace tandem {
+
+struct TensorLayout {
+  std::string name;             // "blk.3.ffn_down_exps.weight"
+  std::vector<uint64_t> shape;  // GGUF order: shape[0] is the row length
+  DType type = DType::F32;
+
+  uint64_t n_rows() const;   // product of shape[1..]
+  uint64_t n_bytes() const;  // n_rows() rows of shape[0] elements in `type`
+};
+
+// The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K".
+// Rules (vectors, the router and exp_probs_b are F32 in every mix; rows that are not whole
+// blocks of the chosen format fall back as llama.cpp's quantizer does: Q4_K→Q5_0, Q6_K→Q8_0,
+// Q2_K/Q3_K→Q4_0, and anything whose row is not a multiple of 32→F16):
+//   Q8_0, BF16, F16, F32: every matrix in that format.
+//   Q4_K_M: Q4_K everywhere; output Q6_K; every ffn_down* (dense, shared, routed) Q6_K in the
+//     "more bits" layers (the first and last eighth, and every third layer between).
+//   Q2_K: the low-bit class of files people run on one GPU + RAM. Routed experts follow
+//     llama.cpp's Q2_K (gate/up Q2_K, down Q3_K); the tensors every token reads (attention,
+//     shared experts, dense FFN, token_embd) are Q4_K and output Q6_K, as the widely used
+//     low-bit DeepSeek files keep them (llama.cpp's own Q2_K would put them at Q2_K/Q3_K
+//     because its "more bits for attention" heuristics do not recognise the MLA names; that
+//     changes the total by well under 1%).
+const std::vector<std::string>& deepseek2_quant_mixes();
+
+// Every tensor of the main layers (0 .. n_layer - n_nextn_layers - 1; MTP tensors are not
+// listed), in converter order. Throws tandem::Error for an unknown mix, listing the known ones.
+// hp.n_vocab must be set.
+std::vector<TensorLayout> deepseek2_layout(const Deepseek2Hparams& hp, std::string_view quant_mix);
+
+// llama.cpp's "more bits" layers of the Q4_K_M mix: first and last eighth of n_layer (integer
+// eighths, as its use_more_bits does), and every third layer after the first eighth.
+bool q4_k_m_layer_gets_more_bits(uint32_t layer, uint32_t n_layer);
+
+}  // namespace tandem

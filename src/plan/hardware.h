@@ -1,0 +1,56 @@
+#pragma once
+// The machine a plan is for: the host (RAM, cores, NUMA nodes, measured memory bandwidth) and
+// its accelerators, either detected or described on the command line so that a person can ask
+// "what if I had two 24 GB cards?" before buying them.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::plan {
+
+enum class DeviceKind { Cpu, Cuda, Sim };
+
+struct DeviceSpec {
+  std::string name;                 // "cpu", "cuda:0", "sim:1"
+  DeviceKind kind = DeviceKind::Cpu;
+  std::string model;                // "RTX 4090", "AMD EPYC (2 cores)", "simulated"
+  uint64_t memory_bytes = 0;        // what tandem may use (after a reserve for the runtime)
+  double bandwidth_bytes_per_s = 0; // memory bandwidth
+  double flops_per_s = 0;           // dense matmul throughput at the activation precision used
+                                    // (GPUs: FP16 tensor cores; host: int8 kernels, estimated)
+  double int8_ops_per_s = 0;        // GPUs: dense INT8 tensor-core throughput, 0 where unknown
+  std::string bandwidth_source;     // "measured 2026-12-02", "default for RTX 4090", "given"
+};
+
+struct Hardware {
+  DeviceSpec host;                  // kind Cpu: RAM and the CPU's bandwidth and compute
+  std::vector<DeviceSpec> gpus;     // cuda:0.. or sim:0.., in order
+  int32_t cpu_cores = 1;
+  int32_t numa_nodes = 1;
+  double host_to_device_bytes_per_s = 25e9;  // PCIe 4.0 x16 in practice
+  double disk_bytes_per_s = 2e9;             // for weights streamed from disk
+};
+
+// A GPU from a description: "48GiB", "24GiB:1000GBps", or a known card name ("4090", "3090",
+// "a6000", "a100", "a100-80g", "h100", "h200", "l40s", "5090") optionally with ":NNGiB" or
+// ":NNNGBps" overrides. Throws tandem::Error naming the text and the accepted forms.
+DeviceSpec parse_gpu(std::string_view text, int32_t index, DeviceKind kind = DeviceKind::Cuda);
+// "192GiB", "512GB", "1TiB"; throws with the accepted forms.
+uint64_t parse_bytes(std::string_view text);
+
+// Memory bandwidth of this machine now: a STREAM-style triad on `threads` threads, best of a
+// few repetitions in about a second (no cache: benchmarks measure it before and after a run).
+double measure_memory_bandwidth(int32_t threads);
+
+// This machine: cores, NUMA nodes, free RAM, and the memory bandwidth measured with a short
+// STREAM-style triad on `threads` threads (cached in ~/.cache/tandem/bandwidth.json per CPU
+// model and thread count, so only the first call takes ~1 s). GPUs when built with CUDA.
+Hardware detect_hardware(int32_t threads);
+
+// The same host with RAM and GPUs replaced by a description (what `tandem plan --gpu --ram`
+// gives); host bandwidth stays measured unless `host_bandwidth` is given.
+Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_view ram,
+                           double host_bandwidth_bytes_per_s, int32_t threads);
+
+}  // namespace tandem::plan

@@ -1,0 +1,319 @@
+#include "plan/inventory.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+#include "gguf/gguf_file.h"
+#include "model/deepseek2_layout.h"
+#include "model/synthetic_model.h"
+
+namespace tandem::plan {
+namespace {
+
+// One tensor as the grouping needs it, whether it comes from a file or from a layout.
+struct TensorBytes {
+  std::string_view name;
+  const std::vector<uint64_t>* shape;
+  uint64_t bytes;
+};
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// Where a per-layer norm goes: attention norms with the attention; ffn_norm with the FFN whose
+// input it normalizes. In an MoE layer that is the router's group: the router, the shared experts
+// and every routed expert all read the normed input, and the router always exists and lives with
+// the layer (placement puts it on the layer's device), so the norm is computed where the
+// activations already are. In a dense layer it is the dense FFN's.
+WeightGroup norm_owner(std::string_view name, uint32_t layer, const Deepseek2Hparams& hp) {
+  const std::string_view leaf = name.substr(name.find('.', 4) + 1);  // after "blk.N."
+  if (starts_with(leaf, "ffn_norm"))
+    return hp.is_moe_layer(layer) ? WeightGroup::Router : WeightGroup::DenseFfn;
+  return WeightGroup::Attention;
+}
+
+// The order groups are listed in within a layer.
+int rank_in_layer(WeightGroup kind) {
+  switch (kind) {
+    case WeightGroup::Attention:
+      return 0;
+    case WeightGroup::Router:
+    case WeightGroup::DenseFfn:
+      return 1;
+    case WeightGroup::SharedExperts:
+      return 2;
+    default:
+      return 3;
+  }
+}
+
+ModelInventory build_inventory(std::string name, std::string quant_mix, const Deepseek2Hparams& hp,
+                               const std::vector<TensorBytes>& tensors) {
+  ModelInventory inv;
+  inv.name = std::move(name);
+  inv.quant_mix = std::move(quant_mix);
+  inv.hparams = hp;
+  inv.n_layers = hp.n_layer - std::min(hp.n_nextn_layers, hp.n_layer);
+  inv.kv_bytes_per_token_per_layer = uint64_t(hp.kv_cache_dims()) * sizeof(float);
+
+  // (sort position, rank in layer, expert) -> group; the embeddings sort first, the head last.
+  std::map<std::tuple<int64_t, int, int32_t>, InventoryGroup> groups;
+  auto add = [&](WeightGroup kind, int32_t layer, int32_t expert, uint64_t bytes) {
+    const int64_t position = kind == WeightGroup::Embedding    ? -1
+                             : kind == WeightGroup::OutputHead ? int64_t(INT32_MAX)
+                                                               : int64_t(layer);
+    InventoryGroup& group = groups[{position, rank_in_layer(kind), expert}];
+    group.kind = kind, group.layer = layer, group.expert = expert;
+    group.bytes += bytes;
+  };
+
+  for (const TensorBytes& t : tensors) {
+    const TensorRole role = classify_tensor(t.name, inv.n_layers);
+    const int32_t layer = role.layer ? int32_t(*role.layer) : -1;
+    switch (role.group) {
+      case WeightGroup::Embedding:
+        add(WeightGroup::Embedding, -1, -1, t.bytes);
+        break;
+      case WeightGroup::OutputHead:
+        add(WeightGroup::OutputHead, -1, -1, t.bytes);
+        break;
+      case WeightGroup::Norms:
+        if (layer < 0)
+          add(WeightGroup::OutputHead, -1, -1, t.bytes);  // output_norm
+        else
+          add(norm_owner(t.name, uint32_t(layer), hp), layer, -1, t.bytes);
+        break;
+      case WeightGroup::Attention:
+      case WeightGroup::Router:
+      case WeightGroup::SharedExperts:
+      case WeightGroup::DenseFfn:
+        add(role.group, layer, -1, t.bytes);
+        break;
+      case WeightGroup::RoutedExperts: {
+        // [row, rows per expert, n_expert]: expert e is the e-th equal slab of the tensor.
+        const auto& shape = *t.shape;
+        if (shape.size() != 3 || shape[2] != hp.n_expert || t.bytes % hp.n_expert != 0)
+          fail(
+              "{}: expected a 3-D tensor of {} experts, found shape [{}]; the file does not match "
+              "its deepseek2.expert_count",
+              t.name, hp.n_expert, fmt::join(shape, ", "));
+        for (uint32_t e = 0; e < hp.n_expert; ++e)
+          add(WeightGroup::RoutedExperts, layer, int32_t(e), t.bytes / hp.n_expert);
+        break;
+      }
+      case WeightGroup::NextN:
+      case WeightGroup::Other:
+        inv.skipped_bytes += t.bytes;
+        break;
+    }
+  }
+  inv.groups.reserve(groups.size());
+  for (auto& [key, group] : groups) inv.groups.push_back(group);
+  return inv;
+}
+
+std::string quant_mix_of(const gguf::GgufFile& file) {
+  // general.file_type as llama.cpp numbers its ftypes.
+  switch (file.get_int_or("general.file_type", -1)) {
+    case 0:
+      return "F32";
+    case 1:
+      return "F16";
+    case 7:
+      return "Q8_0";
+    case 10:
+      return "Q2_K";
+    case 15:
+      return "Q4_K_M";
+    case 32:
+      return "BF16";
+    default:
+      return "mixed";
+  }
+}
+
+// ---- presets ---------------------------------------------------------------------------------
+// From each model's config.json (Hugging Face); MTP layers are not counted (converters drop them).
+
+// DeepSeek-V2 and Coder-V2 (236B): 60 layers, 160 experts of 1536 (6 used, 2 shared), softmax
+// routing limited to 3 of 8 groups, routed weights scaled by 16.
+Deepseek2Hparams v2_hparams() {
+  Deepseek2Hparams hp;
+  hp.n_layer = 60, hp.n_ctx_train = 163840, hp.n_embd = 5120, hp.n_ff_dense = 12288;
+  hp.n_head = 128, hp.n_vocab = 102400, hp.q_lora_rank = 1536;
+  hp.kv_lora_rank = 512, hp.qk_nope_dim = 128, hp.qk_rope_dim = 64, hp.v_head_dim = 128;
+  hp.n_leading_dense = 1, hp.n_expert = 160, hp.n_expert_used = 6, hp.n_expert_shared = 2;
+  hp.n_ff_expert = 1536, hp.n_expert_group = 8, hp.n_group_used = 3;
+  hp.gating = ExpertGating::Softmax, hp.expert_weights_scale = 16.0f;
+  hp.rope_scaling = RopeScaling::Yarn, hp.rope_scaling_factor = 40, hp.rope_original_ctx = 4096;
+  hp.yarn_log_multiplier = 0.0707f;  // 0.1 * mscale_all_dim (0.707)
+  return hp;
+}
+
+// DeepSeek-V3 and R1 (671B): 61 layers (3 dense of 18432), 256 experts of 2048 (8 used, 1 shared),
+// sigmoid routing limited to 4 of 8 groups, normalized weights scaled by 2.5.
+Deepseek2Hparams v3_hparams() {
+  Deepseek2Hparams hp;
+  hp.n_layer = 61, hp.n_ctx_train = 163840, hp.n_embd = 7168, hp.n_ff_dense = 18432;
+  hp.n_head = 128, hp.n_vocab = 129280, hp.q_lora_rank = 1536;
+  hp.kv_lora_rank = 512, hp.qk_nope_dim = 128, hp.qk_rope_dim = 64, hp.v_head_dim = 128;
+  hp.n_leading_dense = 3, hp.n_expert = 256, hp.n_expert_used = 8, hp.n_expert_shared = 1;
+  hp.n_ff_expert = 2048, hp.n_expert_group = 8, hp.n_group_used = 4;
+  hp.gating = ExpertGating::Sigmoid, hp.expert_weights_norm = true, hp.expert_weights_scale = 2.5f;
+  hp.rope_scaling = RopeScaling::Yarn, hp.rope_scaling_factor = 40, hp.rope_original_ctx = 4096;
+  hp.yarn_log_multiplier = 0.1f;  // mscale_all_dim 1.0
+  return hp;
+}
+
+// Kimi-K2 (1T): V3's shapes with 384 experts, 64 heads, one dense layer, no group limit, a
+// 163840-token vocabulary, RoPE base 50000 and YaRN factor 32.
+Deepseek2Hparams kimi_k2_hparams() {
+  Deepseek2Hparams hp = v3_hparams();
+  hp.n_ctx_train = 131072, hp.n_head = 64, hp.n_vocab = 163840;
+  hp.n_leading_dense = 1, hp.n_expert = 384, hp.n_expert_group = 1, hp.n_group_used = 1;
+  hp.expert_weights_scale = 2.827f;
+  hp.rope_freq_base = 50000.0f, hp.rope_scaling_factor = 32;
+  return hp;
+}
+
+struct Preset {
+  std::string name;
+  Deepseek2Hparams (*hparams)();
+};
+
+const std::vector<Preset>& presets() {
+  // V2-Lite (and Coder-V2-Lite, the same shapes) is gen-model's "lite" preset: one definition.
+  static const std::vector<Preset> list = {
+      {"deepseek-v2", v2_hparams},
+      {"deepseek-v2-lite", [] { return find_synthetic_preset("lite").hparams; }},
+      {"deepseek-coder-v2", v2_hparams},
+      {"deepseek-coder-v2-lite", [] { return find_synthetic_preset("lite").hparams; }},
+      {"deepseek-v3", v3_hparams},
+      {"deepseek-r1", v3_hparams},
+      {"kimi-k2", kimi_k2_hparams},
+  };
+  return list;
+}
+
+}  // namespace
+
+std::string InventoryGroup::label() const {
+  switch (kind) {
+    case WeightGroup::Embedding:
+      return "token_embd";
+    case WeightGroup::OutputHead:
+      return "output";
+    case WeightGroup::Attention:
+      return fmt::format("blk.{}.attention", layer);
+    case WeightGroup::Router:
+      return fmt::format("blk.{}.router", layer);
+    case WeightGroup::SharedExperts:
+      return fmt::format("blk.{}.shared_experts", layer);
+    case WeightGroup::DenseFfn:
+      return fmt::format("blk.{}.dense_ffn", layer);
+    case WeightGroup::RoutedExperts:
+      return fmt::format("blk.{}.expert.{}", layer, expert);
+    default:
+      return fmt::format("blk.{}.other", layer);
+  }
+}
+
+uint64_t ModelInventory::total_weight_bytes() const {
+  uint64_t total = 0;
+  for (const InventoryGroup& group : groups) total += group.bytes;
+  return total;
+}
+
+uint64_t ModelInventory::bytes_read_per_token() const {
+  uint64_t bytes = 0;
+  std::map<int32_t, std::pair<uint64_t, uint64_t>> experts;  // layer -> (bytes, count)
+  for (const InventoryGroup& group : groups) {
+    if (group.kind == WeightGroup::RoutedExperts) {
+      experts[group.layer].first += group.bytes;
+      experts[group.layer].second += 1;
+    } else if (group.kind == WeightGroup::Embedding) {
+      bytes += hparams.n_vocab > 0 ? group.bytes / hparams.n_vocab : group.bytes;
+    } else {
+      bytes += group.bytes;
+    }
+  }
+  for (const auto& [layer, sum] : experts)
+    bytes += sum.first / sum.second * std::min<uint64_t>(hparams.n_expert_used, sum.second);
+  return bytes;
+}
+
+// F32 activations of one layer for `n_tokens` tokens, all alive at once (an upper bound: the
+// executor reuses them from layer to layer), plus the logits rows. Per token, in values:
+//   residual + normed input                         2 * n_embd
+//   query latent, query, new latent KV row          q_lora + n_head * (nope + rope) + kv_lora +
+//   rope absorbed query (per head, in latent space)      n_head * (kv_lora + rope) attention
+//   scores, one tile of 256 keys          n_head * 256   (scores are computed in tiles,
+//                                                    so context length does not enter)
+//   attention output in latent and per-head value   n_head * (kv_lora + v_head)
+//   router logits                                   n_expert
+//   FFN gate and up                                 2 * max(n_ff_dense, used * n_ff_expert +
+//   shared) FFN output                                      n_embd logits n_vocab
+// times 4 bytes, plus an int8-quantized copy of the widest matmul input (34 bytes per 32 values).
+uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
+  constexpr uint64_t kScoreTile = 256;
+  const Deepseek2Hparams& hp = hparams;
+  const uint64_t heads = hp.n_head;
+  const uint64_t moe_ff =
+      uint64_t(hp.n_expert_used) * hp.n_ff_expert + uint64_t(hp.n_expert_shared) * hp.n_ff_expert;
+  const uint64_t ff = std::max<uint64_t>(hp.n_ff_dense, moe_ff);
+  const uint64_t values = 2 * uint64_t(hp.n_embd) + hp.q_lora_rank + heads * hp.qk_head_dim() +
+                          hp.kv_cache_dims() + heads * hp.kv_cache_dims() + heads * kScoreTile +
+                          heads * (hp.kv_lora_rank + hp.v_head_dim) + hp.n_expert + 2 * ff +
+                          hp.n_embd + hp.n_vocab;
+  const uint64_t widest_input = std::max<uint64_t>({hp.n_embd, heads * hp.v_head_dim, ff});
+  const uint64_t per_token = values * sizeof(float) + widest_input * 34 / 32;
+  return uint64_t(std::max<int64_t>(n_tokens, 0)) * per_token;
+}
+
+ModelInventory inventory_from_file(const gguf::GgufFile& file) {
+  const Deepseek2Hparams hp = read_deepseek2_hparams(file);
+  std::vector<TensorBytes> tensors;
+  tensors.reserve(file.tensors().size());
+  for (const gguf::TensorInfo& t : file.tensors()) tensors.push_back({t.name, &t.shape, t.n_bytes});
+  return build_inventory(std::filesystem::path(file.name()).filename().string(), quant_mix_of(file),
+                         hp, tensors);
+}
+
+ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& hp,
+                                      std::string_view quant_mix) {
+  const std::vector<TensorLayout> layout = deepseek2_layout(hp, quant_mix);
+  std::vector<TensorBytes> tensors;
+  tensors.reserve(layout.size());
+  for (const TensorLayout& t : layout) tensors.push_back({t.name, &t.shape, t.n_bytes()});
+  return build_inventory(std::move(name), std::string(quant_mix), hp, tensors);
+}
+
+ModelInventory inventory_from_preset(std::string_view preset, std::string_view quant_mix) {
+  for (const Preset& p : presets())
+    if (p.name == preset) return inventory_from_hparams(p.name, p.hparams(), quant_mix);
+  fail("unknown model preset '{}'; known presets: {}", preset,
+       fmt::join(inventory_preset_names(), ", "));
+}
+
+const std::vector<std::string>& inventory_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const Preset& p : presets()) out.push_back(p.name);
+    return out;
+  }();
+  return names;
+}
+
+const std::vector<std::string>& inventory_quant_mixes() {
+  return deepseek2_quant_mixes();
+}
+
+}  // namespace tandem::plan

@@ -1,0 +1,71 @@
+#pragma once
+// What a model is made of, for placement: every weight group with its bytes in its stored format,
+// plus the KV cache and work buffers it needs. Built from GGUF headers alone (no weight is read)
+// or from a built-in shape preset, so plans can be made for models that are not on this machine.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/deepseek2_hparams.h"
+#include "model/weight_groups.h"
+
+namespace tandem {
+namespace gguf {
+class GgufFile;
+}
+
+namespace plan {
+
+// The unit of placement: per layer its attention (with its norms), router, shared experts,
+// dense FFN, and each routed expert on its own; plus the embeddings and the output head (with
+// the final norm). MTP layers are not listed (inference skips them).
+struct InventoryGroup {
+  WeightGroup kind = WeightGroup::Other;
+  int32_t layer = -1;   // -1 outside the blocks
+  int32_t expert = -1;  // routed experts: index within the layer
+  uint64_t bytes = 0;
+
+  // "token_embd", "output", "blk.3.attention", "blk.3.router", "blk.3.shared_experts",
+  // "blk.0.dense_ffn", "blk.3.expert.17".
+  std::string label() const;
+};
+
+struct ModelInventory {
+  std::string name;        // file name or preset name
+  std::string quant_mix;   // "Q4_K_M", "Q8_0", ... (from general.file_type or the preset)
+  Deepseek2Hparams hparams;
+  uint32_t n_layers = 0;  // layers that run (MTP excluded)
+  std::vector<InventoryGroup> groups;
+  // Tensors no group holds because inference never reads them (MTP layers, unknown names).
+  uint64_t skipped_bytes = 0;
+
+  // Latent KV cache: (kv_lora_rank + rope dims) F32 values per token per layer.
+  uint64_t kv_bytes_per_token_per_layer = 0;
+
+  uint64_t total_weight_bytes() const;
+  // Bytes every decode token reads: everything but the routed experts, plus the experts a token
+  // actually uses (n_expert_used per MoE layer at the average expert size). The embedding table
+  // counts one row: a lookup reads only that.
+  uint64_t bytes_read_per_token() const;
+  // Activation buffers a device needs to run `n_tokens` tokens of one step.
+  uint64_t work_buffer_bytes(int64_t n_tokens) const;
+};
+
+// From the headers of all parts of a (possibly split) GGUF file; no tensor data is touched.
+ModelInventory inventory_from_file(const gguf::GgufFile& file);
+
+// From hyperparameters through deepseek2_layout (what a file of that mix would hold); `name` is
+// the inventory's name. Presets are built with it; tests compare it with files.
+ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& hp,
+                                      std::string_view quant_mix);
+
+// Built-in shapes: deepseek-v2 (236B), deepseek-v2-lite (16B), deepseek-coder-v2 (236B),
+// deepseek-coder-v2-lite, deepseek-v3, deepseek-r1 (671B, MTP excluded), kimi-k2 (1T); quant
+// mixes Q4_K_M, Q8_0, BF16, Q2_K (the Q2_K-class mix low-bit files use). Errors list the names.
+ModelInventory inventory_from_preset(std::string_view preset, std::string_view quant_mix);
+const std::vector<std::string>& inventory_preset_names();
+const std::vector<std::string>& inventory_quant_mixes();
+
+}  // namespace plan
+}  // namespace tandem

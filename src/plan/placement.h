@@ -1,0 +1,72 @@
+#pragma once
+// The planner's answer: where every weight group and every layer's KV cache lives, what each
+// device holds, the predicted speed, and why. A pure function of (inventory, hardware,
+// workload, rules, routing profile) computes it (planner.h); the runtime executes it.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/hardware.h"
+#include "plan/inventory.h"
+
+namespace tandem::plan {
+
+struct Workload {
+  int64_t n_ctx = 4096;     // context per sequence
+  int64_t n_parallel = 1;   // sequences served at once
+  int64_t prefill_batch = 512;  // tokens per prefill step
+};
+
+// How often each routed expert was chosen: counts[layer][expert] (layers that are not MoE have
+// empty rows). Written by `tandem profile`, read by `plan` and `run`.
+struct RoutingProfile {
+  std::string model;
+  std::vector<std::vector<uint64_t>> counts;
+};
+
+// A pin from a rule file: weight groups matching `pattern` (a label regex, see
+// InventoryGroup::label), optionally limited to layers and experts, go to `device`.
+struct Pin {
+  std::string pattern;
+  std::optional<std::pair<int32_t, int32_t>> layers;   // inclusive range
+  std::optional<std::pair<int32_t, int32_t>> experts;  // inclusive range
+  std::string device;                                  // "cpu", "cuda:1", "sim:0", "disk"
+};
+
+struct Rules {
+  std::vector<Pin> pins;
+};
+
+// Where a group lives: an index into Placement::devices (0 is the host), or kOnDisk when it is
+// streamed from the file at every use.
+constexpr int32_t kOnDisk = -1;
+
+struct DeviceUsage {
+  DeviceSpec spec;
+  uint64_t weight_bytes = 0;
+  uint64_t kv_bytes = 0;
+  uint64_t buffer_bytes = 0;
+  uint64_t used_bytes() const { return weight_bytes + kv_bytes + buffer_bytes; }
+  std::string holds;  // "layers 0-29: attention, shared experts, KV; experts of 12 layers"
+};
+
+struct Prediction {
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;
+  // Decode time per token by where it goes (seconds), for the explanation.
+  double decode_seconds_gpu = 0, decode_seconds_cpu = 0, decode_seconds_transfer = 0,
+         decode_seconds_disk = 0;
+};
+
+struct Placement {
+  std::vector<DeviceUsage> devices;   // [0] = host ("cpu"), then the GPUs in order
+  std::vector<int32_t> group_device;  // per inventory group
+  std::vector<int32_t> layer_device;  // per layer: attention, norms, router, KV cache
+  Prediction predicted;               // from the cost model
+  std::vector<std::string> reasons;   // one line per choice
+  std::vector<std::string> problems;  // empty when it fits
+  bool fits = false;
+};
+
+}  // namespace tandem::plan

@@ -1,0 +1,187 @@
+// Hardware descriptions (--gpu, --ram) and detection of this machine, with its bandwidth cache.
+#include "plan/hardware.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+
+namespace tandem::plan {
+namespace {
+
+constexpr uint64_t kGiB = uint64_t(1) << 30;
+constexpr uint64_t kReserve = 3 * kGiB / 4;  // the CUDA runtime's share, as hardware.cpp keeps it
+
+std::string error_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParseBytes, accepts_binary_and_decimal_units_with_decimals) {
+  EXPECT_EQ(parse_bytes("192GiB"), 192 * kGiB);
+  EXPECT_EQ(parse_bytes("512GB"), uint64_t(512e9));
+  EXPECT_EQ(parse_bytes("1TiB"), 1024 * kGiB);
+  EXPECT_EQ(parse_bytes("1.5TB"), uint64_t(1.5e12));
+  EXPECT_EQ(parse_bytes("800MiB"), uint64_t(800) << 20);
+  EXPECT_EQ(parse_bytes("0.5gib"), kGiB / 2);
+  EXPECT_EQ(parse_bytes(" 64 GiB "), 64 * kGiB);
+}
+
+TEST(ParseBytes, rejects_text_without_a_known_unit) {
+  for (const char* bad : {"", "192", "GiB", "12 parsecs", "-4GiB", "1e30GB", "4GiB extra"}) {
+    const std::string message = error_of([&] { parse_bytes(bad); });
+    EXPECT_NE(message.find("192GiB"), std::string::npos) << bad << ": " << message;
+  }
+}
+
+TEST(ParseGpu, known_cards_get_their_memory_bandwidth_and_throughput) {
+  const DeviceSpec g = parse_gpu("4090", 1);
+  EXPECT_EQ(g.name, "cuda:1");
+  EXPECT_EQ(g.kind, DeviceKind::Cuda);
+  EXPECT_EQ(g.model, "RTX 4090");
+  EXPECT_EQ(g.memory_bytes, 24 * kGiB - kReserve);
+  EXPECT_DOUBLE_EQ(g.bandwidth_bytes_per_s, 1008e9);
+  EXPECT_GT(g.flops_per_s, 100e12);
+  EXPECT_GT(g.int8_ops_per_s, g.flops_per_s);
+  EXPECT_EQ(g.bandwidth_source, "default for RTX 4090");
+
+  struct Card {
+    const char* text;
+    uint64_t gib;
+    double gb_per_s;
+  };
+  for (const Card& c :
+       {Card{"3090", 24, 936}, Card{"RTX 5090", 32, 1792}, Card{"a6000", 48, 768},
+        Card{"A100", 40, 1555}, Card{"a100-80g", 80, 2039}, Card{"H100", 80, 3350},
+        Card{"h200", 141, 4800}, Card{"L40S", 48, 864}, Card{"NVIDIA GeForce RTX 3090", 24, 936}}) {
+    const DeviceSpec spec = parse_gpu(c.text, 0);
+    EXPECT_EQ(spec.memory_bytes, c.gib * kGiB - kReserve) << c.text;
+    EXPECT_DOUBLE_EQ(spec.bandwidth_bytes_per_s, c.gb_per_s * 1e9) << c.text;
+  }
+}
+
+TEST(ParseGpu, sizes_and_overrides) {
+  const DeviceSpec plain = parse_gpu("48GiB", 0);
+  EXPECT_EQ(plain.memory_bytes, 48 * kGiB - kReserve);
+  EXPECT_DOUBLE_EQ(plain.bandwidth_bytes_per_s, 900e9);
+  EXPECT_NE(plain.bandwidth_source.find("default"), std::string::npos);
+
+  const DeviceSpec with_bw = parse_gpu("24GiB:1000GBps", 2);
+  EXPECT_EQ(with_bw.name, "cuda:2");
+  EXPECT_DOUBLE_EQ(with_bw.bandwidth_bytes_per_s, 1000e9);
+  EXPECT_EQ(with_bw.bandwidth_source, "given");
+
+  const DeviceSpec card = parse_gpu("4090:20GiB:1.2TB/s", 0);
+  EXPECT_EQ(card.model, "RTX 4090");
+  EXPECT_EQ(card.memory_bytes, 20 * kGiB - kReserve);
+  EXPECT_DOUBLE_EQ(card.bandwidth_bytes_per_s, 1.2e12);
+
+  // A simulated device gets its budget exactly: no CUDA runtime to reserve for.
+  const DeviceSpec sim = parse_gpu("2GiB", 1, DeviceKind::Sim);
+  EXPECT_EQ(sim.name, "sim:1");
+  EXPECT_EQ(sim.memory_bytes, 2 * kGiB);
+}
+
+TEST(ParseGpu, errors_name_the_text_and_the_accepted_forms) {
+  for (const char* bad :
+       {"4080", "", "48GiB:24GiB", "4090:fast", "4090:1000GBps:900GBps", "0.5GiB", "0GiB"}) {
+    const std::string message = error_of([&] { parse_gpu(bad, 0); });
+    EXPECT_NE(message.find(std::string("'") + bad + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("48GiB"), std::string::npos) << message;
+    EXPECT_NE(message.find("4090"), std::string::npos) << message;
+  }
+}
+
+// Points XDG_CACHE_HOME at a fresh folder for the test's duration.
+class DetectHardwareTest : public ::testing::Test {
+ protected:
+  std::filesystem::path dir_ =
+      std::filesystem::temp_directory_path() / ("tandem-hw-" + std::to_string(::getpid()));
+  std::string saved_;
+  bool had_ = false;
+  void SetUp() override {
+    std::filesystem::create_directories(dir_);
+    if (const char* old = std::getenv("XDG_CACHE_HOME")) had_ = true, saved_ = old;
+    ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    if (had_)
+      ::setenv("XDG_CACHE_HOME", saved_.c_str(), 1);
+    else
+      ::unsetenv("XDG_CACHE_HOME");
+    std::filesystem::remove_all(dir_);
+  }
+};
+
+TEST_F(DetectHardwareTest, measures_once_then_reuses_the_cache) {
+  const Hardware first = detect_hardware(2);
+  EXPECT_GE(first.cpu_cores, 1);
+  EXPECT_GE(first.numa_nodes, 1);
+  EXPECT_EQ(first.host.name, "cpu");
+  EXPECT_EQ(first.host.kind, DeviceKind::Cpu);
+  EXPECT_GT(first.host.memory_bytes, uint64_t(64) << 20);
+  EXPECT_GT(first.host.bandwidth_bytes_per_s, 1e9);
+  EXPECT_LT(first.host.bandwidth_bytes_per_s, 5e12);
+  EXPECT_GT(first.host.flops_per_s, 1e9);
+  EXPECT_TRUE(first.gpus.empty());
+  EXPECT_NE(first.host.bandwidth_source.find("measured"), std::string::npos);
+  std::printf("host: %s, %.1f GB/s (%s), %.1f GiB available, %d NUMA node(s)\n",
+              first.host.model.c_str(), first.host.bandwidth_bytes_per_s / 1e9,
+              first.host.bandwidth_source.c_str(), double(first.host.memory_bytes) / double(kGiB),
+              first.numa_nodes);
+
+  // The cache now holds the measurement; change it to a value no machine measures and see the
+  // second call return it instead of measuring again.
+  const std::filesystem::path cache = dir_ / "tandem" / "bandwidth.json";
+  ASSERT_TRUE(std::filesystem::exists(cache));
+  nlohmann::json json = nlohmann::json::parse(std::ifstream(cache));
+  ASSERT_EQ(json["entries"].size(), 1u);
+  EXPECT_EQ(json["entries"][0]["threads"], 2);
+  json["entries"][0]["bytes_per_s"] = 123.5e9;
+  std::ofstream(cache) << json.dump();
+
+  const Hardware second = detect_hardware(2);
+  EXPECT_DOUBLE_EQ(second.host.bandwidth_bytes_per_s, 123.5e9);
+  EXPECT_NE(second.host.bandwidth_source.find("cached"), std::string::npos);
+}
+
+TEST_F(DetectHardwareTest, unwritable_or_damaged_cache_is_not_an_error) {
+  // XDG_CACHE_HOME under a regular file: the folder cannot be created.
+  const std::filesystem::path blocker = dir_ / "file";
+  std::ofstream(blocker) << "x";
+  ::setenv("XDG_CACHE_HOME", (blocker / "sub").c_str(), 1);
+  EXPECT_GT(detect_hardware(1).host.bandwidth_bytes_per_s, 1e9);
+
+  ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
+  std::filesystem::create_directories(dir_ / "tandem");
+  std::ofstream(dir_ / "tandem" / "bandwidth.json") << "{ not json";
+  EXPECT_GT(detect_hardware(1).host.bandwidth_bytes_per_s, 1e9);
+}
+
+TEST_F(DetectHardwareTest, describe_replaces_ram_and_gpus_and_keeps_a_given_bandwidth) {
+  const Hardware hw = describe_hardware({"4090", "24GiB:1000GBps"}, "192GiB", 80e9, 2);
+  EXPECT_EQ(hw.host.memory_bytes, 192 * kGiB);
+  EXPECT_DOUBLE_EQ(hw.host.bandwidth_bytes_per_s, 80e9);
+  EXPECT_EQ(hw.host.bandwidth_source, "given");
+  ASSERT_EQ(hw.gpus.size(), 2u);
+  EXPECT_EQ(hw.gpus[0].name, "cuda:0");
+  EXPECT_EQ(hw.gpus[1].name, "cuda:1");
+  EXPECT_DOUBLE_EQ(hw.gpus[1].bandwidth_bytes_per_s, 1000e9);
+  // A given bandwidth needs no measurement, so nothing was cached.
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "tandem" / "bandwidth.json"));
+  EXPECT_NE(error_of([] { describe_hardware({}, "lots", 80e9, 1); }).find("lots"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::plan
