@@ -1,0 +1,244 @@
+// `tandem plan MODEL|--preset NAME`: where every part of the model would live on this machine (or
+// on one described with --gpu/--ram), how fast the cost model predicts it to run, and why.
+// Nothing is loaded: a GGUF file's headers are enough, and presets need no file at all.
+// Exit status: 0 when the plan fits in memory, 3 when it does not (the plan and its problems are
+// still printed), 1 for errors (bad flags, impossible rules).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "gguf/gguf_file.h"
+#include "plan/hardware.h"
+#include "plan/inventory.h"
+#include "plan/planner.h"
+#include "plan/routing_profile.h"
+#include "plan/rules.h"
+
+namespace tandem::cli {
+namespace {
+
+using nlohmann::ordered_json;
+using namespace tandem::plan;
+
+constexpr int kExitDoesNotFit = 3;
+
+struct PlanOptions {
+  std::string model, preset, quant = "Q4_K_M";
+  std::vector<std::string> gpus;
+  std::string ram;
+  double host_bandwidth_gb_per_s = 0;
+  int32_t cpu_cores = 0;
+  int32_t threads = 0;
+  int64_t n_ctx = 4096, n_parallel = 1, prefill_batch = 512;
+  std::string rules_path, profile_path, rules_out;
+  bool json = false;
+};
+
+std::string kind_name(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::Cpu:
+      return "cpu";
+    case DeviceKind::Cuda:
+      return "cuda";
+    case DeviceKind::Sim:
+      return "sim";
+  }
+  return "cpu";
+}
+
+std::vector<int32_t> layers_on(const Placement& p, int32_t d) {
+  std::vector<int32_t> layers;
+  for (size_t l = 0; l < p.layer_device.size(); ++l)
+    if (p.layer_device[l] == d) layers.push_back(int32_t(l));
+  return layers;
+}
+
+struct Counts {
+  uint64_t groups = 0, experts = 0, bytes = 0;
+};
+Counts counts_on(const Placement& p, const ModelInventory& inv, int32_t d) {
+  Counts c;
+  for (size_t i = 0; i < inv.groups.size(); ++i) {
+    if (p.group_device[i] != d) continue;
+    ++c.groups, c.bytes += inv.groups[i].bytes;
+    c.experts += inv.groups[i].kind == WeightGroup::RoutedExperts;
+  }
+  return c;
+}
+
+void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl) {
+  fmt::print(
+      "plan for {} {}: {} of weights in {} groups; context {} x {} sequence{}, prefill "
+      "batch {}\n\n",
+      inv.name, inv.quant_mix, format_bytes(inv.total_weight_bytes()), inv.groups.size(), wl.n_ctx,
+      wl.n_parallel, wl.n_parallel == 1 ? "" : "s", wl.prefill_batch);
+  fmt::print("{:<8} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n", "device", "model", "memory",
+             "weights", "KV cache", "buffers", "used", "use");
+  for (const DeviceUsage& u : p.devices) {
+    const std::string model =
+        fmt::format("{} ({:.0f} GB/s{})", u.spec.model, u.spec.bandwidth_bytes_per_s / 1e9,
+                    u.spec.bandwidth_source.rfind("measured", 0) == 0 ? " measured" : "");
+    fmt::print("{:<8} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5.1f}%\n", u.spec.name, model,
+               format_bytes(u.spec.memory_bytes), format_bytes(u.weight_bytes),
+               format_bytes(u.kv_bytes), format_bytes(u.buffer_bytes), format_bytes(u.used_bytes()),
+               100.0 * double(u.used_bytes()) / double(std::max<uint64_t>(u.spec.memory_bytes, 1)));
+    fmt::print("{:<8} holds {}\n", "", u.holds);
+  }
+  const Counts disk = counts_on(p, inv, kOnDisk);
+  if (disk.groups)
+    fmt::print("{:<8} {} streamed from the file at every use: {} groups ({} experts)\n", "disk",
+               format_bytes(disk.bytes), disk.groups, disk.experts);
+
+  const Prediction& s = p.predicted;
+  fmt::print(
+      "\npredicted by the cost model (not measured): decode {:.2f} tokens/s{}, prefill {:.1f} "
+      "tokens/s\n",
+      s.decode_tokens_per_s,
+      wl.n_parallel > 1 ? fmt::format(" (all {} sequences)", wl.n_parallel) : "",
+      s.prefill_tokens_per_s);
+  fmt::print(
+      "  one decode step on its critical path: GPU {:.1f} ms, CPU {:.1f} ms, transfers {:.1f} ms, "
+      "disk {:.1f} ms\n",
+      s.decode_seconds_gpu * 1e3, s.decode_seconds_cpu * 1e3, s.decode_seconds_transfer * 1e3,
+      s.decode_seconds_disk * 1e3);
+  fmt::print("\nwhy:\n");
+  for (const std::string& r : p.reasons) fmt::print("  - {}\n", r);
+  if (!p.problems.empty()) {
+    fmt::print("\nPROBLEMS:\n");
+    for (const std::string& r : p.problems) fmt::print("  ! {}\n", r);
+  }
+}
+
+void print_json(const Placement& p, const ModelInventory& inv, const Workload& wl) {
+  ordered_json out;
+  out["model"] = {{"name", inv.name},
+                  {"quant_mix", inv.quant_mix},
+                  {"weight_bytes", inv.total_weight_bytes()},
+                  {"groups", inv.groups.size()},
+                  {"layers", inv.n_layers}};
+  out["workload"] = {
+      {"n_ctx", wl.n_ctx}, {"n_parallel", wl.n_parallel}, {"prefill_batch", wl.prefill_batch}};
+  out["fits"] = p.fits;
+  ordered_json devices = ordered_json::array();
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    const DeviceUsage& u = p.devices[d];
+    const Counts c = counts_on(p, inv, int32_t(d));
+    devices.push_back({{"name", u.spec.name},
+                       {"kind", kind_name(u.spec.kind)},
+                       {"model", u.spec.model},
+                       {"capacity_bytes", u.spec.memory_bytes},
+                       {"used_bytes", u.used_bytes()},
+                       {"weight_bytes", u.weight_bytes},
+                       {"kv_bytes", u.kv_bytes},
+                       {"buffer_bytes", u.buffer_bytes},
+                       {"used_fraction", double(u.used_bytes()) /
+                                             double(std::max<uint64_t>(u.spec.memory_bytes, 1))},
+                       {"bandwidth_bytes_per_s", u.spec.bandwidth_bytes_per_s},
+                       {"bandwidth_source", u.spec.bandwidth_source},
+                       {"layers", layers_on(p, int32_t(d))},
+                       {"groups", c.groups},
+                       {"experts", c.experts},
+                       {"holds", u.holds}});
+  }
+  out["devices"] = devices;
+  const Counts disk = counts_on(p, inv, kOnDisk);
+  out["disk"] = {{"weight_bytes", disk.bytes}, {"groups", disk.groups}, {"experts", disk.experts}};
+  const Prediction& s = p.predicted;
+  out["predicted"] = {{"source", "cost model"},
+                      {"prefill_tokens_per_s", s.prefill_tokens_per_s},
+                      {"decode_tokens_per_s", s.decode_tokens_per_s},
+                      {"decode_step_seconds",
+                       {{"gpu", s.decode_seconds_gpu},
+                        {"cpu", s.decode_seconds_cpu},
+                        {"transfer", s.decode_seconds_transfer},
+                        {"disk", s.decode_seconds_disk}}}};
+  out["reasons"] = p.reasons;
+  out["problems"] = p.problems;
+  fmt::print("{}\n", out.dump(2));
+}
+
+void run_plan(const PlanOptions& o) {
+  if (o.model.empty() == o.preset.empty())
+    fail("give either a GGUF file or --preset NAME (presets: {})",
+         fmt::join(inventory_preset_names(), ", "));
+  if (o.n_ctx <= 0 || o.n_parallel <= 0 || o.prefill_batch <= 0)
+    fail("--ctx, --parallel and --batch must be positive");
+  const ModelInventory inv = o.preset.empty() ? inventory_from_file(gguf::GgufFile::open(o.model))
+                                              : inventory_from_preset(o.preset, o.quant);
+  Hardware hw = o.gpus.empty() && o.ram.empty()
+                    ? detect_hardware(o.threads)
+                    : describe_hardware(o.gpus, o.ram, o.host_bandwidth_gb_per_s * 1e9, o.threads);
+  if (o.host_bandwidth_gb_per_s > 0) {
+    hw.host.bandwidth_bytes_per_s = o.host_bandwidth_gb_per_s * 1e9;
+    hw.host.bandwidth_source = "given";
+  }
+  if (o.cpu_cores > 0) {
+    // Matmul throughput scales with the cores a host has; the detected one is per core.
+    hw.host.flops_per_s *= double(o.cpu_cores) / double(std::max(hw.cpu_cores, 1));
+    hw.cpu_cores = o.cpu_cores;
+    hw.host.model = fmt::format("CPU ({} cores, given)", o.cpu_cores);
+  }
+  const Rules rules = o.rules_path.empty() ? Rules{} : load_rules(o.rules_path);
+  std::optional<RoutingProfile> profile;
+  if (!o.profile_path.empty()) profile = load_routing_profile(o.profile_path);
+  const Workload wl{.n_ctx = o.n_ctx, .n_parallel = o.n_parallel, .prefill_batch = o.prefill_batch};
+  const Placement p = plan_placement(inv, hw, wl, rules, profile ? &*profile : nullptr);
+
+  if (o.json)
+    print_json(p, inv, wl);
+  else
+    print_text(p, inv, wl);
+  if (!o.rules_out.empty()) {
+    std::ofstream out(o.rules_out, std::ios::binary | std::ios::trunc);
+    const std::string yaml = rules_to_yaml(p, inv);
+    if (!out || !(out << yaml) || !out.flush())
+      fail("--rules-out {}: cannot write the file", o.rules_out);
+    fmt::print(stderr, "wrote the plan as a rule file to {}\n", o.rules_out);
+  }
+  std::fflush(stdout);
+  if (!p.fits) throw CLI::RuntimeError(kExitDoesNotFit);
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Plan where every part of a model goes (GPUs, RAM, disk) and predict its speed, for this "
+      "machine or one described with --gpu/--ram. Nothing is loaded. Exit status 0 when the plan "
+      "fits in memory, 3 when it does not (the plan and its problems are still printed).");
+  cmd->add_option("model", o->model, "GGUF file (first part of a split model); or use --preset");
+  cmd->add_option("--preset", o->preset, "plan a built-in model shape instead of a file")
+      ->check(CLI::IsMember(inventory_preset_names()));
+  cmd->add_option("--quant", o->quant, "quant mix of the preset")
+      ->capture_default_str()
+      ->check(CLI::IsMember(inventory_quant_mixes()));
+  cmd->add_option("--gpu", o->gpus,
+                  "a GPU: 48GiB, 24GiB:1000GBps, or a card (4090, 3090, a6000, a100, a100-80g, "
+                  "h100, h200, l40s, 5090); repeat for several. Without --gpu/--ram: this machine");
+  cmd->add_option("--ram", o->ram, "RAM tandem may use, e.g. 192GiB (default: available RAM)");
+  cmd->add_option("--host-bandwidth", o->host_bandwidth_gb_per_s,
+                  "host memory bandwidth in GB/s (default: measured on this machine)");
+  cmd->add_option("--cpu-cores", o->cpu_cores,
+                  "plan for a host with this many cores (default: this one)");
+  cmd->add_option("-t,--threads", o->threads,
+                  "threads for measuring bandwidth (default: all cores)");
+  cmd->add_option("-c,--ctx", o->n_ctx, "context per sequence")->capture_default_str();
+  cmd->add_option("--parallel", o->n_parallel, "sequences served at once")->capture_default_str();
+  cmd->add_option("-b,--batch", o->prefill_batch, "tokens per prefill step")->capture_default_str();
+  cmd->add_option("--rules", o->rules_path, "YAML rule file pinning weight groups to devices");
+  cmd->add_option("--profile", o->profile_path, "routing profile (from `tandem profile`)");
+  cmd->add_option("--rules-out", o->rules_out, "write the plan as a rule file");
+  cmd->add_flag("--json", o->json, "print one JSON object instead of tables");
+  cmd->callback([o] { run_plan(*o); });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,179 @@
+// The cost model: distinct experts per batch, overlap of CPU and GPU parts, transfers at cuts,
+// disk streaming. Values are predictions; the tests pin their arithmetic and their direction.
+#include "plan/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "plan/planner.h"
+#include "plan_test_support.h"
+
+namespace tandem::plan {
+namespace {
+
+using test::kGiB;
+using test::machine;
+using test::tiny_inventory;
+
+// A placement built by hand: everything on `device` except what `where` says.
+Placement manual(const ModelInventory& inv, const Hardware& hw, int32_t device,
+                 const std::function<int32_t(const InventoryGroup&)>& where = nullptr) {
+  Placement p;
+  p.devices.push_back({.spec = hw.host});
+  for (const DeviceSpec& g : hw.gpus) p.devices.push_back({.spec = g});
+  for (const InventoryGroup& g : inv.groups) {
+    const int32_t d = where ? where(g) : device;
+    p.group_device.push_back(d);
+    if (g.kind == WeightGroup::Attention) p.layer_device.push_back(d < 0 ? 0 : d);
+  }
+  return p;
+}
+
+double step_seconds(const Prediction& p) {
+  return p.decode_seconds_gpu + p.decode_seconds_cpu + p.decode_seconds_transfer +
+         p.decode_seconds_disk;
+}
+
+TEST(CostModel, distinct_experts_follow_the_uniform_formula) {
+  EXPECT_DOUBLE_EQ(expected_distinct_experts(256, 8, 0), 0.0);
+  EXPECT_NEAR(expected_distinct_experts(256, 8, 1), 8.0, 1e-9);
+  EXPECT_NEAR(expected_distinct_experts(256, 8, 4), 256.0 * (1 - std::pow(1 - 8.0 / 256, 4)), 1e-9);
+  // A prefill batch of 512 touches practically every expert.
+  EXPECT_GT(expected_distinct_experts(256, 8, 512), 255.9);
+  EXPECT_LE(expected_distinct_experts(256, 8, 512), 256.0);
+  // Two tokens share experts: fewer than 2k distinct.
+  EXPECT_LT(expected_distinct_experts(64, 6, 2), 12.0);
+}
+
+TEST(CostModel, distinct_experts_from_frequencies) {
+  std::vector<double> uniform(256, 8.0 / 256);
+  EXPECT_NEAR(expected_distinct_experts(uniform, 7), expected_distinct_experts(256, 8, 7), 1e-9);
+  // Skewed routing: 4 experts always chosen, 4 more spread over the other 252.
+  std::vector<double> skewed(256, 4.0 / 252);
+  for (int e = 0; e < 4; ++e) skewed[size_t(e)] = 1.0;
+  EXPECT_NEAR(expected_distinct_experts(skewed, 1), 8.0, 1e-9);
+  EXPECT_LT(expected_distinct_experts(skewed, 16), expected_distinct_experts(uniform, 16));
+}
+
+TEST(CostModel, profile_probabilities_sum_to_experts_used) {
+  const ModelInventory inv = tiny_inventory();
+  RoutingProfile profile;
+  profile.counts.resize(8);
+  profile.counts[3] = std::vector<uint64_t>(16, 1);
+  profile.counts[3][0] = 3;  // 3 of 18 choices: a token picks it with probability 4 * 3 / 18
+  const std::vector<double> p = expert_choice_probabilities(inv, &profile, 3);
+  double sum = 0;
+  for (double x : p) sum += x;
+  EXPECT_NEAR(sum, 4.0, 1e-9);
+  EXPECT_NEAR(p[0], 4.0 * 3 / 18, 1e-9);
+  // A layer the profile lacks is uniform.
+  EXPECT_NEAR(expert_choice_probabilities(inv, &profile, 2)[5], 4.0 / 16, 1e-12);
+}
+
+TEST(CostModel, expert_flops_count_three_matrices) {
+  const ModelInventory inv = tiny_inventory();
+  InventoryGroup expert{.kind = WeightGroup::RoutedExperts, .layer = 1, .expert = 0};
+  EXPECT_DOUBLE_EQ(group_flops_per_token(inv.hparams, expert), 2.0 * 3 * 1024 * 512);
+  EXPECT_DOUBLE_EQ(group_flops_per_token(inv.hparams, {.kind = WeightGroup::Embedding}), 0.0);
+}
+
+TEST(CostModel, gpu_is_faster_than_cpu_and_split_experts_overlap) {
+  const ModelInventory inv = tiny_inventory();
+  const Hardware hw = machine({24}, 64);
+  const Workload wl;
+  const Prediction cpu = predict_speed(inv, hw, wl, manual(inv, hw, 0), nullptr);
+  const Prediction gpu = predict_speed(inv, hw, wl, manual(inv, hw, 1), nullptr);
+  // A model this small is bound by per-op overheads at decode, by FLOPs at prefill.
+  EXPECT_GT(gpu.decode_tokens_per_s, 3 * cpu.decode_tokens_per_s);
+  EXPECT_GT(gpu.prefill_tokens_per_s, 10 * cpu.prefill_tokens_per_s);
+  EXPECT_EQ(cpu.decode_seconds_gpu, 0);
+  EXPECT_EQ(gpu.decode_seconds_cpu, 0);
+
+  // Attention on the GPU; experts 0-7 of each layer on the GPU and 8-15 on the CPU. The layer
+  // costs the slower (CPU) half plus a round trip, not the sum of both halves.
+  const auto half = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts && g.expert >= 8 ? 0 : 1;
+  };
+  const auto all_experts_cpu = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts ? 0 : 1;
+  };
+  const Prediction split = predict_speed(inv, hw, wl, manual(inv, hw, 1, half), nullptr);
+  const Prediction experts_cpu =
+      predict_speed(inv, hw, wl, manual(inv, hw, 1, all_experts_cpu), nullptr);
+  EXPECT_GT(split.decode_tokens_per_s, experts_cpu.decode_tokens_per_s);
+  EXPECT_LT(split.decode_tokens_per_s, gpu.decode_tokens_per_s);
+  EXPECT_GT(split.decode_seconds_transfer, 0);
+  // Overlap: the split step is shorter than GPU-only plus the CPU half run in sequence.
+  const double cpu_half_s = step_seconds(experts_cpu) - step_seconds(gpu);
+  EXPECT_LT(step_seconds(split), step_seconds(gpu) + cpu_half_s);
+}
+
+TEST(CostModel, each_cut_between_devices_costs_a_transfer) {
+  const ModelInventory inv = tiny_inventory();
+  const Hardware hw = machine({24, 24}, 64);
+  const Workload wl;
+  // Layers 0-3 on cuda:0, 4-7 on cuda:1 (one cut) against alternating layers (seven cuts).
+  const auto one_cut = [](const InventoryGroup& g) { return g.layer < 4 ? 1 : 2; };
+  const auto alternating = [](const InventoryGroup& g) {
+    return g.layer < 0 ? 1 : 1 + g.layer % 2;
+  };
+  const Prediction a = predict_speed(inv, hw, wl, manual(inv, hw, 1, one_cut), nullptr);
+  const Prediction b = predict_speed(inv, hw, wl, manual(inv, hw, 1, alternating), nullptr);
+  EXPECT_GT(a.decode_tokens_per_s, b.decode_tokens_per_s);
+  // Two copies (host to cuda:0 after the embeddings, the cut) against eight.
+  EXPECT_GT(b.decode_seconds_transfer, 3.5 * a.decode_seconds_transfer);
+}
+
+TEST(CostModel, disk_streamed_experts_cost_their_bytes_over_disk_bandwidth) {
+  const ModelInventory inv = tiny_inventory();
+  Hardware hw = machine({}, 64);
+  hw.disk_bytes_per_s = 1e9;
+  const Workload wl{.n_ctx = 1024, .n_parallel = 1};
+  const CostParams params;
+  const auto experts_on_disk = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts ? kOnDisk : 0;
+  };
+  const Prediction disk =
+      predict_speed(inv, hw, wl, manual(inv, hw, 0, experts_on_disk), nullptr, params);
+  // Decode of one token reads k = 4 of 16 experts of 8 MiB in each of the 7 MoE layers.
+  const double bytes = 7 * 4 * 8.0 * 1024 * 1024;
+  EXPECT_NEAR(disk.decode_seconds_disk, bytes / (1e9 * params.disk_efficiency), 1e-9);
+  const Prediction ram = predict_speed(inv, hw, wl, manual(inv, hw, 0), nullptr, params);
+  EXPECT_LT(disk.decode_tokens_per_s, ram.decode_tokens_per_s);
+}
+
+TEST(CostModel, more_bandwidth_never_predicts_slower) {
+  const ModelInventory inv = tiny_inventory();
+  double last = 0;
+  for (double bw : {100e9, 300e9, 1000e9, 3000e9}) {
+    const Hardware hw = machine({24}, 64, {bw});
+    const double tps =
+        predict_speed(inv, hw, Workload{}, manual(inv, hw, 1), nullptr).decode_tokens_per_s;
+    EXPECT_GT(tps, last);
+    last = tps;
+  }
+}
+
+TEST(CostModel, a_profile_that_matches_the_gpu_experts_predicts_faster) {
+  const ModelInventory inv = tiny_inventory();
+  const Hardware hw = machine({24}, 64);
+  // Experts 0-3 on the GPU, the rest on the CPU; the profile says 0-3 take 90% of choices.
+  const auto where = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts && g.expert >= 4 ? 0 : 1;
+  };
+  RoutingProfile profile;
+  profile.counts.resize(8);
+  for (uint32_t l = 1; l < 8; ++l) {
+    profile.counts[l] = std::vector<uint64_t>(16, 1);
+    for (int e = 0; e < 4; ++e) profile.counts[l][size_t(e)] = 27;
+  }
+  const Placement p = manual(inv, hw, 1, where);
+  const Workload wl{.n_parallel = 4};
+  EXPECT_GT(predict_speed(inv, hw, wl, p, &profile).decode_tokens_per_s,
+            predict_speed(inv, hw, wl, p, nullptr).decode_tokens_per_s);
+}
+
+}  // namespace
+}  // namespace tandem::plan
