@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "plan/routing_profile.h"
 #include "runtime/session.h"
 #include "text/tokenizer.h"
 
@@ -21,6 +22,7 @@ void register_run(CLI::App& app) {
     bool seed_given = false;
     bool no_bos = false;
     bool special = false;
+    std::string save_profile;
   };
   auto o = std::make_shared<Options>();
   o->generate.max_tokens = 128;
@@ -34,6 +36,8 @@ void register_run(CLI::App& app) {
   cmd->add_option("--stop", o->generate.stop, "stop when this text is generated (repeatable)");
   cmd->add_flag("--no-bos", o->no_bos, "do not add the BOS token the model's metadata asks for");
   cmd->add_flag("--special", o->special, "parse special tokens such as <｜User｜> in the prompt");
+  cmd->add_option("--save-profile", o->save_profile,
+                  "write the expert routing counts of this run as a routing profile (JSON)");
   add_sampling_options(cmd, o->generate.sampling, o->seed_given);
   cmd->callback([o] {
     if (!o->seed_given) o->generate.sampling.seed = random_seed();
@@ -58,6 +62,7 @@ void register_run(CLI::App& app) {
     if (o->engine.verbose)
       std::fprintf(stderr, "tandem: load %.2f s, time to first token %.3f s (after load)\n",
                    engine.load_seconds(), r.first_token_seconds);
+    if (!o->save_profile.empty()) plan::save_routing_profile(engine.routing_profile(), o->save_profile);
   });
 }
 

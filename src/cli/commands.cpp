@@ -8,6 +8,9 @@ void register_commands(CLI::App& app) {
   register_chat(app);
   register_eval(app);
   register_tokenize(app);
+  register_profile(app);
+  register_bench(app);
+  register_plan(app);
   register_gen_model(app);
 }
 

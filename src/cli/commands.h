@@ -12,5 +12,8 @@ void register_eval(CLI::App& app);
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_profile(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_plan(CLI::App& app);
 
 }  // namespace tandem::cli

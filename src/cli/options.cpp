@@ -10,6 +10,18 @@ void add_engine_options(CLI::App* cmd, EngineOptions& options) {
   cmd->add_option("-c,--ctx", options.n_ctx,
                   "context length in tokens (default: the model's, capped to half the free memory)");
   cmd->add_flag("-v,--verbose", options.verbose, "print load details and timings");
+  add_device_options(cmd, options);
+}
+
+void add_device_options(CLI::App* cmd, EngineOptions& options) {
+  cmd->add_option("--devices", options.devices,
+                  "where to run: cpu, or the CPU plus simulated devices that stand in for GPUs "
+                  "(sim:2x200MiB, sim:200MiB,sim:1GiB); the planner places the model")
+      ->capture_default_str();
+  cmd->add_option("--rules", options.rules, "rule file (YAML) pinning weight groups to devices");
+  cmd->add_option("--profile", options.profile,
+                  "routing profile from `tandem profile`: the most-used experts are placed on the "
+                  "devices first");
 }
 
 void add_sampling_options(CLI::App* cmd, SamplerParams& p, bool& seed_given) {

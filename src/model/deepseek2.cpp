@@ -100,6 +100,7 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& dev
   output_ = binder_.matrix(binder_.has("output.weight") ? "output.weight" : "token_embd.weight", {embd, vocab}, out);
 
   layers_.resize(n_layers_);
+  routing_counts_.resize(n_layers_);
   for (uint32_t il = 0; il < n_layers_; ++il) {
     Layer& l = layers_[il];
     Backend& on = *devices_.layers[il];
@@ -117,6 +118,7 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& dev
       continue;
     }
     const int64_t n_exp = hp_.n_expert;
+    routing_counts_[il].assign(size_t(n_exp), 0);
     l.router = binder_.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp}, on);
     if (binder_.has(blk + "exp_probs_b.bias")) l.expert_bias = binder_.f32(blk + "exp_probs_b.bias", {n_exp}, on);
     bind_experts(l, il);
@@ -353,6 +355,8 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
                 .normalize = hp_.expert_weights_norm, .scale = hp_.expert_weights_scale,
                 .expert_ids = expert_ids_.data(), .expert_weights = expert_weights_.data()});
   be.synchronize();  // the host reads the routing to know which devices have work
+  std::vector<uint64_t>& counts = routing_counts_[size_t(&l - layers_.data())];
+  for (int32_t e : expert_ids_) ++counts[size_t(e)];
 
   float* slots = ws.get(W::kSlots, T * k * embd);
   struct Remote {

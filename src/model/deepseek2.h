@@ -40,6 +40,9 @@ class Deepseek2Model {
   // Layers that run (MTP layers of V3 files excluded).
   uint32_t n_layers() const { return n_layers_; }
   uint64_t weight_bytes() const { return binder_.bound_bytes(); }
+  // How often each routed expert was chosen since load: [layer][expert] (empty rows for dense
+  // layers). This is what `tandem profile` saves and the planner reads.
+  const std::vector<std::vector<uint64_t>>& routing_counts() const { return routing_counts_; }
 
   // Runs `batch`: stores every token's latent in `cache` (one view per layer, each on its
   // layer's device) and writes the logits of batch.logit_rows to `logits` ([rows, n_vocab],
@@ -73,6 +76,7 @@ class Deepseek2Model {
   // Routing of the current MoE layer, and the trivial routing of dense FFNs (host memory).
   std::vector<int32_t> expert_ids_, dense_ids_;
   std::vector<float> expert_weights_, dense_weights_;
+  std::vector<std::vector<uint64_t>> routing_counts_;
   RopeParams rope_;
   float attention_scale_ = 1.0f;
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -13,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "model/deepseek2.h"
+#include "runtime/device_setup.h"
 #include "runtime/kv_cache.h"
 #include "text/tokenizer.h"
 
@@ -44,13 +46,26 @@ Engine::Engine(const EngineOptions& options) {
 
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
-  backend_ = std::make_unique<cpu::CpuBackend>(n_threads_);
-  model_ = std::make_unique<Deepseek2Model>(*file_, *backend_);
+  const Deepseek2Hparams file_hp = read_deepseek2_hparams(*file_);
+  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_hp.n_ctx_train);
+  DevicePlan devices;
+  if (options.devices.empty() || options.devices == "cpu") {
+    backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_));
+    devices = DevicePlan::single(*backends_[0], file_hp.n_layer - file_hp.n_nextn_layers, file_hp.n_expert);
+  } else {
+    // Devices with budgets need a real context length to plan the KV cache.
+    if (options.n_ctx <= 0) n_ctx = std::min<int64_t>(n_ctx, 4096);
+    DeviceSetup setup = setup_devices(*file_, options.devices, options.rules, options.profile, n_threads_,
+                                      n_ctx, options.n_seq);
+    backends_ = std::move(setup.backends);
+    devices = setup.plan;
+    if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", options.devices.c_str(), setup.summary.c_str());
+  }
+  model_ = std::make_unique<Deepseek2Model>(*file_, devices);
   const Deepseek2Hparams& hp = model_->hparams();
 
   const uint64_t per_token = KvCache::bytes_per_token(model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim);
-  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(hp.n_ctx_train);
-  if (options.n_ctx <= 0) {
+  if (options.n_ctx <= 0 && devices.layers.front() == backends_[0].get()) {
     // Default: the model's context, but never more cache than half the free memory.
     const uint64_t budget = available_memory_bytes() / 2;
     const int64_t fits = budget ? int64_t(budget / (per_token * uint64_t(options.n_seq))) : n_ctx;
@@ -60,11 +75,10 @@ Engine::Engine(const EngineOptions& options) {
                    "within half of free memory; set --ctx to choose\n", (long long)n_ctx, hp.n_ctx_train);
     }
   }
-  cache_ = std::make_unique<KvCache>(*backend_, model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim,
-                                     n_ctx, options.n_seq);
+  cache_ = std::make_unique<KvCache>(devices.layers, hp.kv_lora_rank, hp.qk_rope_dim, n_ctx, options.n_seq);
   load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (options.verbose)
-    std::fprintf(stderr, "tandem: loaded %s: %s of weights (mmap, cpu), %u layers, KV cache %s for %lld tokens "
+    std::fprintf(stderr, "tandem: loaded %s: %s of weights, %u layers, KV cache %s for %lld tokens "
                  "(%s per token), %d threads, %.2f s\n",
                  file_->name().c_str(), format_bytes(model_->weight_bytes()).c_str(), model_->n_layers(),
                  format_bytes(cache_->bytes()).c_str(), (long long)n_ctx, format_bytes(per_token).c_str(),
@@ -74,6 +88,10 @@ Engine::Engine(const EngineOptions& options) {
 Engine::~Engine() = default;
 
 const Deepseek2Hparams& Engine::hparams() const { return model_->hparams(); }
+
+plan::RoutingProfile Engine::routing_profile() const {
+  return {.model = std::filesystem::path(file_->name()).filename().string(), .counts = model_->routing_counts()};
+}
 int64_t Engine::n_vocab() const { return model_->hparams().n_vocab; }
 int64_t Engine::n_ctx() const { return cache_->n_ctx(); }
 uint64_t Engine::kv_cache_bytes() const { return cache_->bytes(); }

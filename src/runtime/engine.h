@@ -1,7 +1,7 @@
 #pragma once
 // The public entry of the engine: load a model file onto the devices and evaluate tokens.
-// Today: one CPU backend, one architecture (deepseek2). Sessions (runtime/session.h) generate
-// text on top of it.
+// Today: the CPU, optionally with simulated devices placed by the planner; one architecture
+// (deepseek2). Sessions (runtime/session.h) generate text on top of it.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/deepseek2_hparams.h"
+#include "plan/placement.h"
 
 namespace tandem {
 
@@ -26,6 +27,9 @@ struct EngineOptions {
   int64_t n_ctx = 0;     // 0: the model's training context, capped by free memory
   int64_t n_seq = 1;     // sequences that can be in flight at once
   bool verbose = false;  // load details on stderr
+  std::string devices = "cpu";  // "cpu", or simulated devices: "sim:2x200MiB" (see device_setup.h)
+  std::string rules;            // rule file pinning weight groups to devices (with --devices)
+  std::string profile;          // routing profile: most-used experts placed first (with --devices)
 };
 
 class Engine {
@@ -42,6 +46,8 @@ class Engine {
   uint64_t weight_bytes() const;
   int n_threads() const { return n_threads_; }
   double load_seconds() const { return load_seconds_; }
+  // Expert choices counted since load, as a routing profile for `plan` and `--profile`.
+  plan::RoutingProfile routing_profile() const;
 
   // Evaluates `tokens` of sequence `seq` at positions start, start+1, ...; the cache keeps them.
   // Writes the logits of every token (all_logits) or of the last one into `logits`
@@ -52,7 +58,7 @@ class Engine {
  private:
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<Backend>> backends_;  // [0] = cpu
   std::unique_ptr<Deepseek2Model> model_;
   std::unique_ptr<KvCache> cache_;
   int n_threads_ = 1;

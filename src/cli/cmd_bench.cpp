@@ -1,0 +1,197 @@
+// `tandem bench MODEL`: prefill and decode speed in the style of llama-bench (repetitions,
+// mean ± sd), next to what bounds them on this machine, all measured in the same run: memory
+// bandwidth (a STREAM-style triad before and after), the decode roofline (bandwidth / bytes of
+// weights one token reads, counting only the experts it uses), and the peak throughput of our
+// own matmul kernels for prefill. Also prints the cost model's prediction for the same devices.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "backends/cpu/matmul.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf_file.h"
+#include "plan/hardware.h"
+#include "plan/inventory.h"
+#include "plan/planner.h"
+#include "quant/quant.h"
+#include "runtime/engine.h"
+#include "runtime/device_setup.h"
+
+namespace tandem::cli {
+namespace {
+
+struct Stat {
+  double mean = 0, sd = 0;
+};
+
+Stat stats(const std::vector<double>& values) {
+  Stat s;
+  s.mean = std::accumulate(values.begin(), values.end(), 0.0) / double(values.size());
+  for (double v : values) s.sd += (v - s.mean) * (v - s.mean);
+  s.sd = values.size() > 1 ? std::sqrt(s.sd / double(values.size() - 1)) : 0.0;
+  return s;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Peak arithmetic throughput of our matmul kernels with cache-resident weights and many tokens
+// (what prefill could reach), in multiply-adds x 2 per second, for the default precision.
+double kernel_peak_flops(DType type, int threads) {
+  ThreadPool pool(threads);
+  const int64_t rows = 256, cols = 2048, tokens = 64;
+  std::vector<float> w(size_t(rows * cols)), x(size_t(tokens * cols)), y(size_t(tokens * rows));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (float& v : w) v = normal(rng);
+  for (float& v : x) v = normal(rng);
+  std::vector<uint8_t> q(row_bytes(type, cols) * rows);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, w.data() + r * cols, q.data() + r * row_bytes(type, cols), cols);
+  const cpu::MatmulArgs args{.weight_type = type, .weights = q.data(), .rows = rows, .cols = cols,
+                             .input = x.data(), .n_tokens = tokens, .output = y.data()};
+  cpu::matmul(args, pool);  // warm up
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4; ++i) cpu::matmul(args, pool);
+    best = std::min(best, seconds_since(start) / 4);
+  }
+  return 2.0 * double(rows * cols * tokens) / best;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  struct Options {
+    EngineOptions engine;
+    int64_t prompt = 512, generate = 128;
+    int repetitions = 3;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Measure prefill and decode tokens/s (llama-bench style) against this machine's "
+               "measured memory bandwidth and kernel peak, and the cost model's prediction");
+  cmd->add_option("model", o->engine.model_path, "GGUF model")->required();
+  cmd->add_option("-p,--n-prompt", o->prompt, "prompt tokens per prefill test (0 = skip)")->capture_default_str();
+  cmd->add_option("-n,--n-gen", o->generate, "tokens per decode test (0 = skip)")->capture_default_str();
+  cmd->add_option("-r,--repetitions", o->repetitions, "repetitions of each test")->capture_default_str();
+  cmd->add_option("-t,--threads", o->engine.n_threads, "CPU threads (default: physical cores)");
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  add_device_options(cmd, o->engine);
+  cmd->callback([o] {
+    if (o->repetitions < 1) fail("--repetitions must be at least 1");
+    const int threads = o->engine.n_threads > 0 ? o->engine.n_threads : physical_core_count();
+    o->engine.n_threads = threads;
+    o->engine.n_ctx = std::max<int64_t>(o->prompt, o->generate) + 1;
+
+    const double bandwidth_before = plan::measure_memory_bandwidth(threads);
+    Engine engine(o->engine);
+    const plan::ModelInventory inventory = plan::inventory_from_file(engine.file());
+    const int64_t n_vocab = engine.n_vocab();
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int32_t> token(3, int32_t(std::min<int64_t>(n_vocab, 4096)) - 1);
+    std::vector<float> logits;
+
+    std::vector<double> prefill_tps, decode_tps;
+    for (int rep = 0; rep < o->repetitions && o->prompt > 0; ++rep) {
+      std::vector<int32_t> tokens(size_t(o->prompt));
+      for (int32_t& t : tokens) t = token(rng);
+      const auto start = std::chrono::steady_clock::now();
+      engine.evaluate(tokens, 0, 0, false, logits);
+      prefill_tps.push_back(double(o->prompt) / seconds_since(start));
+    }
+    for (int rep = 0; rep < o->repetitions && o->generate > 0; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < o->generate; ++i) {
+        const int32_t t = token(rng);
+        engine.evaluate(std::span<const int32_t>(&t, 1), int32_t(i), 0, false, logits);
+      }
+      decode_tps.push_back(double(o->generate) / seconds_since(start));
+    }
+    const double bandwidth_after = plan::measure_memory_bandwidth(threads);
+
+    const double bandwidth = (bandwidth_before + bandwidth_after) / 2;
+    const uint64_t bytes_per_token = inventory.bytes_read_per_token();
+    const double roofline = bandwidth / double(bytes_per_token);
+    const double peak_flops = kernel_peak_flops(DType::Q8_0, threads);
+    // Active parameters per token: the weights a token reads, counted in elements.
+    double active_params = 0;
+    for (const gguf::TensorInfo& t : engine.file().tensors()) {
+      const double share = t.name.find("_exps.") != std::string::npos
+                               ? double(inventory.hparams.n_expert_used) / double(inventory.hparams.n_expert)
+                               : 1.0;
+      if (t.name.rfind("blk.", 0) == 0 || t.name.rfind("output.", 0) == 0) active_params += share * double(t.n_elements);
+    }
+    const Stat pp = prefill_tps.empty() ? Stat{} : stats(prefill_tps);
+    const Stat tg = decode_tps.empty() ? Stat{} : stats(decode_tps);
+    const double prefill_flops = pp.mean * 2.0 * active_params;
+
+    // The cost model's prediction for this machine as measured now.
+    plan::Hardware hardware = plan::detect_hardware(threads);
+    hardware.host.bandwidth_bytes_per_s = bandwidth;
+    hardware.host.flops_per_s = peak_flops;
+    hardware.host.bandwidth_source = "measured in this run";
+    for (uint64_t budget : parse_sim_devices(o->engine.devices)) {
+      const int32_t index = int32_t(hardware.gpus.size());
+      hardware.gpus.push_back({.name = fmt::format("sim:{}", index), .kind = plan::DeviceKind::Sim,
+                               .model = "simulated", .memory_bytes = budget,
+                               .bandwidth_bytes_per_s = bandwidth, .flops_per_s = peak_flops,
+                               .bandwidth_source = "host bandwidth (simulated device)"});
+    }
+    const plan::Placement placement = plan::plan_placement(
+        inventory, hardware, {.n_ctx = o->engine.n_ctx, .n_parallel = 1, .prefill_batch = o->prompt},
+        plan::Rules{}, nullptr);
+
+    const std::string name = std::filesystem::path(o->engine.model_path).filename().string();
+    if (o->json) {
+      nlohmann::ordered_json out = {
+          {"model", name}, {"threads", threads}, {"devices", o->engine.devices},
+          {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"repetitions", o->repetitions},
+          {"prefill_tokens_per_s", pp.mean}, {"prefill_tokens_per_s_sd", pp.sd},
+          {"decode_tokens_per_s", tg.mean}, {"decode_tokens_per_s_sd", tg.sd},
+          {"bandwidth_gb_per_s", bandwidth / 1e9}, {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
+          {"bandwidth_after_gb_per_s", bandwidth_after / 1e9}, {"bytes_read_per_token", bytes_per_token},
+          {"decode_roofline_tokens_per_s", roofline}, {"decode_fraction_of_roofline", tg.mean / roofline},
+          {"kernel_peak_gflops", peak_flops / 1e9}, {"prefill_gflops", prefill_flops / 1e9},
+          {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
+          {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
+          {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s}};
+      fmt::print("{}\n", out.dump(2));
+      return;
+    }
+    fmt::print("| {:<28} | {:>10} | {:>7} | {:>7} | {:>16} |\n", "model", "size", "threads", "test", "t/s (measured)");
+    fmt::print("|{:-<30}|{:-<12}|{:-<9}|{:-<9}|{:-<18}|\n", "", "", "", "", "");
+    const std::string size = format_bytes(inventory.total_weight_bytes());
+    if (!prefill_tps.empty())
+      fmt::print("| {:<28} | {:>10} | {:>7} | {:>7} | {:>16} |\n", name, size, threads, fmt::format("pp{}", o->prompt),
+                 fmt::format("{:.2f} ± {:.2f}", pp.mean, pp.sd));
+    if (!decode_tps.empty())
+      fmt::print("| {:<28} | {:>10} | {:>7} | {:>7} | {:>16} |\n", name, size, threads, fmt::format("tg{}", o->generate),
+                 fmt::format("{:.2f} ± {:.2f}", tg.mean, tg.sd));
+    fmt::print("\nmemory bandwidth (measured, triad on {} threads): {:.1f} GB/s before, {:.1f} GB/s after\n", threads,
+               bandwidth_before / 1e9, bandwidth_after / 1e9);
+    fmt::print("decode roofline: {:.1f} GB/s / {} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
+               bandwidth / 1e9, format_bytes(bytes_per_token), roofline, 100.0 * tg.mean / roofline);
+    fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; prefill reaches "
+               "{:.1f} GFLOP/s = {:.0f}% of it\n", peak_flops / 1e9, prefill_flops / 1e9, 100.0 * prefill_flops / peak_flops);
+    fmt::print("cost model (predicted for --devices {}): prefill {:.2f} tokens/s ({:.2f}x measured), decode {:.2f} "
+               "tokens/s ({:.2f}x measured)\n", o->engine.devices, placement.predicted.prefill_tokens_per_s,
+               pp.mean > 0 ? placement.predicted.prefill_tokens_per_s / pp.mean : 0.0,
+               placement.predicted.decode_tokens_per_s,
+               tg.mean > 0 ? placement.predicted.decode_tokens_per_s / tg.mean : 0.0);
+  });
+}
+
+}  // namespace tandem::cli

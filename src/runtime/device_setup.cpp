@@ -1,0 +1,113 @@
+#include "runtime/device_setup.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <optional>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/sim/sim_backend.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "plan/hardware.h"
+#include "plan/inventory.h"
+#include "plan/planner.h"
+#include "plan/routing_profile.h"
+#include "plan/rules.h"
+
+namespace tandem {
+namespace {
+
+constexpr std::string_view kDeviceForms = "use cpu, sim:2x200MiB or sim:200MiB,sim:1GiB";
+
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> parts;
+  for (size_t start = 0;;) {
+    const size_t end = text.find(sep, start);
+    parts.push_back(text.substr(start, end - start));
+    if (end == std::string_view::npos) return parts;
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
+std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
+  std::vector<uint64_t> budgets;
+  if (spec.empty() || spec == "cpu") return budgets;
+  for (std::string_view entry : split(spec, ',')) {
+    if (entry == "cpu") continue;
+    if (entry.substr(0, 4) != "sim:") fail("--devices '{}': unknown device '{}'; {}", spec, entry, kDeviceForms);
+    std::string_view size = entry.substr(4);
+    uint32_t count = 1;
+    if (const size_t x = size.find('x'); x != std::string_view::npos) {
+      const auto [end, ec] = std::from_chars(size.data(), size.data() + x, count);
+      if (ec != std::errc() || end != size.data() + x || count == 0 || count > 64)
+        fail("--devices '{}': bad device count in '{}'; {}", spec, entry, kDeviceForms);
+      size = size.substr(x + 1);
+    }
+    const uint64_t bytes = plan::parse_bytes(size);
+    budgets.insert(budgets.end(), count, bytes);
+  }
+  return budgets;
+}
+
+DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
+                          const std::string& rules_path, const std::string& profile_path,
+                          int n_threads, int64_t n_ctx, int64_t n_seq) {
+  const std::vector<uint64_t> budgets = parse_sim_devices(devices);
+  const plan::ModelInventory inventory = plan::inventory_from_file(file);
+
+  // The host as the planner should see it: everything a CPU run can hold (the weights stay in
+  // the page cache through the mmap), and simulated devices with their budgets.
+  plan::Hardware hardware;
+  hardware.host = {.name = "cpu", .kind = plan::DeviceKind::Cpu, .model = "host CPU",
+                   .memory_bytes = uint64_t(1) << 50, .bandwidth_bytes_per_s = 20e9,
+                   .flops_per_s = 0.2e12, .bandwidth_source = "assumed for simulated runs"};
+  for (size_t i = 0; i < budgets.size(); ++i)
+    hardware.gpus.push_back({.name = fmt::format("sim:{}", i), .kind = plan::DeviceKind::Sim,
+                             .model = "simulated", .memory_bytes = budgets[i],
+                             .bandwidth_bytes_per_s = 20e9, .flops_per_s = 0.2e12,
+                             .bandwidth_source = "assumed for simulated devices"});
+  const plan::Rules rules = rules_path.empty() ? plan::Rules{} : plan::load_rules(rules_path);
+  std::optional<plan::RoutingProfile> profile;
+  if (!profile_path.empty()) {
+    profile = plan::load_routing_profile(profile_path);
+    plan::check_routing_profile(*profile, inventory);
+  }
+  DeviceSetup setup;
+  setup.placement = plan::plan_placement(inventory, hardware, {.n_ctx = n_ctx, .n_parallel = n_seq, .prefill_batch = 512},
+                                         rules, profile ? &*profile : nullptr);
+  if (!setup.placement.fits) {
+    std::string problems;
+    for (const std::string& p : setup.placement.problems) problems += (problems.empty() ? "" : "; ") + p;
+    fail("the model does not fit on --devices {}: {}", devices, problems);
+  }
+
+  setup.backends.push_back(std::make_unique<cpu::CpuBackend>(n_threads));
+  for (size_t i = 0; i < budgets.size(); ++i)
+    setup.backends.push_back(std::make_unique<sim::SimBackend>(int(i), budgets[i]));
+  auto backend = [&](int32_t device) -> Backend* {
+    return setup.backends[device == plan::kOnDisk ? 0 : size_t(device)].get();  // disk = mmap on the host
+  };
+
+  const plan::Placement& p = setup.placement;
+  const uint32_t n_layers = inventory.n_layers;
+  DevicePlan& dp = setup.plan;
+  dp = DevicePlan::single(*setup.backends[0], n_layers, inventory.hparams.n_expert);
+  for (uint32_t il = 0; il < n_layers; ++il) dp.layers[il] = backend(p.layer_device[il]);
+  for (size_t g = 0; g < inventory.groups.size(); ++g) {
+    const plan::InventoryGroup& group = inventory.groups[g];
+    Backend* where = backend(p.group_device[g]);
+    if (group.kind == WeightGroup::Embedding) dp.embeddings = where;
+    else if (group.kind == WeightGroup::OutputHead) dp.output = where;
+    else if (group.kind == WeightGroup::RoutedExperts) dp.experts[size_t(group.layer)][size_t(group.expert)] = where;
+  }
+  for (const plan::DeviceUsage& usage : p.devices)
+    setup.summary += fmt::format("  {:<6} {:>10} of {:>10}: {}\n", usage.spec.name, format_bytes(usage.used_bytes()),
+                                 usage.spec.memory_bytes >= (uint64_t(1) << 50) ? "host" : format_bytes(usage.spec.memory_bytes),
+                                 usage.holds);
+  return setup;
+}
+
+}  // namespace tandem
