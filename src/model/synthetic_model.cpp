@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf_writer.h"
 #include "model/deepseek2_layout.h"
+#include "model/deepseek2_shapes.h"
 #include "model/synthetic_corpus.h"
 #include "quant/quant.h"
 #include "text/bpe_trainer.h"
@@ -31,31 +32,11 @@ Deepseek2Hparams micro_hparams() {
   return hp;
 }
 
-// DeepSeek-V2-Lite exactly (its config.json), vocabulary included.
-Deepseek2Hparams lite_hparams() {
-  Deepseek2Hparams hp;
-  hp.n_layer = 27, hp.n_ctx_train = 163840, hp.n_embd = 2048, hp.n_ff_dense = 10944;
-  hp.n_head = 16, hp.n_vocab = 102400;
-  hp.kv_lora_rank = 512, hp.qk_nope_dim = 128, hp.qk_rope_dim = 64, hp.v_head_dim = 128;
-  hp.n_leading_dense = 1, hp.n_expert = 64, hp.n_expert_used = 6, hp.n_expert_shared = 2;
-  hp.n_ff_expert = 1408;
-  hp.rope_scaling = RopeScaling::Yarn, hp.rope_scaling_factor = 40, hp.rope_original_ctx = 4096;
-  hp.yarn_log_multiplier = 0.0707f;  // 0.1 * mscale_all_dim (0.707)
-  return hp;
-}
-
 // A few layers of DeepSeek-V3 (671B) shapes: one dense layer, then MoE layers with group-limited
 // sigmoid routing over 256 experts. Each MoE layer is ~6 GiB in Q4_K_M.
 Deepseek2Hparams v3_layer_hparams() {
-  Deepseek2Hparams hp;
-  hp.n_layer = 3, hp.n_ctx_train = 163840, hp.n_embd = 7168, hp.n_ff_dense = 18432;
-  hp.n_head = 128, hp.n_vocab = 129280, hp.q_lora_rank = 1536;
-  hp.kv_lora_rank = 512, hp.qk_nope_dim = 128, hp.qk_rope_dim = 64, hp.v_head_dim = 128;
-  hp.n_leading_dense = 1, hp.n_expert = 256, hp.n_expert_used = 8, hp.n_expert_shared = 1;
-  hp.n_ff_expert = 2048, hp.n_expert_group = 8, hp.n_group_used = 4;
-  hp.gating = ExpertGating::Sigmoid, hp.expert_weights_norm = true, hp.expert_weights_scale = 2.5f;
-  hp.rope_scaling = RopeScaling::Yarn, hp.rope_scaling_factor = 40, hp.rope_original_ctx = 4096;
-  hp.yarn_log_multiplier = 0.1f;
+  Deepseek2Hparams hp = deepseek2_shape("deepseek-v3");
+  hp.n_layer = 3, hp.n_leading_dense = 1;
   return hp;
 }
 
@@ -202,7 +183,7 @@ const std::vector<SyntheticPreset>& synthetic_presets() {
       {"micro", "3 layers, hidden 128, 8 experts (2 used, 2 shared): a few MB, for tests",
        micro_hparams(), 6.0f, 10.0f, 1.0f},
       {"lite", "DeepSeek-V2-Lite shapes: 27 layers, hidden 2048, 64 experts of 1408 (6 used, 2 shared)",
-       lite_hparams(), 6.0f, 10.0f, 1.0f},
+       deepseek2_shape("deepseek-v2-lite"), 6.0f, 10.0f, 1.0f},
       {"v3-layer", "DeepSeek-V3 shapes, 3 layers (1 dense + 2 MoE): hidden 7168, 256 experts, q_lora 1536",
        v3_layer_hparams(), 8.0f, 10.0f, 1.0f},
   };

@@ -1,0 +1,51 @@
+// `tandem plan` end to end: exit codes, the JSON fields scripts rely on, and rule-file output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+TEST(Plan, FittingPresetExitsZeroWithTheJsonFields) {
+  const CliResult r = run_tandem("plan --preset deepseek-v3 --quant Q4_K_M --gpu 24GiB --ram 512GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output);
+  EXPECT_TRUE(json["fits"].get<bool>());
+  ASSERT_GE(json["devices"].size(), 2u);
+  for (const auto& device : json["devices"])
+    EXPECT_LE(device["used_bytes"].get<uint64_t>(), device["capacity_bytes"].get<uint64_t>()) << device;
+  EXPECT_GT(json["predicted"]["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(json["predicted"]["prefill_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_TRUE(json["problems"].empty());
+}
+
+TEST(Plan, ModelThatDoesNotFitExitsThreeAndSaysWhatWould) {
+  const CliResult r = run_tandem("plan --preset deepseek-coder-v2 --gpu 24GiB --gpu 24GiB --ram 64GiB");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("GiB"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Q2_K"), std::string::npos) << r.output;
+}
+
+TEST(Plan, RulesOutWritesAFileThatPlansTheSame) {
+  const auto rules = std::filesystem::temp_directory_path() / ("tandem-rules-" + std::to_string(::getpid()) + ".yaml");
+  const std::string model = test::fixture("small-v3-Q4_K_M.gguf").string();
+  const CliResult first = run_tandem("plan " + model + " --gpu 1GiB --ram 1GiB --json --rules-out " + rules.string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const CliResult second = run_tandem("plan " + model + " --gpu 1GiB --ram 1GiB --json --rules " + rules.string());
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  // The note about the written file goes to stderr, which the runner merges: take the object.
+  auto object = [](const std::string& out) {
+    const size_t begin = out.find('{'), end = out.rfind('}');
+    return nlohmann::json::parse(out.substr(begin, end - begin + 1));
+  };
+  const auto a = object(first.output), b = object(second.output);
+  EXPECT_EQ(a["devices"], b["devices"]);
+  std::filesystem::remove(rules);
+}
+
+}  // namespace
+}  // namespace tandem
