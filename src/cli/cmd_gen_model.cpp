@@ -2,11 +2,13 @@
 // trained tokenizer) for tests, benchmarks and planning where no real weights can be had.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "model/synthetic_model.h"
@@ -40,6 +42,11 @@ void register_gen_model(CLI::App& app) {
                 "do not print progress");
   cmd->callback([options, threads, layers] {
     if (*layers) options->n_layers = *layers;
+    // Like `-o models/micro.gguf` on a fresh checkout: the folder is created, not an error.
+    const std::filesystem::path parent = std::filesystem::path(options->output_path).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec)
+      fail("{}: cannot create the folder: {}", parent.string(), ec.message());
     ThreadPool pool(*threads);
     const SyntheticSummary summary = write_synthetic_model(*options, pool);
     fmt::print("wrote {}: preset {}, {}, {} tensors, {} in {:.1f} s ({}/s)\n", options->output_path,

@@ -51,7 +51,7 @@ TEST_F(CliTest, InspectJsonIsOneObjectWithEveryTensor) {
 }
 
 TEST_F(CliTest, GenModelThenInspectRoundTrips) {
-  const std::string path = (dir_ / "micro.gguf").string();
+  const std::string path = (dir_ / "new-folder" / "micro.gguf").string();  // folder created
   const Result gen = run("gen-model --preset micro --format Q8_0 --seed 3 --no-progress -o " + path);
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
   EXPECT_NE(gen.output.find("wrote"), std::string::npos);
