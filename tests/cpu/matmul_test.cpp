@@ -383,3 +383,108 @@ TEST(Matmul, EmptyShapesWriteNothing) {
 
 }  // namespace
 }  // namespace tandem::cpu
+
+namespace tandem::cpu {
+namespace {
+
+// matmul_many cuts rows into tasks across all the matrices at once; every output must be the
+// same bits that one matmul() per matrix gives, at every level, for one token and for several,
+// with an empty matrix in the middle of the list.
+TEST(MatmulMany, EachOutputBitIdenticalToItsOwnMatmul) {
+  ThreadPool pool(2);
+  struct Spec {
+    DType type;
+    int64_t rows, cols, n_tokens;
+  };
+  for (int64_t n_tokens : {1, 3}) {
+    const std::vector<Spec> specs = {{DType::Q4_K, 300, 512, n_tokens},
+                                     {DType::Q8_0, 0, 64, n_tokens},
+                                     {DType::Q5_0, 77, 1408, n_tokens},
+                                     {DType::Q6_K, 129, 256, n_tokens},
+                                     {DType::BF16, 33, 100, n_tokens}};
+    std::vector<std::vector<uint8_t>> weights;
+    std::vector<std::vector<float>> inputs;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      weights.push_back(make_weights(specs[i].type, specs[i].rows, specs[i].cols, 40 + i));
+      inputs.push_back(gaussian(specs[i].n_tokens * specs[i].cols, 50 + uint32_t(i)));
+    }
+    for (CpuIsa isa : supported_cpu_isas()) {
+      std::vector<std::vector<float>> outputs(specs.size());
+      std::vector<MatmulArgs> args;
+      for (size_t i = 0; i < specs.size(); ++i) {
+        outputs[i].assign(size_t(specs[i].rows * specs[i].n_tokens), NAN);
+        args.push_back({.weight_type = specs[i].type,
+                        .weights = weights[i].data(),
+                        .rows = specs[i].rows,
+                        .cols = specs[i].cols,
+                        .input = inputs[i].data(),
+                        .n_tokens = specs[i].n_tokens,
+                        .output = outputs[i].data()});
+      }
+      matmul_many_with_isa(isa, args, pool);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const std::vector<float> alone =
+            run(isa, specs[i].type, weights[i], specs[i].rows, specs[i].cols, inputs[i],
+                specs[i].n_tokens, pool, ActPrecision::Int16);
+        ASSERT_EQ(outputs[i].size(), alone.size());
+        EXPECT_EQ(std::memcmp(outputs[i].data(), alone.data(), alone.size() * sizeof(float)), 0)
+            << dtype_name(specs[i].type) << " " << cpu_isa_name(isa) << " tokens " << n_tokens;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu
+
+namespace tandem::cpu {
+namespace {
+
+constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,
+                                   DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// From 4 tokens on, Int16 matmuls of these formats run the token-lanes path (gemm_q16.h). Its
+// AVX-512 version must give the portable version's bits: the same exact integer group sums, then
+// the same float operations per lane in the same order.
+TEST(MatmulLanes, Avx512GivesThePortableBits) {
+  if (!cpu_supports(CpuIsa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ThreadPool pool(2);
+  const int64_t rows = 37;  // four-row blocks and a remainder
+  for (DType type : kLanesFormats) {
+    const int64_t cols = is_k_quant(type) ? 2048 : 1408;
+    const std::vector<uint8_t> weights = make_weights(type, rows, cols, 21);
+    for (int64_t n_tokens : {4, 16, 33}) {
+      const std::vector<float> x = gaussian(n_tokens * cols, 22);
+      const std::vector<float> portable = run(CpuIsa::Portable, type, weights, rows, cols, x,
+                                              n_tokens, pool, ActPrecision::Int16);
+      const std::vector<float> avx512 = run(CpuIsa::Avx512, type, weights, rows, cols, x,
+                                            n_tokens, pool, ActPrecision::Int16);
+      EXPECT_EQ(std::memcmp(portable.data(), avx512.data(), avx512.size() * sizeof(float)), 0)
+          << dtype_name(type) << " n_tokens " << n_tokens;
+    }
+  }
+}
+
+// A token's result must not depend on which other tokens share its tile of 16 lanes (a server
+// batching requests needs each request's output to be its own): the first five tokens alone and
+// among twenty give the same bits.
+TEST(MatmulLanes, ATokensResultDoesNotDependOnItsCompanions) {
+  ThreadPool pool(2);
+  const int64_t rows = 24, cols = 512, few = 5, many = 20;
+  for (CpuIsa isa : supported_cpu_isas()) {
+    for (DType type : kLanesFormats) {
+      const std::vector<uint8_t> weights = make_weights(type, rows, cols, 31);
+      const std::vector<float> x = gaussian(many * cols, 32);
+      const std::vector<float> among_many =
+          run(isa, type, weights, rows, cols, x, many, pool, ActPrecision::Int16);
+      const std::vector<float> x_few(x.begin(), x.begin() + few * cols);
+      const std::vector<float> alone =
+          run(isa, type, weights, rows, cols, x_few, few, pool, ActPrecision::Int16);
+      EXPECT_EQ(std::memcmp(alone.data(), among_many.data(), alone.size() * sizeof(float)), 0)
+          << dtype_name(type) << " " << cpu_isa_name(isa);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu

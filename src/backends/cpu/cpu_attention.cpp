@@ -82,37 +82,64 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
                 pool_);
   }
 
-  // Scores, softmax and the latent output for every (token, head), spread over the threads.
+  // Scores of every (token, head) query against the keys of its sequence as one F32 matmul per
+  // chunk of tokens: the cache rows [latent | rope key] are the matrix, the queries
+  // [q_lat | q_rope] the tokens, so each key is read once for all the heads and tokens of the
+  // chunk by the vectorized kernels. Then per (token, head): causal softmax and the weighted sum
+  // of latent rows.
   float* o_lat = grow(scratch_c_, size_t(H * T * lora));
-  int64_t max_ctx = 0;
-  for (int64_t t = 0; t < T; ++t) max_ctx = std::max<int64_t>(max_ctx, op.positions[t] + 1);
-  for (auto& s : per_thread_) grow(s, size_t(max_ctx));
-  pool_.parallel_for(T * H, [&](int64_t task, int thread) {
-    const int64_t t = task / H, h = task % H;
-    const int64_t n_keys = op.positions[t] + 1;
-    const float* cache = op.cache.data + int64_t(op.seq_ids[t]) * op.cache.n_ctx * row;
-    const float* ql = q_lat + (h * T + t) * lora;
-    const float* qr = op.q + (t * H + h) * q_stride + nope;
-    float* scores = per_thread_[size_t(thread)].data();
-    float max_score = -INFINITY;
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const float* key = cache + j * row;
-      float s = 0;
-      for (int64_t i = 0; i < lora; ++i) s += ql[i] * key[i];
-      for (int64_t i = 0; i < rope; ++i) s += qr[i] * key[lora + i];
-      scores[j] = s * op.scale;
-      max_score = std::max(max_score, scores[j]);
+  for (int64_t run_start = 0; run_start < T;) {
+    int64_t run_end = run_start + 1;
+    while (run_end < T && op.seq_ids[run_end] == op.seq_ids[run_start]) ++run_end;
+    const float* cache = op.cache.data + int64_t(op.seq_ids[run_start]) * op.cache.n_ctx * row;
+    int64_t run_keys = 0;
+    for (int64_t t = run_start; t < run_end; ++t)
+      run_keys = std::max<int64_t>(run_keys, op.positions[t] + 1);
+    // The queries of a chunk stay in L2 (at most 256 rows, ~600 KB) while the keys stream past
+    // them, and its scores stay under ~64 MiB however long the context.
+    constexpr int64_t kMaxQueries = 256, kMaxScores = int64_t(1) << 24;
+    const int64_t chunk = std::clamp<int64_t>(
+        std::min(kMaxQueries / H, kMaxScores / (H * run_keys)), 1, run_end - run_start);
+    for (int64_t first = run_start; first < run_end; first += chunk) {
+      const int64_t last = std::min(run_end, first + chunk), n_queries = (last - first) * H;
+      int64_t n_keys = 0;
+      for (int64_t t = first; t < last; ++t) n_keys = std::max<int64_t>(n_keys, op.positions[t] + 1);
+      float* queries = grow(scratch_a_, size_t(n_queries * row));
+      for (int64_t t = first; t < last; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+          float* qrow = queries + ((t - first) * H + h) * row;
+          std::copy_n(q_lat + (h * T + t) * lora, lora, qrow);
+          std::copy_n(op.q + (t * H + h) * q_stride + nope, rope, qrow + lora);
+        }
+      }
+      float* scores = grow(scratch_d_, size_t(n_queries * n_keys));
+      cpu::matmul({.weight_type = DType::F32,
+                   .weights = cache,
+                   .rows = n_keys,
+                   .cols = row,
+                   .input = queries,
+                   .n_tokens = n_queries,
+                   .output = scores},
+                  pool_);
+      pool_.parallel_for(n_queries, [&](int64_t query, int) {
+        const int64_t t = first + query / H, h = query % H;
+        const int64_t keys = op.positions[t] + 1;
+        float* s = scores + query * n_keys;
+        float max_score = -INFINITY;
+        for (int64_t j = 0; j < keys; ++j) max_score = std::max(max_score, s[j] *= op.scale);
+        float sum = 0;
+        for (int64_t j = 0; j < keys; ++j) sum += s[j] = std::exp(s[j] - max_score);
+        float* out = o_lat + (h * T + t) * lora;
+        std::fill(out, out + lora, 0.0f);
+        for (int64_t j = 0; j < keys; ++j) {
+          const float w = s[j] / sum;
+          const float* latent = cache + j * row;
+          for (int64_t i = 0; i < lora; ++i) out[i] += w * latent[i];
+        }
+      });
     }
-    float sum = 0;
-    for (int64_t j = 0; j < n_keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-    float* out = o_lat + (h * T + t) * lora;
-    std::fill(out, out + lora, 0.0f);
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const float w = scores[j] / sum;
-      const float* latent = cache + j * row;
-      for (int64_t i = 0; i < lora; ++i) out[i] += w * latent[i];
-    }
-  });
+    run_start = run_end;
+  }
 
   // Expand each head's latent output through its value projection: [T, kv_lora] -> [T, v_head].
   float* v_out = grow(scratch_a_, size_t(T * op.v_head_dims));

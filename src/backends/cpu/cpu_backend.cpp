@@ -38,7 +38,7 @@ float* grow(std::vector<float>& v, size_t n) {
 }
 
 CpuBackend::CpuBackend(int n_threads, std::string name)
-    : name_(std::move(name)), pool_(n_threads), per_thread_(size_t(n_threads)) {}
+    : name_(std::move(name)), pool_(n_threads) {}
 
 std::shared_ptr<Event> CpuBackend::record_event() { return std::make_shared<DoneEvent>(); }
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cpu/matmul.h"
 #include "core/backend.h"
 #include "core/thread_pool.h"
 
@@ -49,9 +50,9 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   // Scratch that only grows: ops allocate nothing once the largest batch has been seen.
   std::vector<float> scratch_a_, scratch_b_, scratch_c_, scratch_d_;
-  std::vector<std::vector<float>> per_thread_;
   std::vector<int32_t> index_scratch_;
   std::vector<int32_t> expert_fill_;
+  std::vector<MatmulArgs> matmul_args_;
 };
 
 // Grows `v` to at least n elements (never shrinks) and returns its data.

@@ -109,16 +109,34 @@ void CpuBackend::moe(const MoeOp& op) {
   float* gate = grow(scratch_b_, size_t(T * K * F));
   float* up = grow(scratch_c_, size_t(T * K * F));
   float* down = grow(scratch_d_, size_t(T * K * D));
-  for (int64_t m = 0; m < held; ++m) {
-    const int64_t first = offsets[m], n = offsets[m + 1] - offsets[m];
-    if (n == 0) continue;
-    for (int64_t i = 0; i < n; ++i) std::copy_n(op.input + (order[first + i] / K) * D, D, x + i * D);
-    matmul_rows(op.gate.matrix(m), x, n, gate);
-    matmul_rows(op.up.matrix(m), x, n, up);
-    for (int64_t i = 0; i < n * F; ++i) gate[i] = silu(gate[i]) * up[i];
-    matmul_rows(op.down.matrix(m), gate, n, down);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(down + i * D, D, op.slots + int64_t(order[first + i]) * D);
-  }
+  // Expert m's n tokens occupy rows [first, first + n) of x, gate, up and down. All experts'
+  // gate and up projections run as one parallel job, then all the down projections: at decode
+  // the threads share out a dozen small matrices instead of meeting after each one.
+  auto for_each_used_expert = [&](auto&& fn) {
+    for (int64_t m = 0; m < held; ++m)
+      if (const int64_t n = offsets[m + 1] - offsets[m]; n > 0) fn(m, int64_t(offsets[m]), n);
+  };
+  auto args_of = [&](const WeightView& w, const float* input, int64_t n, float* output) {
+    return cpu::MatmulArgs{.weight_type = w.type, .weights = w.data, .rows = w.rows,
+                           .cols = w.cols, .input = input, .n_tokens = n, .output = output};
+  };
+  matmul_args_.clear();
+  for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(op.input + (order[first + i] / K) * D, D, x + (first + i) * D);
+    matmul_args_.push_back(args_of(op.gate.matrix(m), x + first * D, n, gate + first * F));
+    matmul_args_.push_back(args_of(op.up.matrix(m), x + first * D, n, up + first * F));
+  });
+  cpu::matmul_many(matmul_args_, pool_);
+  const int64_t n_slots = offsets[held];
+  for (int64_t i = 0; i < n_slots * F; ++i) gate[i] = silu(gate[i]) * up[i];
+  matmul_args_.clear();
+  for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
+    matmul_args_.push_back(args_of(op.down.matrix(m), gate + first * F, n, down + first * D));
+  });
+  cpu::matmul_many(matmul_args_, pool_);
+  for (int64_t i = 0; i < n_slots; ++i)
+    std::copy_n(down + i * D, D, op.slots + int64_t(order[i]) * D);
 }
 
 void CpuBackend::moe_reduce(const MoeReduceOp& op) {

@@ -50,9 +50,25 @@ constexpr int kDTypeSlots = 31;
 
 constexpr int kActPrecisions = 2;
 
+// The token-lanes path of the Int16 matmul for many tokens (gemm_q16.h): rows
+// [first_row, last_row) of W against every tile of 16 prepared tokens.
+struct LanesMatmul {
+  DType type;
+  const uint8_t* weights;
+  size_t weight_stride;
+  int64_t rows;
+  int64_t cols;
+  const uint8_t* tiles;  // ceil(n_tokens / 16) tiles of q16_tile_bytes(cols)
+  int64_t n_tokens;
+  float* output;  // [n_tokens, rows]
+};
+using LanesRowsFn = void (*)(const LanesMatmul& m, int64_t first_row, int64_t last_row);
+
 struct KernelTable {
   FormatKernel formats[kActPrecisions][kDTypeSlots];  // [ActPrecision][DType]
   PrepareActFn prepare[kActKinds] = {};               // F32 has none: x is read in place
+  // Int16 only; nullptr where a format (or the level) has no token-lanes path.
+  LanesRowsFn lanes[kDTypeSlots] = {};
 };
 
 // Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
@@ -69,5 +85,13 @@ void fill_avx512_kernels(KernelTable& table);
 void fill_portable_q16_kernels(KernelTable& table);
 void fill_avx2_q16_kernels(KernelTable& table);
 void fill_avx512_q16_kernels(KernelTable& table);
+// Token-lanes kernels (gemm_q16_*.cpp); the AVX-512 level needs VNNI.
+void fill_portable_lanes_kernels(KernelTable& table);
+void fill_avx512_lanes_kernels(KernelTable& table);
+
+// The tile of prepared tokens [first, first + n) (n <= 16), in gemm_q16.h's layout.
+void build_lanes_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
+                      int64_t cols, uint8_t* tile);
+size_t lanes_tile_bytes(int64_t cols);
 
 }  // namespace tandem::cpu

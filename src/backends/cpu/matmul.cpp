@@ -1,6 +1,8 @@
 #include "backends/cpu/matmul.h"
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include "backends/cpu/act_q16.h"
 #include "backends/cpu/kernels.h"
@@ -22,6 +24,10 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_kernels(table);
     fill_avx512_q16_kernels(table);
   }
+  // The token-lanes path where it beats the row dots: AVX-512 VNNI, and the portable level (its
+  // only other kernels are scalar too). AVX2 keeps its row dots.
+  if (isa == CpuIsa::Portable) fill_portable_lanes_kernels(table);
+  if (isa == CpuIsa::Avx512) fill_avx512_lanes_kernels(table);
   return table;
 }
 
@@ -66,10 +72,33 @@ uint8_t* activation_scratch(size_t bytes) {
 int64_t rows_per_task(int64_t rows, int n_threads) {
   if (n_threads == 1) return std::max<int64_t>(rows, 1);
   const int64_t target_tasks = int64_t(n_threads) * 8;
-  return std::clamp<int64_t>((rows + target_tasks - 1) / target_tasks, 4, 256);
+  // A multiple of 4: the token-lanes kernels take four rows at a time.
+  return std::clamp<int64_t>((rows + target_tasks - 1) / target_tasks + 3, 4, 256) / 4 * 4;
 }
 
-void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& pool) {
+// From this many tokens on, Int16 matmuls of formats with a token-lanes kernel take that path
+// (gemm_q16.h): below it, a tile of 16 lanes would be mostly empty and the row dots are faster.
+constexpr int64_t kLanesMinTokens = 4;
+
+// One matmul made ready to run: its kernel, where its prepared activations are, and how its rows
+// are cut into tasks.
+struct ReadyMatmul {
+  LanesRowsFn lanes = nullptr;  // set: the token-lanes path, with `tiles`
+  const uint8_t* tiles = nullptr;
+  DType type = DType::F32;
+  RowDotFn dot = nullptr;
+  const uint8_t* act = nullptr;
+  size_t act_stride = 0;
+  const uint8_t* weights = nullptr;
+  size_t weight_stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t n_tokens = 0;
+  float* output = nullptr;
+};
+
+// Checks the arguments and returns the kernel of `args`; nullptr when there is nothing to do.
+const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& args) {
   const DType type = args.weight_type;
   if (!matmul_supports(type))
     fail(
@@ -81,45 +110,141 @@ void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& po
     fail("matmul on the CPU: a {} row of {} elements is not a whole number of {}-element blocks",
          dtype_name(type), args.cols, block);
   TANDEM_CHECK(args.rows >= 0 && args.cols >= 0 && args.n_tokens >= 0);
-  if (args.rows == 0 || args.n_tokens == 0) return;
+  if (args.rows == 0 || args.n_tokens == 0) return nullptr;
   TANDEM_CHECK(args.weights != nullptr && args.input != nullptr && args.output != nullptr);
-
   TANDEM_CHECK(args.precision == ActPrecision::Int16 || args.precision == ActPrecision::Int8);
-  const FormatKernel kernel = table.formats[size_t(args.precision)][size_t(type)];
-  const int64_t cols = args.cols;
-  const int64_t n_tokens = args.n_tokens;
+  return &table.formats[size_t(args.precision)][size_t(type)];
+}
 
-  // Activations: used in place for float kernels, else prepared once per call for all rows.
-  const uint8_t* act = reinterpret_cast<const uint8_t*>(args.input);
-  size_t act_stride = size_t(cols) * sizeof(float);
+LanesRowsFn lanes_kernel(const KernelTable& table, const MatmulArgs& args) {
+  if (args.precision != ActPrecision::Int16 || args.n_tokens < kLanesMinTokens) return nullptr;
+  return table.lanes[size_t(args.weight_type)];
+}
+
+int64_t lanes_tiles(int64_t n_tokens) {
+  return (n_tokens + 15) / 16;
+}
+
+size_t prepared_bytes(const KernelTable& table, const FormatKernel& kernel, const MatmulArgs& args) {
+  if (kernel.act == ActKind::F32) return 0;
+  size_t bytes = act_row_bytes(kernel.act, args.cols) * size_t(args.n_tokens);
+  if (lanes_kernel(table, args))
+    bytes += lanes_tile_bytes(args.cols) * size_t(lanes_tiles(args.n_tokens));
+  return bytes;
+}
+
+// Activations are used in place by float kernels, else prepared into `scratch` (the calling
+// thread for one token, all threads for several).
+ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
+                       const MatmulArgs& args, uint8_t* scratch, ThreadPool& pool) {
+  ReadyMatmul ready{.type = args.weight_type,
+                    .dot = kernel.dot,
+                    .act = reinterpret_cast<const uint8_t*>(args.input),
+                    .act_stride = size_t(args.cols) * sizeof(float),
+                    .weights = static_cast<const uint8_t*>(args.weights),
+                    .weight_stride = row_bytes(args.weight_type, uint64_t(args.cols)),
+                    .rows = args.rows,
+                    .cols = args.cols,
+                    .n_tokens = args.n_tokens,
+                    .output = args.output};
   if (kernel.act != ActKind::F32) {
-    act_stride = act_row_bytes(kernel.act, cols);
-    uint8_t* scratch = activation_scratch(act_stride * size_t(n_tokens));
+    ready.act_stride = act_row_bytes(kernel.act, args.cols);
     const PrepareActFn prepare = table.prepare[size_t(kernel.act)];
-    if (n_tokens == 1) {
-      prepare(args.input, scratch, cols);
+    if (args.n_tokens == 1) {
+      prepare(args.input, scratch, args.cols);
     } else {
-      pool.parallel_for(n_tokens, [&](int64_t token, int) {
-        prepare(args.input + token * cols, scratch + size_t(token) * act_stride, cols);
+      pool.parallel_for(args.n_tokens, [&](int64_t token, int) {
+        prepare(args.input + token * args.cols, scratch + size_t(token) * ready.act_stride,
+                args.cols);
       });
     }
-    act = scratch;
-  }
-
-  const auto* weights = static_cast<const uint8_t*>(args.weights);
-  const size_t weight_stride = row_bytes(type, uint64_t(cols));
-  const int64_t rows = args.rows;
-  const int64_t tile_rows = rows_per_task(rows, pool.size());
-  const int64_t n_tasks = (rows + tile_rows - 1) / tile_rows;
-  const RowDotFn dot = kernel.dot;
-  float* output = args.output;
-  pool.parallel_for(n_tasks, [&](int64_t task, int) {
-    const int64_t row_end = std::min(rows, (task + 1) * tile_rows);
-    for (int64_t row = task * tile_rows; row < row_end; ++row) {
-      const uint8_t* weight_row = weights + size_t(row) * weight_stride;
-      for (int64_t token = 0; token < n_tokens; ++token)
-        output[token * rows + row] = dot(weight_row, act + size_t(token) * act_stride, cols);
+    ready.act = scratch;
+    if (LanesRowsFn lanes = lanes_kernel(table, args)) {
+      uint8_t* tiles = scratch + ready.act_stride * size_t(args.n_tokens);
+      const size_t tile_bytes = lanes_tile_bytes(args.cols);
+      pool.parallel_for(lanes_tiles(args.n_tokens), [&](int64_t tile, int) {
+        build_lanes_tile(ready.act, ready.act_stride, tile * 16,
+                         std::min<int64_t>(16, args.n_tokens - tile * 16), args.cols,
+                         tiles + size_t(tile) * tile_bytes);
+      });
+      ready.lanes = lanes;
+      ready.tiles = tiles;
     }
+  }
+  return ready;
+}
+
+// Rows [first, last) of `m` for all its tokens: each weight row is fetched from memory once and
+// reused from L1 for every token.
+void run_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
+  if (m.lanes) {
+    m.lanes({.type = m.type,
+             .weights = m.weights,
+             .weight_stride = m.weight_stride,
+             .rows = m.rows,
+             .cols = m.cols,
+             .tiles = m.tiles,
+             .n_tokens = m.n_tokens,
+             .output = m.output},
+            first, last);
+    return;
+  }
+  for (int64_t row = first; row < last; ++row) {
+    const uint8_t* weight_row = m.weights + size_t(row) * m.weight_stride;
+    for (int64_t token = 0; token < m.n_tokens; ++token)
+      m.output[token * m.rows + row] = m.dot(weight_row, m.act + size_t(token) * m.act_stride, m.cols);
+  }
+}
+
+void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& pool) {
+  const FormatKernel* kernel = checked_kernel(table, args);
+  if (!kernel) return;
+  uint8_t* scratch = activation_scratch(prepared_bytes(table, *kernel, args));
+  const ReadyMatmul m = make_ready(table, *kernel, args, scratch, pool);
+  const int64_t tile_rows = rows_per_task(m.rows, pool.size());
+  const int64_t n_tasks = (m.rows + tile_rows - 1) / tile_rows;
+  pool.parallel_for(n_tasks, [&](int64_t task, int) {
+    run_rows(m, task * tile_rows, std::min(m.rows, (task + 1) * tile_rows));
+  });
+}
+
+// The matmuls' row tiles in one list, claimed by the threads in order: a thread that finishes
+// one matrix goes straight on to the next, with no wait for the others in between.
+void run_matmul_many(const KernelTable& table, std::span<const MatmulArgs> args, ThreadPool& pool) {
+  // The caller's lists, reused from call to call; named through references because a worker
+  // thread naming a thread_local would get its own (empty) copy.
+  thread_local std::vector<ReadyMatmul> ready_storage;
+  thread_local std::vector<int64_t> first_task_storage;
+  std::vector<ReadyMatmul>& ready = ready_storage;
+  std::vector<int64_t>& first_task = first_task_storage;  // [ready.size() + 1]
+  ready.clear();
+  first_task.assign(1, 0);
+  thread_local std::vector<const FormatKernel*> kernels;  // nullptr: nothing to do
+  kernels.clear();
+  size_t scratch_bytes = 0;
+  int64_t total_rows = 0;
+  for (const MatmulArgs& a : args) {
+    kernels.push_back(checked_kernel(table, a));
+    if (!kernels.back()) continue;
+    scratch_bytes += prepared_bytes(table, *kernels.back(), a);
+    total_rows += a.rows;
+  }
+  uint8_t* scratch = activation_scratch(scratch_bytes);
+  const int64_t tile_rows = rows_per_task(total_rows, pool.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const FormatKernel* kernel = kernels[i];
+    if (!kernel) continue;
+    ready.push_back(make_ready(table, *kernel, args[i], scratch, pool));
+    scratch += prepared_bytes(table, *kernel, args[i]);
+    first_task.push_back(first_task.back() + (args[i].rows + tile_rows - 1) / tile_rows);
+  }
+  if (ready.empty()) return;
+  pool.parallel_for(first_task.back(), [&](int64_t task, int) {
+    const size_t i = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                            first_task.begin()) - 1;
+    const ReadyMatmul& m = ready[i];
+    const int64_t first = (task - first_task[i]) * tile_rows;
+    run_rows(m, first, std::min(m.rows, first + tile_rows));
   });
 }
 
@@ -174,6 +299,15 @@ void matmul(const MatmulArgs& args, ThreadPool& pool) {
 
 void matmul_with_isa(CpuIsa isa, const MatmulArgs& args, ThreadPool& pool) {
   run_matmul(kernel_table(isa), args, pool);
+}
+
+void matmul_many(std::span<const MatmulArgs> args, ThreadPool& pool) {
+  static const KernelTable& table = kernel_table(best_cpu_isa());
+  run_matmul_many(table, args, pool);
+}
+
+void matmul_many_with_isa(CpuIsa isa, std::span<const MatmulArgs> args, ThreadPool& pool) {
+  run_matmul_many(kernel_table(isa), args, pool);
 }
 
 }  // namespace tandem::cpu

@@ -12,6 +12,7 @@
 // Accuracy per format and precision: kInt16ErrorBound, kInt8ErrorBound in
 // tests/cpu/matmul_test.cpp.
 #include <cstdint>
+#include <span>
 
 #include "backends/cpu/cpu_features.h"
 #include "core/dtype.h"
@@ -47,5 +48,14 @@ void matmul(const MatmulArgs& args, ThreadPool& pool);
 // The same with a chosen instruction set (tests and benchmarks); throws tandem::Error when the
 // CPU lacks it. Formats without a kernel for `isa` use the next lower level's.
 void matmul_with_isa(CpuIsa isa, const MatmulArgs& args, ThreadPool& pool);
+
+// Independent matmuls (outputs must not overlap any input) run as one parallel job: every
+// activation is prepared first, then the row tiles of all the matrices are spread over the
+// threads together, so no thread idles at the end of a small matrix while another finishes it
+// (the active experts of a MoE layer at decode are a dozen matrices of ~1 MiB each). Each output
+// is bit-identical to what matmul() gives for the same arguments: the rows are cut differently,
+// but each row's arithmetic is the same.
+void matmul_many(std::span<const MatmulArgs> args, ThreadPool& pool);
+void matmul_many_with_isa(CpuIsa isa, std::span<const MatmulArgs> args, ThreadPool& pool);
 
 }  // namespace tandem::cpu

@@ -1,0 +1,213 @@
+#pragma once
+// Internal to the CPU backend: the many-token path of the Int16 matmul ("token lanes").
+//
+// The row-dot kernels spend most of their time unpacking weights and turning each 32-element
+// block's integer sum into a float; with many tokens that work would be repeated for every token.
+// Here each weight row is unpacked once (to int16 with the format's offsets applied, plus a float
+// scale per group of 16 or 32 elements and, for formats with mins, a float min per group), and
+// the tokens run in the 16 lanes of a vector: for each pair of weights (w[2i], w[2i+1]), one
+// vpdpwssd adds w[2i] * x[2i][t] + w[2i+1] * x[2i+1][t] to lane t. A group's integer sums are
+// exact (|w| <= 128 and |x| <= 32767: at most 32 * 128 * 32767 < 2^31); then, per group, in group
+// order, each lane does out += float(sum) * (scale * dx) and out -= min * Σx. So a token's result
+// is the same whatever other tokens share its tile, and the same on every instruction set (the
+// portable version does the same operations in the same order, with fma).
+//
+// The activations are the Int16 path's (act_q16.h), transposed into tiles of 16 tokens:
+//   int32_t pairs[cols / 2][16]   lane t: the int16 pair (q[2i], q[2i+1]) of token t
+//   float   d[cols / 32][16]      the block scales of the 16 tokens
+//   float   sum32[cols / 32][16]  d * Σ q over each 32-element block (for mins per 32)
+// Missing tokens of the last tile are zeros and come out as zeros, never stored.
+//
+// Internal linkage, as kscales.h: included by files compiled for different instruction sets.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/act_q16.h"
+#include "backends/cpu/kscales.h"
+#include "core/blocks.h"
+#include "core/dtype.h"
+#include "core/half.h"
+
+namespace tandem::cpu {
+namespace {  // NOLINT(google-build-namespaces)
+
+constexpr int kLanes = 16;
+
+inline size_t q16_tile_bytes(int64_t cols) {
+  return size_t(cols / 2) * kLanes * sizeof(int32_t) + 2 * size_t(cols / 32) * kLanes * sizeof(float);
+}
+
+struct Q16Tile {
+  const int32_t* pairs;  // [cols / 2][16]
+  const float* d;        // [cols / 32][16]
+  const float* sum32;    // [cols / 32][16]
+};
+
+inline Q16Tile q16_tile(const uint8_t* tile, int64_t cols) {
+  const auto* pairs = reinterpret_cast<const int32_t*>(tile);
+  const auto* d = reinterpret_cast<const float*>(tile + size_t(cols / 2) * kLanes * sizeof(int32_t));
+  return {pairs, d, d + (cols / 32) * kLanes};
+}
+
+// Tile of tokens [first, first + n) from their prepared Q16 rows (n <= 16; the rest zero).
+inline void build_q16_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
+                           int64_t cols, uint8_t* tile) {
+  std::memset(tile, 0, q16_tile_bytes(cols));
+  auto* pairs = reinterpret_cast<int32_t*>(tile);
+  auto* d = reinterpret_cast<float*>(tile + size_t(cols / 2) * kLanes * sizeof(int32_t));
+  float* sum32 = d + (cols / 32) * kLanes;
+  for (int64_t t = 0; t < n; ++t) {
+    const Q16Row x = q16_row(act + size_t(first + t) * act_stride, cols);
+    for (int64_t i = 0; i < cols / 2; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, x.q + 2 * i, sizeof(pair));
+      pairs[i * kLanes + t] = pair;
+    }
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      d[b * kLanes + t] = x.d[b];
+      sum32[b * kLanes + t] = x.sum16[2 * b] + x.sum16[2 * b + 1];
+    }
+  }
+}
+
+// How a format's row unpacks: elements per group, and whether groups have a min.
+struct UnpackShape {
+  int group = 32;
+  bool mins = false;
+};
+
+// One weight row unpacked: w (int16, offsets applied, |w| <= 128), scale and min per group.
+struct UnpackedRow {
+  int16_t* w;    // [cols]
+  float* scale;  // [cols / group]
+  float* min;    // [cols / group], formats with mins only
+};
+
+inline float f16_value(uint16_t h) {
+  return f16_to_f32(h);
+}
+
+inline void unpack_q8_0(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ8_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    for (int i = 0; i < 32; ++i) out.w[32 * b + i] = blocks[b].qs[i];
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+inline void unpack_q4_0(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ4_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int16_t* w = out.w + 32 * b;
+    for (int i = 0; i < 16; ++i) {
+      w[i] = int16_t((blocks[b].qs[i] & 15) - 8);
+      w[i + 16] = int16_t((blocks[b].qs[i] >> 4) - 8);
+    }
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+inline void unpack_q5_0(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ5_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    uint32_t qh;
+    std::memcpy(&qh, blocks[b].qh, sizeof(qh));
+    int16_t* w = out.w + 32 * b;
+    for (int i = 0; i < 16; ++i) {
+      w[i] = int16_t(((blocks[b].qs[i] & 15) | ((qh >> i) & 1) << 4) - 16);
+      w[i + 16] = int16_t(((blocks[b].qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
+    }
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+// Q4_K and Q5_K: sub-block j of 32 is group j; value = d * scale_j * q - dmin * min_j.
+template <bool kFifthBit, class Block>
+inline void unpack_q4_q5_k(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const Block*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const Block& block = blocks[b];
+    const KScales s = unpack_k_scales(block.scales);
+    const float d = f16_value(block.d), dmin = f16_value(block.dmin);
+    for (int j = 0; j < 8; ++j) {
+      out.scale[8 * b + j] = d * float(s.scale[j]);
+      out.min[8 * b + j] = dmin * float(s.min[j]);
+    }
+    int16_t* w = out.w + kQK_K * b;
+    for (int c = 0; c < 4; ++c) {
+      for (int i = 0; i < 32; ++i) {
+        int lo = block.qs[32 * c + i] & 15, hi = block.qs[32 * c + i] >> 4;
+        if constexpr (kFifthBit) {
+          lo |= ((block.qh[i] >> (2 * c)) & 1) << 4;
+          hi |= ((block.qh[i] >> (2 * c + 1)) & 1) << 4;
+        }
+        w[64 * c + i] = int16_t(lo);
+        w[64 * c + 32 + i] = int16_t(hi);
+      }
+    }
+  }
+}
+
+// Q6_K: 16 sub-blocks of 16 (groups of 16); value = d * scale_k * (q - 32).
+inline void unpack_q6_k(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ6_K*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const BlockQ6_K& block = blocks[b];
+    const float d = f16_value(block.d);
+    for (int k = 0; k < 16; ++k) out.scale[16 * b + k] = d * float(block.scales[k]);
+    int16_t* w = out.w + kQK_K * b;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = block.ql + 64 * half;
+      const uint8_t* qh = block.qh + 32 * half;
+      int16_t* wh = w + 128 * half;
+      for (int i = 0; i < 32; ++i) {
+        wh[i] = int16_t(((ql[i] & 15) | ((qh[i] >> 0) & 3) << 4) - 32);
+        wh[32 + i] = int16_t(((ql[32 + i] & 15) | ((qh[i] >> 2) & 3) << 4) - 32);
+        wh[64 + i] = int16_t(((ql[i] >> 4) | ((qh[i] >> 4) & 3) << 4) - 32);
+        wh[96 + i] = int16_t(((ql[32 + i] >> 4) | ((qh[i] >> 6) & 3) << 4) - 32);
+      }
+    }
+  }
+}
+
+using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
+
+struct RowUnpacker {
+  UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path
+  UnpackShape shape;
+};
+
+inline RowUnpacker row_unpacker(DType type) {
+  switch (type) {
+    case DType::Q8_0:
+      return {unpack_q8_0, {32, false}};
+    case DType::Q4_0:
+      return {unpack_q4_0, {32, false}};
+    case DType::Q5_0:
+      return {unpack_q5_0, {32, false}};
+    case DType::Q4_K:
+      return {unpack_q4_q5_k<false, BlockQ4_K>, {32, true}};
+    case DType::Q5_K:
+      return {unpack_q4_q5_k<true, BlockQ5_K>, {32, true}};
+    case DType::Q6_K:
+      return {unpack_q6_k, {16, false}};
+    default:
+      return {};
+  }
+}
+
+// Room for `rows` unpacked rows of `cols` elements, and where row r lies in it.
+inline size_t unpack_scratch_bytes(int64_t rows, int64_t cols) {
+  return size_t(rows) * (size_t(cols) * sizeof(int16_t) + 2 * size_t(cols / 16) * sizeof(float));
+}
+
+inline UnpackedRow unpacked_row(uint8_t* scratch, int64_t rows, int64_t cols, int64_t r) {
+  auto* w = reinterpret_cast<int16_t*>(scratch);
+  auto* scale = reinterpret_cast<float*>(scratch + size_t(rows) * size_t(cols) * sizeof(int16_t));
+  float* min = scale + rows * (cols / 16);
+  return {w + r * cols, scale + r * (cols / 16), min + r * (cols / 16)};
+}
+
+}  // namespace
+}  // namespace tandem::cpu

@@ -1,0 +1,235 @@
+// The token-lanes path (gemm_q16.h) with AVX-512 VNNI: four weight rows at a time against a tile
+// of 16 tokens, so each load of 16 tokens' activation pairs feeds four vpdpwssd, and each weight
+// pair is a broadcast memory operand. Bit for bit the portable version: the same exact integer
+// group sums, then the same float operations per lane in the same order.
+//
+// GCC 12's AVX-512 intrinsics trip its own -Wuninitialized (see dot_avx512.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/gemm_q16.h"
+#include "backends/cpu/kernels.h"
+#include "core/aligned_buffer.h"
+
+namespace tandem::cpu {
+namespace {
+
+// ---- unpacking, vectorized: the same int16 values and float scales as gemm_q16.h's ----
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+inline void store512(int16_t* p, __m512i v) {
+  _mm512_storeu_si512(p, v);
+}
+
+// The 32 nibbles of 16 bytes as int16 in element order (element j in the low nibble of byte j,
+// element j + 16 in the high one).
+inline __m512i nibbles_16(const uint8_t* qs) {
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i words = _mm512_cvtepu8_epi16(
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))));
+  return _mm512_and_si512(_mm512_srlv_epi16(words, shift), _mm512_set1_epi16(15));
+}
+
+void unpack_q8_0_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ8_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    store512(out.w + 32 * b, _mm512_cvtepi8_epi16(load256(blocks[b].qs)));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+void unpack_q4_0_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ4_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    store512(out.w + 32 * b, _mm512_sub_epi16(nibbles_16(blocks[b].qs), _mm512_set1_epi16(8)));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+void unpack_q5_0_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ5_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    uint32_t qh;
+    std::memcpy(&qh, blocks[b].qh, sizeof(qh));
+    // q - 16 = nibble + 16 * bit - 16: subtract 16 where bit i of qh is clear.
+    const __m512i low = nibbles_16(blocks[b].qs);
+    store512(out.w + 32 * b, _mm512_mask_sub_epi16(low, __mmask32(~qh), low, _mm512_set1_epi16(16)));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+template <bool kFifthBit, class Block>
+void unpack_q4_q5_k_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const Block*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const Block& block = blocks[b];
+    const KScales s = unpack_k_scales(block.scales);
+    const float d = f16_value(block.d), dmin = f16_value(block.dmin);
+    for (int j = 0; j < 8; ++j) {
+      out.scale[8 * b + j] = d * float(s.scale[j]);
+      out.min[8 * b + j] = dmin * float(s.min[j]);
+    }
+    int16_t* w = out.w + kQK_K * b;
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = load256(block.qh);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i q = _mm512_cvtepu8_epi16(load256(block.qs + 32 * c));
+      __m512i lo = _mm512_and_si512(q, _mm512_set1_epi16(15));
+      __m512i hi = _mm512_srli_epi16(q, 4);
+      if constexpr (kFifthBit) {
+        const __mmask32 h_lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c))));
+        const __mmask32 h_hi = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(2 << (2 * c))));
+        lo = _mm512_mask_add_epi16(lo, h_lo, lo, _mm512_set1_epi16(16));
+        hi = _mm512_mask_add_epi16(hi, h_hi, hi, _mm512_set1_epi16(16));
+      }
+      store512(w + 64 * c, lo);
+      store512(w + 64 * c + 32, hi);
+    }
+  }
+}
+
+void unpack_q6_k_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockQ6_K*>(row);
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  const __m256i offset = _mm256_set1_epi8(32);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const BlockQ6_K& block = blocks[b];
+    const float d = f16_value(block.d);
+    for (int k = 0; k < 16; ++k) out.scale[16 * b + k] = d * float(block.scales[k]);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i ql0 = load256(block.ql + 64 * half);
+      const __m256i ql1 = load256(block.ql + 64 * half + 32);
+      const __m256i qh = load256(block.qh + 32 * half);
+      // Element 32p + i of the half: low 4 bits from ql0 / ql1 (low nibble for p < 2, high for
+      // p >= 2), bits 4-5 from bits 2p, 2p + 1 of qh[i]. (A & B) | C = 0xEA.
+      const __m256i q[4] = {
+          _mm256_ternarylogic_epi32(ql0, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45),
+                                    0xEA),
+          _mm256_ternarylogic_epi32(ql1, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45),
+                                    0xEA),
+          _mm256_ternarylogic_epi32(_mm256_srli_epi16(ql0, 4), low4, _mm256_and_si256(qh, bits45),
+                                    0xEA),
+          _mm256_ternarylogic_epi32(_mm256_srli_epi16(ql1, 4), low4,
+                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45), 0xEA),
+      };
+      for (int p = 0; p < 4; ++p)
+        store512(out.w + kQK_K * b + 128 * half + 32 * p,
+                 _mm512_cvtepi8_epi16(_mm256_sub_epi8(q[p], offset)));
+    }
+  }
+}
+
+UnpackRowFn avx512_unpacker(DType type) {
+  switch (type) {
+    case DType::Q8_0:
+      return unpack_q8_0_avx512;
+    case DType::Q4_0:
+      return unpack_q4_0_avx512;
+    case DType::Q5_0:
+      return unpack_q5_0_avx512;
+    case DType::Q4_K:
+      return unpack_q4_q5_k_avx512<false, BlockQ4_K>;
+    case DType::Q5_K:
+      return unpack_q4_q5_k_avx512<true, BlockQ5_K>;
+    case DType::Q6_K:
+      return unpack_q6_k_avx512;
+    default:
+      return nullptr;
+  }
+}
+
+// ---- the token-lanes product ----
+
+inline __m512i broadcast_pair(const int16_t* w) {
+  int32_t pair;
+  std::memcpy(&pair, w, sizeof(pair));
+  return _mm512_set1_epi32(pair);
+}
+
+// kRows unpacked rows (row r at w[r]) against one tile; lane t of out[r] is token t's result.
+template <int kGroup, bool kMins, int kRows>
+inline void tile_rows(const UnpackedRow* w, const Q16Tile& x, int64_t cols, __m512* out) {
+  for (int r = 0; r < kRows; ++r) out[r] = _mm512_setzero_ps();
+  const int64_t n_groups = cols / kGroup;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    __m512i acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_si512();
+    const int64_t first_pair = g * kGroup / 2;
+    for (int i = 0; i < kGroup / 2; ++i) {
+      const __m512i xv = _mm512_loadu_si512(x.pairs + (first_pair + i) * kLanes);
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = _mm512_dpwssd_epi32(acc[r], broadcast_pair(w[r].w + 2 * (first_pair + i)), xv);
+    }
+    const int64_t block = g * kGroup / 32;
+    const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);
+    for (int r = 0; r < kRows; ++r)
+      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]),
+                               _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g]), dx), out[r]);
+    if constexpr (kMins) {
+      const __m512 sums = _mm512_loadu_ps(x.sum32 + block * kLanes);
+      for (int r = 0; r < kRows; ++r)
+        out[r] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g]), sums, out[r]);
+    }
+  }
+}
+
+template <int kGroup, bool kMins, int kRows>
+void rows_against_tiles(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
+  const UnpackRowFn unpack = avx512_unpacker(m.type);
+  UnpackedRow w[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    w[r] = unpacked_row(scratch, kRows, m.cols, r);
+    unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
+  }
+  const size_t tile_bytes = q16_tile_bytes(m.cols);
+  for (int64_t first = 0; first < m.n_tokens; first += kLanes) {
+    const Q16Tile x = q16_tile(m.tiles + size_t(first / kLanes) * tile_bytes, m.cols);
+    __m512 out[kRows];
+    tile_rows<kGroup, kMins, kRows>(w, x, m.cols, out);
+    alignas(64) float lanes[kRows][kLanes];
+    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r]);
+    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - first);
+    for (int64_t t = 0; t < n; ++t)
+      for (int r = 0; r < kRows; ++r) m.output[(first + t) * m.rows + row + r] = lanes[r][t];
+  }
+}
+
+template <int kGroup, bool kMins>
+void lanes_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
+  constexpr int kRows = 4;
+  thread_local AlignedBuffer scratch;
+  if (scratch.size() < unpack_scratch_bytes(kRows, m.cols))
+    scratch = AlignedBuffer(unpack_scratch_bytes(kRows, m.cols));
+  int64_t row = first_row;
+  for (; row + kRows <= last_row; row += kRows)
+    rows_against_tiles<kGroup, kMins, kRows>(m, row, scratch.data());
+  for (; row < last_row; ++row) rows_against_tiles<kGroup, kMins, 1>(m, row, scratch.data());
+}
+
+LanesRowsFn lanes_kernel_for(UnpackShape shape) {
+  if (shape.group == 16) return shape.mins ? nullptr : lanes_rows<16, false>;
+  return shape.mins ? lanes_rows<32, true> : lanes_rows<32, false>;
+}
+
+}  // namespace
+
+void fill_avx512_lanes_kernels(KernelTable& table) {
+  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+    table.lanes[size_t(type)] = lanes_kernel_for(row_unpacker(type).shape);
+}
+
+}  // namespace tandem::cpu
