@@ -97,7 +97,7 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
       run_keys = std::max<int64_t>(run_keys, op.positions[t] + 1);
     // The queries of a chunk stay in L2 (at most 256 rows, ~600 KB) while the keys stream past
     // them, and its scores stay under ~64 MiB however long the context.
-    constexpr int64_t kMaxQueries = 256, kMaxScores = int64_t(1) << 24;
+    constexpr int64_t kMaxQueries = 256, kMaxScores = int64_t(1) << 24, kMinQueriesForMatmul = 64;
     const int64_t chunk = std::clamp<int64_t>(
         std::min(kMaxQueries / H, kMaxScores / (H * run_keys)), 1, run_end - run_start);
     for (int64_t first = run_start; first < run_end; first += chunk) {
@@ -121,6 +121,10 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
                    .n_tokens = n_queries,
                    .output = scores},
                   pool_);
+      // Weighted sums of the latent rows: a few queries (decode) add the rows straight from the
+      // cache; a prompt chunk multiplies its probabilities by the transposed latents as one more
+      // F32 matmul (the transpose is 1/n_queries of the work).
+      const bool sums_as_matmul = n_queries >= kMinQueriesForMatmul;
       pool_.parallel_for(n_queries, [&](int64_t query, int) {
         const int64_t t = first + query / H, h = query % H;
         const int64_t keys = op.positions[t] + 1;
@@ -129,6 +133,11 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
         for (int64_t j = 0; j < keys; ++j) max_score = std::max(max_score, s[j] *= op.scale);
         float sum = 0;
         for (int64_t j = 0; j < keys; ++j) sum += s[j] = std::exp(s[j] - max_score);
+        if (sums_as_matmul) {
+          for (int64_t j = 0; j < keys; ++j) s[j] /= sum;
+          std::fill(s + keys, s + n_keys, 0.0f);  // keys after this token's position
+          return;
+        }
         float* out = o_lat + (h * T + t) * lora;
         std::fill(out, out + lora, 0.0f);
         for (int64_t j = 0; j < keys; ++j) {
@@ -137,6 +146,25 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
           for (int64_t i = 0; i < lora; ++i) out[i] += w * latent[i];
         }
       });
+      if (sums_as_matmul) {
+        float* latent_t = grow(latent_t_, size_t(lora * n_keys));  // [lora, n_keys]
+        pool_.parallel_for((lora + 63) / 64, [&](int64_t part, int) {
+          for (int64_t i = part * 64; i < std::min(lora, (part + 1) * 64); ++i)
+            for (int64_t j = 0; j < n_keys; ++j) latent_t[i * n_keys + j] = cache[j * row + i];
+        });
+        float* sums = grow(weighted_sums_, size_t(n_queries * lora));
+        cpu::matmul({.weight_type = DType::F32,
+                     .weights = latent_t,
+                     .rows = lora,
+                     .cols = n_keys,
+                     .input = scores,
+                     .n_tokens = n_queries,
+                     .output = sums},
+                    pool_);
+        for (int64_t query = 0; query < n_queries; ++query)
+          std::copy_n(sums + query * lora, lora,
+                      o_lat + ((query % H) * T + first + query / H) * lora);
+      }
     }
     run_start = run_end;
   }
