@@ -39,6 +39,16 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);  // the mapping keeps the file alive
 }
 
+std::string MappedFile::lock_in_memory(size_t offset, size_t bytes) const {
+  TANDEM_CHECK(offset <= size_ && bytes <= size_ - offset);
+  if (bytes == 0) return {};
+  // mlock wants a page-aligned start.
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t start = offset / page * page;
+  if (::mlock(data_ + start, offset + bytes - start) != 0) return std::strerror(errno);
+  return {};
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

@@ -23,6 +23,11 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 
+  // Locks bytes [offset, offset + bytes) of the map in RAM (mlock), reading any page not yet in
+  // memory, so the kernel can never evict it. Returns the system's reason on failure (often the
+  // RLIMIT_MEMLOCK limit), empty on success.
+  std::string lock_in_memory(size_t offset, size_t bytes) const;
+
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;

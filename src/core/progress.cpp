@@ -46,6 +46,7 @@ void Progress::update(uint64_t done_bytes) {
 void Progress::finish() {
   if (!enabled_ || finished_) return;
   finished_ = true;
+  if (!terminal_ && last_decile_ == 10) return;  // the 100% line is already out
   draw(true);
 }
 

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "gguf/gguf_parse.h"
 
 namespace tandem::gguf {
@@ -76,6 +78,24 @@ GgufFile GgufFile::parse_memory(std::span<const uint8_t> bytes, std::string name
   file.total_file_bytes_ = bytes.size();
   file.index_tensors();
   return file;
+}
+
+std::string GgufFile::lock_in_memory(bool show_progress) const {
+  uint64_t total = 0;
+  for (const MappedFile& map : maps_) total += map.size();
+  Progress progress("locking the model in RAM", total, show_progress);
+  // Pieces of 256 MiB so the progress line moves while a cold file is read from disk.
+  constexpr size_t kPiece = size_t(256) << 20;
+  for (const MappedFile& map : maps_) {
+    for (size_t offset = 0; offset < map.size(); offset += kPiece) {
+      const size_t bytes = std::min(kPiece, map.size() - offset);
+      if (std::string error = map.lock_in_memory(offset, bytes); !error.empty())
+        return fmt::format("{} after {} of {}", error, format_bytes(offset), map.path());
+      progress.advance(bytes);
+    }
+  }
+  progress.finish();
+  return {};
 }
 
 GgufFile GgufFile::open(const std::string& path) {

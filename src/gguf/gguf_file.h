@@ -81,6 +81,11 @@ class GgufFile {
 
   uint64_t total_file_bytes() const { return total_file_bytes_; }
 
+  // Locks every part in RAM (--mlock), with a progress line on stderr while pages are read.
+  // Returns the system's reason when the lock fails part-way (what was locked stays locked);
+  // empty on success.
+  std::string lock_in_memory(bool show_progress) const;
+
  private:
   GgufFile() = default;
   [[noreturn]] void wrong_type(std::string_view key, const Value& value,

@@ -61,6 +61,13 @@ Engine::Engine(const EngineOptions& options) {
     devices = setup.plan;
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", options.devices.c_str(), setup.summary.c_str());
   }
+  if (options.mlock) {
+    // As llama.cpp: a lock that fails is a warning, the run goes on from the page cache.
+    if (std::string error = file_->lock_in_memory(/*show_progress=*/true); !error.empty())
+      std::fprintf(stderr, "tandem: warning: --mlock: cannot lock the model in RAM (%s); it may be "
+                   "paged out under memory pressure. Raise the limit (`ulimit -l unlimited`, or "
+                   "LimitMEMLOCK=infinity for a systemd service) or run without --mlock\n", error.c_str());
+  }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
   const Deepseek2Hparams& hp = model_->hparams();
 

@@ -30,6 +30,7 @@ struct EngineOptions {
   std::string devices = "cpu";  // "cpu", or simulated devices: "sim:2x200MiB" (see device_setup.h)
   std::string rules;            // rule file pinning weight groups to devices (with --devices)
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
+  bool mlock = false;           // lock the model file in RAM so it is never paged out
 };
 
 class Engine {

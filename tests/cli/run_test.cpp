@@ -25,6 +25,19 @@ TEST(Run, GreedyContinuationIsTheReferenceText) {
   EXPECT_NE(r.output.find("decode: 32 tokens"), std::string::npos) << r.output;
 }
 
+// --mlock reads the whole file into locked memory first (a progress line says so) and changes
+// nothing else; where the lock is refused (memlock limit) the run warns and goes on.
+TEST(Run, MlockLocksTheModelAndKeepsTheOutput) {
+  const auto ref = reference("micro-v2-F32.p1.json");
+  const CliResult r = run_tandem("run " + model("micro-v2-F32.gguf") + " -p " + shell_quote(ref["prompt"].get<std::string>()) +
+                                 " -n 32 --temp 0 -t 2 --mlock");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const bool locked = r.output.find("locking the model in RAM: 100.0%") != std::string::npos;
+  const bool refused = r.output.find("warning: --mlock: cannot lock") != std::string::npos;
+  EXPECT_TRUE(locked != refused) << r.output;
+  EXPECT_NE(r.output.find(ref["generated_text"].get<std::string>()), std::string::npos) << r.output;
+}
+
 TEST(Run, SameSeedSameTextOtherSeedOtherText) {
   const std::string base = "run " + model("micro-v3-F32.gguf") + " -p 'Once upon a time' -n 24 --temp 1 -t 2 ";
   const CliResult a = run_tandem(base + "--seed 5"), b = run_tandem(base + "--seed 5"), c = run_tandem(base + "--seed 6");
