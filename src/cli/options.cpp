@@ -10,10 +10,14 @@ void add_engine_options(CLI::App* cmd, EngineOptions& options) {
   cmd->add_option("-c,--ctx", options.n_ctx,
                   "context length in tokens (default: the model's, capped to half the free memory)");
   cmd->add_flag("-v,--verbose", options.verbose, "print load details and timings");
+  add_mlock_option(cmd, options);
+  add_device_options(cmd, options);
+}
+
+void add_mlock_option(CLI::App* cmd, EngineOptions& options) {
   cmd->add_flag("--mlock", options.mlock,
                 "lock the model in RAM (reads it all first) so it is never paged out; needs a "
                 "memlock limit above the model size (ulimit -l)");
-  add_device_options(cmd, options);
 }
 
 void add_device_options(CLI::App* cmd, EngineOptions& options) {

@@ -9,6 +9,8 @@
 namespace tandem::cli {
 
 void add_engine_options(CLI::App* cmd, EngineOptions& options);
+// --mlock (part of add_engine_options).
+void add_mlock_option(CLI::App* cmd, EngineOptions& options);
 // --devices and --rules (part of add_engine_options).
 void add_device_options(CLI::App* cmd, EngineOptions& options);
 // Adds --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
