@@ -359,11 +359,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
   for (int32_t e : expert_ids_) ++counts[size_t(e)];
 
   float* slots = ws.get(W::kSlots, T * k * embd);
-  struct Remote {
-    const ExpertShard* shard;
-    float* slots;
-  };
-  std::vector<Remote> remotes;
+  shard_work_.clear();
   for (const ExpertShard& shard : l.shards) {
     bool used = false;
     for (int32_t e : expert_ids_) used |= shard.local_index[size_t(e)] >= 0;
@@ -373,7 +369,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
                       .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
                       .ffn_dims = hp_.n_ff_expert, .slots = slots};
     if (shard.device == &be) {
-      remotes.push_back({&shard, nullptr});  // run after the remote ones are submitted
+      shard_work_.push_back({&shard, nullptr});  // run after the remote ones are submitted
       continue;
     }
     Workspace& remote = workspace(*shard.device);
@@ -384,7 +380,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
     remote_op.input = input;
     remote_op.slots = remote_slots;
     shard.device->moe(remote_op);  // asynchronous on devices with their own stream
-    remotes.push_back({&shard, remote_slots});
+    shard_work_.push_back({&shard, remote_slots});
   }
   // While the other devices work: the shared experts, then this device's own routed experts.
   if (shared_out) {
@@ -395,13 +391,13 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
     be.moe_reduce({.slots = shared_slot, .weights = dense_weights_.data(), .n_tokens = T,
                    .top_k = 1, .dim = embd, .output = shared_out});
   }
-  for (const Remote& r : remotes)
+  for (const ShardWork& r : shard_work_)
     if (!r.slots)
       be.moe({.input = h, .gate = r.shard->gate, .up = r.shard->up, .down = r.shard->down,
               .expert_ids = expert_ids_.data(), .local_index = r.shard->local_index.data(),
               .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
               .ffn_dims = hp_.n_ff_expert, .slots = slots});
-  for (const Remote& r : remotes) {
+  for (const ShardWork& r : shard_work_) {
     if (!r.slots) continue;
     Backend& device = *r.shard->device;
     if (staging_.size() < size_t(T * k * embd)) staging_.resize(size_t(T * k * embd));

@@ -77,6 +77,13 @@ class Deepseek2Model {
   std::vector<int32_t> expert_ids_, dense_ids_;
   std::vector<float> expert_weights_, dense_weights_;
   std::vector<std::vector<uint64_t>> routing_counts_;
+  // The expert shards with work in the current MoE layer; slots == nullptr: on the layer's own
+  // device. A member so the decode loop allocates nothing.
+  struct ShardWork {
+    const ExpertShard* shard;
+    float* slots;
+  };
+  std::vector<ShardWork> shard_work_;
   RopeParams rope_;
   float attention_scale_ = 1.0f;
 };

@@ -204,47 +204,29 @@ float dot_q3_k(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
-float dot_q4_k(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockQ4_K*>(w);
+// Q4_K and Q5_K: 64 elements per 32 bytes of qs, the low nibbles sub-block 2c, the high ones
+// 2c + 1; Q5_K's fifth bit of sub-block j is bit j of qh[i].
+template <bool kFifthBit, class Block>
+float dot_q4_q5_k(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
   const auto* xb = static_cast<const BlockQ8_K*>(a);
   float sum = 0.0f;
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const BlockQ4_K& block = wb[b];
+    const Block& block = wb[b];
     KScales s = unpack_k_scales(block.scales);
-    // 64 elements per 32 bytes of qs: the low nibbles are sub-block 2c, the high ones 2c+1.
     int32_t dot = 0, mins = 0;
     for (int c = 0; c < 4; ++c) {
       const uint8_t* q = block.qs + 32 * c;
       const int8_t* x = xb[b].qs + 64 * c;
       int32_t lo = 0, hi = 0;
       for (int i = 0; i < 32; ++i) {
-        lo += (q[i] & 15) * x[i];
-        hi += (q[i] >> 4) * x[i + 32];
-      }
-      dot += s.scale[2 * c] * lo + s.scale[2 * c + 1] * hi;
-    }
-    for (int j = 0; j < 8; ++j) mins += s.min[j] * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
-    sum += xb[b].d * (f16_to_f32(block.d) * float(dot) - f16_to_f32(block.dmin) * float(mins));
-  }
-  return sum;
-}
-
-float dot_q5_k(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockQ5_K*>(w);
-  const auto* xb = static_cast<const BlockQ8_K*>(a);
-  float sum = 0.0f;
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const BlockQ5_K& block = wb[b];
-    KScales s = unpack_k_scales(block.scales);
-    // As Q4_K; the fifth bit of sub-block j is bit j of qh[i].
-    int32_t dot = 0, mins = 0;
-    for (int c = 0; c < 4; ++c) {
-      const uint8_t* q = block.qs + 32 * c;
-      const int8_t* x = xb[b].qs + 64 * c;
-      int32_t lo = 0, hi = 0;
-      for (int i = 0; i < 32; ++i) {
-        lo += ((q[i] & 15) | ((block.qh[i] >> (2 * c)) & 1) << 4) * x[i];
-        hi += ((q[i] >> 4) | ((block.qh[i] >> (2 * c + 1)) & 1) << 4) * x[i + 32];
+        int q_lo = q[i] & 15, q_hi = q[i] >> 4;
+        if constexpr (kFifthBit) {
+          q_lo |= ((block.qh[i] >> (2 * c)) & 1) << 4;
+          q_hi |= ((block.qh[i] >> (2 * c + 1)) & 1) << 4;
+        }
+        lo += q_lo * x[i];
+        hi += q_hi * x[i + 32];
       }
       dot += s.scale[2 * c] * lo + s.scale[2 * c + 1] * hi;
     }
@@ -302,8 +284,8 @@ void fill_portable_kernels(KernelTable& table) {
   set(DType::Q5_1, ActKind::Q8, dot_q5_1);
   set(DType::Q2_K, ActKind::Q8_K, dot_q2_k);
   set(DType::Q3_K, ActKind::Q8_K, dot_q3_k);
-  set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
-  set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
+  set(DType::Q4_K, ActKind::Q8_K, dot_q4_q5_k<false, BlockQ4_K>);
+  set(DType::Q5_K, ActKind::Q8_K, dot_q4_q5_k<true, BlockQ5_K>);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
   table.prepare[size_t(ActKind::BF16)] = prepare_bf16;
   table.prepare[size_t(ActKind::Q8)] = prepare_q8;
