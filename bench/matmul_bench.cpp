@@ -134,6 +134,34 @@ void bm_matmul(benchmark::State& state, DType type, ActPrecision precision, Shap
       double(weights.matrix_bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
+// One expert matrix (cache-resident after the first pass) against n tokens: microseconds per
+// token. Below kLanesMinTokens this is the row-dot path, from it on the token-lanes path;
+// the per-token cost on either side is what sets that threshold (kLanesMinTokens in matmul.h).
+void bm_tokens(benchmark::State& state, DType type, int64_t n_tokens, int n_threads) {
+  const Shape shape = {1408, 2048, "expert_up"};
+  const size_t bytes = size_t(shape.rows) * row_bytes(type, uint64_t(shape.cols));
+  AlignedBuffer weights(bytes);
+  fill_weights(type, weights.data(), bytes);
+  ThreadPool& pool = pool_of(n_threads);
+  std::vector<float> x(size_t(shape.cols * n_tokens)), y(size_t(shape.rows * n_tokens));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
+  for (auto _ : state) {
+    matmul({.weight_type = type,
+            .weights = weights.data(),
+            .rows = shape.rows,
+            .cols = shape.cols,
+            .input = x.data(),
+            .n_tokens = n_tokens,
+            .output = y.data()},
+           pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["us/token"] = benchmark::Counter(
+      double(n_tokens) * double(state.iterations()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 // STREAM triad a = b + s * c over 3 x 128 MB, split over the pool like the matmul rows. Counted
 // as STREAM counts it: 3 arrays per pass (the write-allocate read of `a` is not counted).
 void bm_triad(benchmark::State& state, int n_threads) {
@@ -165,6 +193,15 @@ void register_all() {
                                  n_threads)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  for (DType type : {DType::Q4_K, DType::Q8_0}) {
+    for (int64_t n_tokens : {1, 2, 4, 6, 7, 8, 16, 64}) {
+      const std::string name = "tokens/" + std::string(dtype_name(type)) +
+                               "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:1";
+      benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, n_tokens, 1)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   for (DType type : types) {
     for (const Shape& shape : shapes) {
       if (shape.cols % dtype_info(type).block_elems != 0) continue;

@@ -394,15 +394,15 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // matmul_many cuts rows into tasks across all the matrices at once; every output must be the
-// same bits that one matmul() per matrix gives, at every level, for one token and for several,
-// with an empty matrix in the middle of the list.
+// same bits that one matmul() per matrix gives, at every level, for one token, a few (row dots)
+// and enough for the token-lanes path, with an empty matrix in the middle of the list.
 TEST(MatmulMany, EachOutputBitIdenticalToItsOwnMatmul) {
   ThreadPool pool(2);
   struct Spec {
     DType type;
     int64_t rows, cols, n_tokens;
   };
-  for (int64_t n_tokens : {1, 3}) {
+  for (int64_t n_tokens : {int64_t(1), int64_t(3), kLanesMinTokens + 1}) {
     const std::vector<Spec> specs = {{DType::Q4_K, 300, 512, n_tokens},
                                      {DType::Q8_0, 0, 64, n_tokens},
                                      {DType::Q5_0, 77, 1408, n_tokens},
@@ -448,7 +448,7 @@ namespace {
 constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,
                                    DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
-// From 4 tokens on, Int16 matmuls of these formats run the token-lanes path (gemm_q16.h). Its
+// From kLanesMinTokens on, Int16 matmuls of these formats run the token-lanes path (gemm_q16.h). Its
 // AVX-512 version must give the portable version's bits: the same exact integer group sums, then
 // the same float operations per lane in the same order.
 TEST(MatmulLanes, Avx512GivesThePortableBits) {
@@ -458,7 +458,7 @@ TEST(MatmulLanes, Avx512GivesThePortableBits) {
   for (DType type : kLanesFormats) {
     const int64_t cols = is_k_quant(type) ? 2048 : 1408;
     const std::vector<uint8_t> weights = make_weights(type, rows, cols, 21);
-    for (int64_t n_tokens : {4, 16, 33}) {
+    for (int64_t n_tokens : {kLanesMinTokens, int64_t(16), int64_t(33)}) {
       const std::vector<float> x = gaussian(n_tokens * cols, 22);
       const std::vector<float> portable = run(CpuIsa::Portable, type, weights, rows, cols, x,
                                               n_tokens, pool, ActPrecision::Int16);
@@ -471,11 +471,11 @@ TEST(MatmulLanes, Avx512GivesThePortableBits) {
 }
 
 // A token's result must not depend on which other tokens share its tile of 16 lanes (a server
-// batching requests needs each request's output to be its own): the first five tokens alone and
-// among twenty give the same bits.
+// batching requests needs each request's output to be its own): the first tokens of a batch
+// give the same bits alone (as few as take this path) and among twenty.
 TEST(MatmulLanes, ATokensResultDoesNotDependOnItsCompanions) {
   ThreadPool pool(2);
-  const int64_t rows = 24, cols = 512, few = 5, many = 20;
+  const int64_t rows = 24, cols = 512, few = kLanesMinTokens, many = 20;
   for (CpuIsa isa : supported_cpu_isas()) {
     for (DType type : kLanesFormats) {
       const std::vector<uint8_t> weights = make_weights(type, rows, cols, 31);

@@ -76,10 +76,6 @@ int64_t rows_per_task(int64_t rows, int n_threads) {
   return std::clamp<int64_t>((rows + target_tasks - 1) / target_tasks + 3, 4, 256) / 4 * 4;
 }
 
-// From this many tokens on, Int16 matmuls of formats with a token-lanes kernel take that path
-// (gemm_q16.h): below it, a tile of 16 lanes would be mostly empty and the row dots are faster.
-constexpr int64_t kLanesMinTokens = 4;
-
 // One matmul made ready to run: its kernel, where its prepared activations are, and how its rows
 // are cut into tasks.
 struct ReadyMatmul {

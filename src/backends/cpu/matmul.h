@@ -37,6 +37,12 @@ struct MatmulArgs {
   ActPrecision precision = ActPrecision::Int16;
 };
 
+// From this many tokens on, Int16 matmuls of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K take the
+// token-lanes path (gemm_q16.h, on AVX-512 and portable): each row unpacked once, 16 tokens per
+// vector. A tile costs ~6.7 row dots whatever its fill (matmul_bench "tokens/": 69 us per token
+// as row dots at 1-3 tokens, 460 us per tile), so below 8 tokens the row dots are faster.
+constexpr int64_t kLanesMinTokens = 8;
+
 // Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 bool matmul_supports(DType weight_type);
 
