@@ -70,6 +70,33 @@ double kernel_peak_flops(DType type, int threads) {
   return 2.0 * double(rows * cols * tokens) / best;
 }
 
+// What the decode kernels can do when memory is not the limit: weights per second of a
+// one-token matmul over a cache-resident expert-sized matrix (1408 x 2048, 1.5 MiB in Q4_K:
+// in L2 + L3, and long enough that fork/join is a small part). Decode cannot beat
+// bytes per token / this rate, whatever the memory bandwidth.
+double decode_kernel_bytes_per_s(DType type, int threads) {
+  ThreadPool pool(threads);
+  const int64_t rows = 1408, cols = 2048;
+  std::vector<float> w(size_t(rows * cols)), x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  for (float& v : w) v = normal(rng);
+  for (float& v : x) v = normal(rng);
+  const size_t stride = row_bytes(type, cols);
+  std::vector<uint8_t> q(stride * rows);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, w.data() + r * cols, q.data() + r * stride, cols);
+  const cpu::MatmulArgs args{.weight_type = type, .weights = q.data(), .rows = rows, .cols = cols,
+                             .input = x.data(), .n_tokens = 1, .output = y.data()};
+  cpu::matmul(args, pool);  // warm up
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 16; ++i) cpu::matmul(args, pool);
+    best = std::min(best, seconds_since(start) / 16);
+  }
+  return double(q.size()) / best;
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -127,6 +154,8 @@ void register_bench(CLI::App& app) {
     const uint64_t bytes_per_token = inventory.bytes_read_per_token();
     const double roofline = bandwidth / double(bytes_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads);
+    const double decode_kernel = decode_kernel_bytes_per_s(DType::Q4_K, threads);
+    const double kernel_ceiling = decode_kernel / double(bytes_per_token);
     // Active parameters per token: the weights a token reads, counted in elements.
     double active_params = 0;
     for (const gguf::TensorInfo& t : engine.file().tensors()) {
@@ -165,6 +194,7 @@ void register_bench(CLI::App& app) {
           {"bandwidth_gb_per_s", bandwidth / 1e9}, {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
           {"bandwidth_after_gb_per_s", bandwidth_after / 1e9}, {"bytes_read_per_token", bytes_per_token},
           {"decode_roofline_tokens_per_s", roofline}, {"decode_fraction_of_roofline", tg.mean / roofline},
+          {"decode_kernel_gb_per_s", decode_kernel / 1e9}, {"decode_kernel_ceiling_tokens_per_s", kernel_ceiling},
           {"kernel_peak_gflops", peak_flops / 1e9}, {"prefill_gflops", prefill_flops / 1e9},
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
@@ -185,6 +215,9 @@ void register_bench(CLI::App& app) {
                bandwidth_before / 1e9, bandwidth_after / 1e9);
     fmt::print("decode roofline: {:.1f} GB/s / {} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
                bandwidth / 1e9, format_bytes(bytes_per_token), roofline, 100.0 * tg.mean / roofline);
+    fmt::print("decode kernel (measured, Q4_K x 1 token, cache-resident): {:.1f} GB/s of weights = {:.2f} "
+               "tokens/s at most, whatever the bandwidth; measured decode = {:.0f}% of it\n",
+               decode_kernel / 1e9, kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
     fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; prefill reaches "
                "{:.1f} GFLOP/s = {:.0f}% of it\n", peak_flops / 1e9, prefill_flops / 1e9, 100.0 * prefill_flops / peak_flops);
     fmt::print("cost model (predicted for --devices {}): prefill {:.2f} tokens/s ({:.2f}x measured), decode {:.2f} "
