@@ -46,39 +46,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Peak arithmetic throughput of our matmul kernels with cache-resident weights and many tokens
-// (what prefill could reach), in multiply-adds x 2 per second, for the default precision.
-double kernel_peak_flops(DType type, int threads) {
+// Best seconds per call of our default-precision matmul of a random `type` matrix
+// [rows, cols] (cache-resident after the warm-up) against `tokens` random tokens.
+double best_matmul_seconds(DType type, int64_t rows, int64_t cols, int64_t tokens, int threads,
+                           int calls_per_rep) {
   ThreadPool pool(threads);
-  const int64_t rows = 256, cols = 2048, tokens = 64;
   std::vector<float> w(size_t(rows * cols)), x(size_t(tokens * cols)), y(size_t(tokens * rows));
   std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  for (float& v : w) v = normal(rng);
-  for (float& v : x) v = normal(rng);
-  std::vector<uint8_t> q(row_bytes(type, cols) * rows);
-  for (int64_t r = 0; r < rows; ++r) quantize_row(type, w.data() + r * cols, q.data() + r * row_bytes(type, cols), cols);
-  const cpu::MatmulArgs args{.weight_type = type, .weights = q.data(), .rows = rows, .cols = cols,
-                             .input = x.data(), .n_tokens = tokens, .output = y.data()};
-  cpu::matmul(args, pool);  // warm up
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 4; ++i) cpu::matmul(args, pool);
-    best = std::min(best, seconds_since(start) / 4);
-  }
-  return 2.0 * double(rows * cols * tokens) / best;
-}
-
-// What the decode kernels can do when memory is not the limit: weights per second of a
-// one-token matmul over a cache-resident expert-sized matrix (1408 x 2048, 1.5 MiB in Q4_K:
-// in L2 + L3, and long enough that fork/join is a small part). Decode cannot beat
-// bytes per token / this rate, whatever the memory bandwidth.
-double decode_kernel_bytes_per_s(DType type, int threads) {
-  ThreadPool pool(threads);
-  const int64_t rows = 1408, cols = 2048;
-  std::vector<float> w(size_t(rows * cols)), x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
-  std::mt19937 rng(2);
   std::normal_distribution<float> normal;
   for (float& v : w) v = normal(rng);
   for (float& v : x) v = normal(rng);
@@ -86,15 +60,31 @@ double decode_kernel_bytes_per_s(DType type, int threads) {
   std::vector<uint8_t> q(stride * rows);
   for (int64_t r = 0; r < rows; ++r) quantize_row(type, w.data() + r * cols, q.data() + r * stride, cols);
   const cpu::MatmulArgs args{.weight_type = type, .weights = q.data(), .rows = rows, .cols = cols,
-                             .input = x.data(), .n_tokens = 1, .output = y.data()};
+                             .input = x.data(), .n_tokens = tokens, .output = y.data()};
   cpu::matmul(args, pool);  // warm up
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 16; ++i) cpu::matmul(args, pool);
-    best = std::min(best, seconds_since(start) / 16);
+    for (int i = 0; i < calls_per_rep; ++i) cpu::matmul(args, pool);
+    best = std::min(best, seconds_since(start) / calls_per_rep);
   }
-  return double(q.size()) / best;
+  return best;
+}
+
+// Peak arithmetic throughput of our matmul kernels with cache-resident weights and many tokens
+// (what prefill could reach), in multiply-adds x 2 per second, for the default precision.
+double kernel_peak_flops(DType type, int threads) {
+  const int64_t rows = 256, cols = 2048, tokens = 64;
+  return 2.0 * double(rows * cols * tokens) / best_matmul_seconds(type, rows, cols, tokens, threads, 4);
+}
+
+// What the decode kernels can do when memory is not the limit: weights per second of a
+// one-token matmul over a cache-resident expert-sized matrix (1408 x 2048, 1.5 MiB in Q4_K:
+// in L2 + L3, and long enough that fork/join is a small part). Decode cannot beat
+// bytes per token / this rate, whatever the memory bandwidth.
+double decode_kernel_bytes_per_s(DType type, int threads) {
+  const int64_t rows = 1408, cols = 2048;
+  return double(row_bytes(type, cols) * rows) / best_matmul_seconds(type, rows, cols, 1, threads, 16);
 }
 
 }  // namespace

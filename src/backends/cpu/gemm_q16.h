@@ -122,18 +122,24 @@ inline void unpack_q5_0(const void* row, int64_t cols, UnpackedRow out) {
   }
 }
 
-// Q4_K and Q5_K: sub-block j of 32 is group j; value = d * scale_j * q - dmin * min_j.
+// Q4_K and Q5_K: sub-block j of 32 is group j; value = d * scale_j * q - dmin * min_j. The
+// scales and mins of super-block b, for every level's unpacking.
+template <class Block>
+inline void unpack_k_group_scales(const Block& block, int64_t b, UnpackedRow out) {
+  const KScales s = unpack_k_scales(block.scales);
+  const float d = f16_value(block.d), dmin = f16_value(block.dmin);
+  for (int j = 0; j < 8; ++j) {
+    out.scale[8 * b + j] = d * float(s.scale[j]);
+    out.min[8 * b + j] = dmin * float(s.min[j]);
+  }
+}
+
 template <bool kFifthBit, class Block>
 inline void unpack_q4_q5_k(const void* row, int64_t cols, UnpackedRow out) {
   const auto* blocks = static_cast<const Block*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = blocks[b];
-    const KScales s = unpack_k_scales(block.scales);
-    const float d = f16_value(block.d), dmin = f16_value(block.dmin);
-    for (int j = 0; j < 8; ++j) {
-      out.scale[8 * b + j] = d * float(s.scale[j]);
-      out.min[8 * b + j] = dmin * float(s.min[j]);
-    }
+    unpack_k_group_scales(block, b, out);
     int16_t* w = out.w + kQK_K * b;
     for (int c = 0; c < 4; ++c) {
       for (int i = 0; i < 32; ++i) {
@@ -172,6 +178,10 @@ inline void unpack_q6_k(const void* row, int64_t cols, UnpackedRow out) {
 }
 
 using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
+
+// The formats with a token-lanes path.
+constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,
+                                   DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 struct RowUnpacker {
   UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path

@@ -76,12 +76,7 @@ void unpack_q4_q5_k_avx512(const void* row, int64_t cols, UnpackedRow out) {
   const auto* blocks = static_cast<const Block*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = blocks[b];
-    const KScales s = unpack_k_scales(block.scales);
-    const float d = f16_value(block.d), dmin = f16_value(block.dmin);
-    for (int j = 0; j < 8; ++j) {
-      out.scale[8 * b + j] = d * float(s.scale[j]);
-      out.min[8 * b + j] = dmin * float(s.min[j]);
-    }
+    unpack_k_group_scales(block, b, out);
     int16_t* w = out.w + kQK_K * b;
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = load256(block.qh);
@@ -228,7 +223,7 @@ LanesRowsFn lanes_kernel_for(UnpackShape shape) {
 }  // namespace
 
 void fill_avx512_lanes_kernels(KernelTable& table) {
-  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+  for (DType type : kLanesFormats)
     table.lanes[size_t(type)] = lanes_kernel_for(row_unpacker(type).shape);
 }
 

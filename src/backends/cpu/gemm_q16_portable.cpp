@@ -54,7 +54,7 @@ LanesRowsFn lanes_kernel_for(UnpackShape shape) {
 }  // namespace
 
 void fill_portable_lanes_kernels(KernelTable& table) {
-  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+  for (DType type : kLanesFormats)
     table.lanes[size_t(type)] = lanes_kernel_for(row_unpacker(type).shape);
 }
 
