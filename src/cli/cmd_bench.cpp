@@ -22,6 +22,7 @@
 #include "gguf/gguf_file.h"
 #include "plan/hardware.h"
 #include "plan/inventory.h"
+#include "plan/kernel_rate.h"
 #include "plan/planner.h"
 #include "quant/quant.h"
 #include "runtime/engine.h"
@@ -76,15 +77,6 @@ double best_matmul_seconds(DType type, int64_t rows, int64_t cols, int64_t token
 double kernel_peak_flops(DType type, int threads) {
   const int64_t rows = 256, cols = 2048, tokens = 64;
   return 2.0 * double(rows * cols * tokens) / best_matmul_seconds(type, rows, cols, tokens, threads, 4);
-}
-
-// What the decode kernels can do when memory is not the limit: weights per second of a
-// one-token matmul over a cache-resident expert-sized matrix (1408 x 2048, 1.5 MiB in Q4_K:
-// in L2 + L3, and long enough that fork/join is a small part). Decode cannot beat
-// bytes per token / this rate, whatever the memory bandwidth.
-double decode_kernel_bytes_per_s(DType type, int threads) {
-  const int64_t rows = 1408, cols = 2048;
-  return double(row_bytes(type, cols) * rows) / best_matmul_seconds(type, rows, cols, 1, threads, 16);
 }
 
 }  // namespace
@@ -144,7 +136,7 @@ void register_bench(CLI::App& app) {
     const uint64_t bytes_per_token = inventory.bytes_read_per_token();
     const double roofline = bandwidth / double(bytes_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads);
-    const double decode_kernel = decode_kernel_bytes_per_s(DType::Q4_K, threads);
+    const double decode_kernel = plan::measure_decode_kernel_bytes_per_s(threads, 0);
     const double kernel_ceiling = decode_kernel / double(bytes_per_token);
     // Active parameters per token: the weights a token reads, counted in elements.
     double active_params = 0;
@@ -162,12 +154,17 @@ void register_bench(CLI::App& app) {
     plan::Hardware hardware = plan::detect_hardware(threads);
     hardware.host.bandwidth_bytes_per_s = bandwidth;
     hardware.host.flops_per_s = peak_flops;
+    hardware.host.decode_kernel_bytes_per_s = decode_kernel;
     hardware.host.bandwidth_source = "measured in this run";
-    for (uint64_t budget : parse_sim_devices(o->engine.devices)) {
+    // A simulated device computes with one thread of its own (sim_backend.h).
+    const std::vector<uint64_t> sim_budgets = parse_sim_devices(o->engine.devices);
+    const double sim_kernel = sim_budgets.empty() ? 0 : plan::measure_decode_kernel_bytes_per_s(1, 0);
+    for (uint64_t budget : sim_budgets) {
       const int32_t index = int32_t(hardware.gpus.size());
       hardware.gpus.push_back({.name = fmt::format("sim:{}", index), .kind = plan::DeviceKind::Sim,
                                .model = "simulated", .memory_bytes = budget,
-                               .bandwidth_bytes_per_s = bandwidth, .flops_per_s = peak_flops,
+                               .bandwidth_bytes_per_s = bandwidth, .flops_per_s = peak_flops / threads,
+                               .decode_kernel_bytes_per_s = sim_kernel,
                                .bandwidth_source = "host bandwidth (simulated device)"});
     }
     const plan::Placement placement = plan::plan_placement(
@@ -205,7 +202,7 @@ void register_bench(CLI::App& app) {
                bandwidth_before / 1e9, bandwidth_after / 1e9);
     fmt::print("decode roofline: {:.1f} GB/s / {} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
                bandwidth / 1e9, format_bytes(bytes_per_token), roofline, 100.0 * tg.mean / roofline);
-    fmt::print("decode kernel (measured, Q4_K x 1 token, cache-resident): {:.1f} GB/s of weights = {:.2f} "
+    fmt::print("decode kernel (measured, Q4_K x 1 token, weights from DRAM): {:.1f} GB/s of weights = {:.2f} "
                "tokens/s at most, whatever the bandwidth; measured decode = {:.0f}% of it\n",
                decode_kernel / 1e9, kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
     fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; prefill reaches "

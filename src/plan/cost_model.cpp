@@ -78,6 +78,11 @@ double group_flops_per_token(const Deepseek2Hparams& hp, const InventoryGroup& g
 
 namespace {
 
+double total(const Prediction& t) {
+  return t.decode_seconds_gpu + t.decode_seconds_cpu + t.decode_seconds_transfer +
+         t.decode_seconds_disk;
+}
+
 // One step of `batch` tokens: what it reads and computes, and how long that takes where.
 struct StepShape {
   int64_t batch = 1;          // tokens in the step
@@ -159,8 +164,10 @@ class StepModel {
 
       // The FFN parts run at the same time; the layer waits for the slowest one. Parts away
       // from the owner pay the hidden state there and the partial sum back, and a sync.
+      // Simulated devices compute on the host's cores, so their parts and the host's take turns
+      // rather than overlap: they count as one part.
       double slowest = 0;
-      Prediction slowest_split;
+      Prediction slowest_split, on_host_cores;
       for (size_t d = 0; d < ffn.size(); ++d) {
         const Part& part = ffn[d];
         if (part.ops == 0) continue;
@@ -170,9 +177,13 @@ class StepModel {
         if (int32_t(d) != owner)
           split.decode_seconds_transfer +=
               2 * transfer_s(owner, int32_t(d), activation_bytes) + params_.sync_s;
-        const double total = split.decode_seconds_gpu + split.decode_seconds_cpu +
-                             split.decode_seconds_transfer + split.decode_seconds_disk;
-        if (total > slowest) slowest = total, slowest_split = split;
+        if (spec(int32_t(d)).kind != DeviceKind::Cuda) {
+          on_host_cores.decode_seconds_cpu += split.decode_seconds_cpu;
+          on_host_cores.decode_seconds_transfer += split.decode_seconds_transfer;
+          on_host_cores.decode_seconds_disk += split.decode_seconds_disk;
+          split = on_host_cores;
+        }
+        if (total(split) > slowest) slowest = total(split), slowest_split = split;
       }
       t.decode_seconds_gpu += slowest_split.decode_seconds_gpu;
       t.decode_seconds_cpu += slowest_split.decode_seconds_cpu;
@@ -209,8 +220,12 @@ class StepModel {
 
   const DeviceSpec& spec(int32_t dev) const { return placement_.devices[size_t(dev)].spec; }
 
+  // Weight bytes per second the device's kernels read: measured on the host where known (our
+  // decode kernel, not the memory bus, is the limit on a few cores), else a share of the spec.
   double bandwidth(int32_t dev) const {
     const DeviceKindCost& k = params_.of(spec(dev).kind);
+    if (spec(dev).decode_kernel_bytes_per_s > 0)
+      return spec(dev).decode_kernel_bytes_per_s * k.kernel_efficiency;
     const double bw = spec(dev).bandwidth_bytes_per_s > 0 ? spec(dev).bandwidth_bytes_per_s
                                                           : k.fallback_bandwidth_bytes_per_s;
     return bw * k.bandwidth_efficiency;
@@ -248,11 +263,6 @@ class StepModel {
   std::vector<std::vector<double>> choice_;  // per layer, per expert: P(token chooses it)
   int64_t output_ = -1, embedding_ = -1;
 };
-
-double total(const Prediction& t) {
-  return t.decode_seconds_gpu + t.decode_seconds_cpu + t.decode_seconds_transfer +
-         t.decode_seconds_disk;
-}
 
 }  // namespace
 

@@ -16,6 +16,8 @@ struct DeviceKindCost {
   double bandwidth_efficiency = 1;  // fraction of DeviceSpec::bandwidth_bytes_per_s reached
   double flops_efficiency = 1;      // fraction of DeviceSpec::flops_per_s reached by matmuls
   double op_overhead_s = 0;         // fixed cost of one coarse op (launch, fork/join)
+  double kernel_efficiency = 1;     // fraction of DeviceSpec::decode_kernel_bytes_per_s reached
+                                    // inside a whole decode step (where that rate is measured)
   double fallback_bandwidth_bytes_per_s = 0;  // used when a spec leaves bandwidth at 0
   double fallback_flops_per_s = 0;            // used when a spec leaves flops at 0
 };
@@ -25,9 +27,15 @@ struct CostParams {
   // the fly do not reach: llama.cpp-style kernels read weights at 60-80% of it on decode.
   // Quantized dot kernels reach about half of nominal FMA peak at prefill batch sizes. One
   // coarse op forks and joins the thread pool once: 5-20 us on a many-core host.
+  // With our decode kernel's rate measured on the host (kernel_rate.h), a decode step reads its
+  // weights at ~75% of it: the isolated measurement streams one shape, while a step mixes formats
+  // and small matrices (attention, router) whose threads finish unevenly (measured on the lite
+  // model, 2 threads: 12.1 tokens/s = 19.5 GB/s of weights against a 30.9 GB/s kernel rate,
+  // of which 0.6 GB/s is the 6-8 us each of ~320 fork/joins per token costs).
   DeviceKindCost cpu = {.bandwidth_efficiency = 0.7,
                         .flops_efficiency = 0.5,
                         .op_overhead_s = 15e-6,
+                        .kernel_efficiency = 0.75,
                         .fallback_bandwidth_bytes_per_s = 50e9,  // dual-channel DDR5 desktop
                         .fallback_flops_per_s = 0.5e12};         // 8 AVX2 cores at ~3 GHz
   // CUDA: bandwidth is the spec-sheet peak; quantized GEMV kernels reach 70-80% of it.
@@ -43,6 +51,7 @@ struct CostParams {
   DeviceKindCost sim = {.bandwidth_efficiency = 0.7,
                         .flops_efficiency = 0.5,
                         .op_overhead_s = 30e-6,
+                        .kernel_efficiency = 0.75,
                         .fallback_bandwidth_bytes_per_s = 20e9,
                         .fallback_flops_per_s = 0.1e12};
 

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "plan/kernel_rate.h"
 
 namespace tandem::plan {
 namespace {
@@ -258,32 +259,42 @@ nlohmann::json read_cache(const std::filesystem::path& path) {
   return cache;
 }
 
-struct Bandwidth {
-  double bytes_per_s;
+struct HostRates {
+  double bandwidth_bytes_per_s;
+  double decode_kernel_bytes_per_s;
   std::string source;
 };
 
-// The host's bandwidth for `threads` threads: from the cache when this CPU model and thread count
-// were measured before, otherwise measured now and written back (a cache that cannot be written
-// costs a second next time, nothing more).
-Bandwidth host_bandwidth(const std::string& cpu_model, int threads) {
+// The host's bandwidth and decode kernel rate for `threads` threads: from the cache when this CPU
+// model and thread count were measured before, otherwise measured now (~2 s) and written back (a
+// cache that cannot be written costs the measurement next time, nothing more).
+HostRates host_rates(const std::string& cpu_model, int threads) {
   const auto path = bandwidth_cache_path();
   nlohmann::json cache = path ? read_cache(*path) : nlohmann::json::object();
   if (cache.contains("entries")) {
     for (const nlohmann::json& entry : cache["entries"]) {
       if (entry.value("cpu", "") != cpu_model || entry.value("threads", -1) != threads) continue;
       const double bytes_per_s = entry.value("bytes_per_s", 0.0);
-      if (bytes_per_s > 0)
-        return {bytes_per_s, fmt::format("measured {} (STREAM triad, {} threads; cached in {})",
-                                         entry.value("date", "?"), threads, path->string())};
+      const double kernel_bytes_per_s = entry.value("decode_kernel_bytes_per_s", 0.0);
+      if (bytes_per_s > 0 && kernel_bytes_per_s > 0)
+        return {bytes_per_s, kernel_bytes_per_s,
+                fmt::format("measured {} (STREAM triad and decode kernel, {} threads; cached in {})",
+                            entry.value("date", "?"), threads, path->string())};
     }
   }
   const double bytes_per_s = measure_triad_bandwidth(threads, available_ram_bytes());
+  const double kernel_bytes_per_s = measure_decode_kernel_bytes_per_s(threads, available_ram_bytes());
   const std::string date = today();
   if (path) {
     if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
-    cache["entries"].push_back(
-        {{"cpu", cpu_model}, {"threads", threads}, {"bytes_per_s", bytes_per_s}, {"date", date}});
+    // An entry from before the kernel rate was measured is replaced.
+    auto& entries = cache["entries"];
+    for (auto it = entries.begin(); it != entries.end();)
+      it = it->value("cpu", "") == cpu_model && it->value("threads", -1) == threads
+               ? entries.erase(it)
+               : it + 1;
+    entries.push_back({{"cpu", cpu_model}, {"threads", threads}, {"bytes_per_s", bytes_per_s},
+                       {"decode_kernel_bytes_per_s", kernel_bytes_per_s}, {"date", date}});
     std::error_code ec;
     std::filesystem::create_directories(path->parent_path(), ec);
     // Written beside and renamed, so a concurrent reader sees the old file or the new one.
@@ -295,7 +306,8 @@ Bandwidth host_bandwidth(const std::string& cpu_model, int threads) {
     }
     if (ec || !out) std::filesystem::remove(temp, ec);
   }
-  return {bytes_per_s, fmt::format("measured {} (STREAM triad, {} threads)", date, threads)};
+  return {bytes_per_s, kernel_bytes_per_s,
+          fmt::format("measured {} (STREAM triad and decode kernel, {} threads)", date, threads)};
 }
 
 Hardware detect_host(int32_t threads, bool measure_bandwidth) {
@@ -311,9 +323,10 @@ Hardware detect_host(int32_t threads, bool measure_bandwidth) {
   // Threads past the physical cores share their units, so they add no matmul throughput.
   hw.host.flops_per_s = cpu_ops_per_core() * std::min(threads, hw.cpu_cores);
   if (measure_bandwidth) {
-    const Bandwidth bandwidth = host_bandwidth(cpu, threads);
-    hw.host.bandwidth_bytes_per_s = bandwidth.bytes_per_s;
-    hw.host.bandwidth_source = bandwidth.source;
+    const HostRates rates = host_rates(cpu, threads);
+    hw.host.bandwidth_bytes_per_s = rates.bandwidth_bytes_per_s;
+    hw.host.decode_kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
+    hw.host.bandwidth_source = rates.source;
   }
   return hw;
 }
