@@ -64,11 +64,24 @@ struct RopeParams {
   float beta_slow = 1.0f;
 };
 
+// Which kernels an op over several tokens may use. The fastest matmul kernel depends on the
+// token count (one row dot per token for a few tokens; tiles of 16 tokens per vector from 8 on)
+// and the two round differently, so by default a token's logits depend on how many tokens share
+// its step. A server that batches unrelated requests fixes the choice per kind of step instead,
+// and then each token's arithmetic is the same whatever else is in the batch (batch invariance).
+enum class KernelChoice : uint8_t {
+  ByTokenCount,  // the fastest for the op's token count: single-sequence runs
+  PerToken,      // one row dot per token, whatever the count: decode steps of a batch
+  Tiled,         // token tiles wherever the format has them (each token's result independent of
+                 // its tile mates), row dots elsewhere: prompt steps of a batch
+};
+
 struct MatmulOp {
   WeightView weight;         // one matrix: [rows, cols]
   const float* input;        // [n_tokens, cols]
   float* output;             // [n_tokens, rows]
   int64_t n_tokens;
+  KernelChoice kernels = KernelChoice::ByTokenCount;
 };
 
 struct RmsNormOp {
@@ -114,6 +127,7 @@ struct MlaAttentionOp {
   int64_t n_tokens, n_heads, nope_dims, v_head_dims;
   float scale;
   float* output;             // [n_tokens, n_heads, v_head]
+  KernelChoice kernels = KernelChoice::ByTokenCount;  // of the per-head projections
 };
 
 // Writes each token's latent row (already normalized and rotated) into the cache.
@@ -153,6 +167,7 @@ struct MoeOp {
   int64_t n_expert;             // experts of the layer (length of local_index)
   int64_t n_tokens, top_k, dim, ffn_dims;
   float* slots;                 // [n_tokens, top_k, dim]
+  KernelChoice kernels = KernelChoice::ByTokenCount;
 };
 
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.

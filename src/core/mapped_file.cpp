@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -47,6 +48,43 @@ std::string MappedFile::lock_in_memory(size_t offset, size_t bytes) const {
   const size_t start = offset / page * page;
   if (::mlock(data_ + start, offset + bytes - start) != 0) return std::strerror(errno);
   return {};
+}
+
+size_t MappedFile::map_cached_pages() const {
+#ifdef MADV_POPULATE_READ
+  if (size_ == 0) return 0;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  // Windows of 2 MiB: one mincore() call each tells which pages are cached; a run of fully
+  // cached windows is populated with one madvise() (a partly cached window is left to faults,
+  // so that populating never reads from disk).
+  constexpr size_t kWindow = size_t(2) << 20;
+  std::vector<unsigned char> resident(kWindow / page);
+  size_t mapped = 0, run_start = 0, run_bytes = 0;
+  auto flush = [&]() -> bool {
+    if (run_bytes == 0) return true;
+    if (::madvise(const_cast<uint8_t*>(data_) + run_start, run_bytes, MADV_POPULATE_READ) != 0)
+      return false;  // EINVAL on an old kernel: give up, faults still work
+    mapped += run_bytes;
+    run_bytes = 0;
+    return true;
+  };
+  for (size_t offset = 0; offset < size_; offset += kWindow) {
+    const size_t bytes = std::min(kWindow, size_ - offset);
+    const size_t pages = (bytes + page - 1) / page;
+    bool cached = ::mincore(const_cast<uint8_t*>(data_) + offset, bytes, resident.data()) == 0;
+    for (size_t i = 0; cached && i < pages; ++i) cached = resident[i] & 1;
+    if (cached) {
+      if (run_bytes == 0) run_start = offset;
+      run_bytes += bytes;
+    } else if (!flush()) {
+      return mapped;
+    }
+  }
+  flush();
+  return mapped;
+#else
+  return 0;
+#endif
 }
 
 MappedFile::~MappedFile() {

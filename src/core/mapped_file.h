@@ -28,6 +28,14 @@ class MappedFile {
   // RLIMIT_MEMLOCK limit), empty on success.
   std::string lock_in_memory(size_t offset, size_t bytes) const;
 
+  // Enters into this process's page tables every part of the file that the page cache already
+  // holds, and nothing else: no disk read. Without it each first touch of a weight costs a page
+  // fault per 64 KiB, which on a VM is several microseconds; a decode step touches ~1.5 GiB of
+  // new experts, so its first tokens ran at half speed (measured: 13% of decode time in page
+  // faults). Takes ~0.15 s for 10 GiB of cached file. Returns the bytes mapped; 0 where the
+  // kernel lacks MADV_POPULATE_READ (Linux < 5.14).
+  size_t map_cached_pages() const;
+
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;

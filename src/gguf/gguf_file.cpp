@@ -98,6 +98,12 @@ std::string GgufFile::lock_in_memory(bool show_progress) const {
   return {};
 }
 
+size_t GgufFile::map_cached_pages() const {
+  size_t mapped = 0;
+  for (const MappedFile& map : maps_) mapped += map.map_cached_pages();
+  return mapped;
+}
+
 GgufFile GgufFile::open(const std::string& path) {
   GgufFile file;
   file.maps_.emplace_back(path);

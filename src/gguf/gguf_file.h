@@ -85,6 +85,8 @@ class GgufFile {
   // Returns the system's reason when the lock fails part-way (what was locked stays locked);
   // empty on success.
   std::string lock_in_memory(bool show_progress) const;
+  // MappedFile::map_cached_pages for every part; returns the bytes mapped.
+  size_t map_cached_pages() const;
 
  private:
   GgufFile() = default;

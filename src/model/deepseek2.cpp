@@ -269,15 +269,15 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
     if (hp_.q_lora_rank > 0) {
       const int64_t q_lora = hp_.q_lora_rank;
       float* q_a = ws.get(W::kQueryLora, T * q_lora);
-      be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T});
+      be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
       be.rms_norm({.input = q_a, .weight = l.q_a_norm, .output = q_a, .n_rows = T, .dim = q_lora,
                    .input_stride = q_lora, .output_stride = q_lora, .eps = eps});
-      be.matmul({.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T});
+      be.matmul({.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
     } else {
-      be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T});
+      be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T, .kernels = batch.kernels});
     }
     // The compressed latent (normalized) and the shared rope key of each token.
-    be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T});
+    be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
     be.rms_norm({.input = kv, .weight = l.kv_a_norm, .output = kv, .n_rows = T, .dim = lora,
                  .input_stride = kv_row, .output_stride = kv_row, .eps = eps});
     be.rope({.data = q, .positions = batch.positions.data(), .n_tokens = T, .n_heads = heads,
@@ -289,8 +289,9 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
     be.mla_attention({.q = q, .k_b = l.k_b, .v_b = l.v_b, .cache = cache[il],
                       .positions = batch.positions.data(), .seq_ids = batch.seq_ids.data(),
                       .n_tokens = T, .n_heads = heads, .nope_dims = nope,
-                      .v_head_dims = hp_.v_head_dim, .scale = attention_scale_, .output = attn});
-    be.matmul({.weight = l.attn_output, .input = attn, .output = out, .n_tokens = T});
+                      .v_head_dims = hp_.v_head_dim, .scale = attention_scale_, .output = attn,
+                      .kernels = batch.kernels});
+    be.matmul({.weight = l.attn_output, .input = attn, .output = out, .n_tokens = T, .kernels = batch.kernels});
     be.add(x, out, T * embd);
 
     // ---- feed-forward: dense SwiGLU, or routed experts plus shared experts ----
@@ -300,14 +301,14 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
     if (!l.moe) {
       be.moe({.input = h, .gate = l.ffn_gate, .up = l.ffn_up, .down = l.ffn_down,
               .expert_ids = dense_ids_.data(), .n_expert = 1, .n_tokens = T, .top_k = 1,
-              .dim = embd, .ffn_dims = hp_.n_ff_dense, .slots = slots});
+              .dim = embd, .ffn_dims = hp_.n_ff_dense, .slots = slots, .kernels = batch.kernels});
       be.moe_reduce({.slots = slots, .weights = dense_weights_.data(), .n_tokens = T, .top_k = 1,
                      .dim = embd, .output = out});
       be.add(x, out, T * embd);
       continue;
     }
     float* shared = hp_.n_expert_shared > 0 ? ws.get(W::kShared, T * embd) : nullptr;
-    routed_experts(l, h, T, out, shared);
+    routed_experts(l, h, T, batch.kernels, out, shared);
     be.add(x, out, T * embd);
     if (shared) be.add(x, shared, T * embd);
   }
@@ -330,7 +331,7 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
   float* out_logits = workspace(head).get(W::kLogits, R * hp_.n_vocab);
   head.rms_norm({.input = last, .weight = output_norm_, .output = last, .n_rows = R, .dim = embd,
                  .input_stride = embd, .output_stride = embd, .eps = eps});
-  head.matmul({.weight = output_, .input = last, .output = out_logits, .n_tokens = R});
+  head.matmul({.weight = output_, .input = last, .output = out_logits, .n_tokens = R, .kernels = batch.kernels});
   head.copy_to_host(logits, out_logits, size_t(R * hp_.n_vocab) * sizeof(float));
   head.synchronize();
 }
@@ -339,15 +340,15 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
 // the same time (the host only submits), while the layer's device computes the shared experts
 // into `shared_out`; the slots come back to the layer's device, which sums them in routing
 // order, so the result is the same however the experts are spread.
-void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, float* out,
-                                    float* shared_out) {
+void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
+                                    KernelChoice kernels, float* out, float* shared_out) {
   using W = Workspace;
   Backend& be = *l.device;
   Workspace& ws = workspace(be);
   const int64_t embd = hp_.n_embd, k = hp_.n_expert_used;
   expert_ids_.resize(size_t(T * k));
   expert_weights_.resize(size_t(T * k));
-  be.matmul({.weight = l.router, .input = h, .output = ws.get(W::kRouter, T * hp_.n_expert), .n_tokens = T});
+  be.matmul({.weight = l.router, .input = h, .output = ws.get(W::kRouter, T * hp_.n_expert), .n_tokens = T, .kernels = kernels});
   be.moe_route({.logits = ws.get(W::kRouter, T * hp_.n_expert), .bias = l.expert_bias, .n_tokens = T,
                 .n_expert = hp_.n_expert, .top_k = k,
                 .gating = hp_.gating == ExpertGating::Sigmoid ? MoeGating::Sigmoid : MoeGating::Softmax,
@@ -367,7 +368,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
     const MoeOp op = {.input = h, .gate = shard.gate, .up = shard.up, .down = shard.down,
                       .expert_ids = expert_ids_.data(), .local_index = shard.local_index.data(),
                       .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
-                      .ffn_dims = hp_.n_ff_expert, .slots = slots};
+                      .ffn_dims = hp_.n_ff_expert, .slots = slots, .kernels = kernels};
     if (shard.device == &be) {
       shard_work_.push_back({&shard, nullptr});  // run after the remote ones are submitted
       continue;
@@ -387,7 +388,8 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
     float* shared_slot = ws.get(W::kSharedSlot, T * embd);
     be.moe({.input = h, .gate = l.gate_shexp, .up = l.up_shexp, .down = l.down_shexp,
             .expert_ids = dense_ids_.data(), .n_expert = 1, .n_tokens = T, .top_k = 1, .dim = embd,
-            .ffn_dims = int64_t(hp_.n_ff_expert) * hp_.n_expert_shared, .slots = shared_slot});
+            .ffn_dims = int64_t(hp_.n_ff_expert) * hp_.n_expert_shared, .slots = shared_slot,
+            .kernels = kernels});
     be.moe_reduce({.slots = shared_slot, .weights = dense_weights_.data(), .n_tokens = T,
                    .top_k = 1, .dim = embd, .output = shared_out});
   }
@@ -396,7 +398,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T, f
       be.moe({.input = h, .gate = r.shard->gate, .up = r.shard->up, .down = r.shard->down,
               .expert_ids = expert_ids_.data(), .local_index = r.shard->local_index.data(),
               .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
-              .ffn_dims = hp_.n_ff_expert, .slots = slots});
+              .ffn_dims = hp_.n_ff_expert, .slots = slots, .kernels = kernels});
   for (const ShardWork& r : shard_work_) {
     if (!r.slots) continue;
     Backend& device = *r.shard->device;

@@ -25,6 +25,7 @@ struct Batch {
   std::span<const int32_t> positions;   // position of each token in its sequence
   std::span<const int32_t> seq_ids;     // KV cache slot of each token's sequence
   std::span<const int32_t> logit_rows;  // which tokens' logits to return, in this order
+  KernelChoice kernels = KernelChoice::ByTokenCount;  // passed to every matmul-like op
 };
 
 class Deepseek2Model {
@@ -61,8 +62,8 @@ class Deepseek2Model {
   // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
   // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
   // model has them) to `shared_out`.
-  void routed_experts(const Layer& layer, const float* h, int64_t n_tokens, float* out,
-                      float* shared_out);
+  void routed_experts(const Layer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
+                      float* out, float* shared_out);
 
   Deepseek2Hparams hp_;
   DevicePlan devices_;

@@ -67,6 +67,11 @@ Engine::Engine(const EngineOptions& options) {
       std::fprintf(stderr, "tandem: warning: --mlock: cannot lock the model in RAM (%s); it may be "
                    "paged out under memory pressure. Raise the limit (`ulimit -l unlimited`, or "
                    "LimitMEMLOCK=infinity for a systemd service) or run without --mlock\n", error.c_str());
+  } else {
+    const size_t mapped = file_->map_cached_pages();
+    if (options.verbose)
+      std::fprintf(stderr, "tandem: %s of the model already in the page cache mapped up front\n",
+                   format_bytes(mapped).c_str());
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
   const Deepseek2Hparams& hp = model_->hparams();
@@ -110,15 +115,32 @@ void Engine::evaluate(std::span<const int32_t> tokens, int32_t start, int32_t se
   if (start < 0 || start + n > cache_->n_ctx())
     fail("{} tokens at position {} pass the context of {} tokens; raise --ctx or shorten the input",
          n, start, cache_->n_ctx());
-  if (seq < 0 || seq >= cache_->n_seq()) fail("sequence {} is outside 0..{}", seq, cache_->n_seq() - 1);
   positions_.resize(size_t(n));
   seq_ids_.assign(size_t(n), seq);
   for (int64_t i = 0; i < n; ++i) positions_[size_t(i)] = start + int32_t(i);
   logit_rows_.clear();
   for (int64_t i = all_logits ? 0 : n - 1; i < n; ++i) logit_rows_.push_back(int32_t(i));
-  logits.resize(logit_rows_.size() * size_t(n_vocab()));
-  model_->forward({.tokens = tokens, .positions = positions_, .seq_ids = seq_ids_, .logit_rows = logit_rows_},
+  evaluate_batch(tokens, positions_, seq_ids_, logit_rows_, KernelChoice::ByTokenCount, logits);
+}
+
+void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                            std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
+                            KernelChoice kernels, std::vector<float>& logits) {
+  TANDEM_CHECK(positions.size() == tokens.size() && seq_ids.size() == tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (positions[i] < 0 || positions[i] >= cache_->n_ctx())
+      fail("position {} is outside the context of {} tokens; raise --ctx or shorten the input",
+           positions[i], cache_->n_ctx());
+    if (seq_ids[i] < 0 || seq_ids[i] >= cache_->n_seq())
+      fail("sequence {} is outside 0..{}", seq_ids[i], cache_->n_seq() - 1);
+  }
+  for (int32_t row : logit_rows) TANDEM_CHECK(row >= 0 && size_t(row) < tokens.size());
+  logits.resize(logit_rows.size() * size_t(n_vocab()));
+  model_->forward({.tokens = tokens, .positions = positions, .seq_ids = seq_ids, .logit_rows = logit_rows,
+                   .kernels = kernels},
                   cache_->views(), logits.data());
 }
+
+int64_t Engine::n_seq() const { return cache_->n_seq(); }
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "model/deepseek2_hparams.h"
 #include "plan/placement.h"
 
@@ -55,6 +56,16 @@ class Engine {
   // ([rows, n_vocab]). Throws tandem::Error if the tokens would pass the context.
   void evaluate(std::span<const int32_t> tokens, int32_t start, int32_t seq, bool all_logits,
                 std::vector<float>& logits);
+
+  // One forward pass over tokens of several sequences (a batching server's step): token i is at
+  // position positions[i] of sequence seq_ids[i]. Writes the logits of the tokens listed in
+  // `logit_rows`, in that order ([rows, n_vocab]). `kernels` as in core/backend.h: prompt steps
+  // Tiled and decode steps PerToken make each sequence's logits independent of the batch.
+  // Throws tandem::Error for a position outside the context or a sequence out of range.
+  void evaluate_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                      std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
+                      KernelChoice kernels, std::vector<float>& logits);
+  int64_t n_seq() const;
 
  private:
   std::unique_ptr<gguf::GgufFile> file_;

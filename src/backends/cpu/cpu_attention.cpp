@@ -66,21 +66,24 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
   const int64_t lora = op.cache.kv_lora_rank, rope = op.cache.rope_dims, row = op.cache.row();
   const int64_t q_stride = nope + rope;
 
-  // Absorb the key up-projection into the query, one head at a time over all tokens:
+  // Absorb the key up-projection into the query, all heads as one parallel job (at decode each
+  // head's matmul is tiny, and a fork/join per head cost more than the arithmetic):
   // q_lat[h] = k_b[h] · q_nope[h]  ([T, nope] -> [T, kv_lora]).
-  float* q_nope = grow(scratch_a_, size_t(T * nope));
+  float* q_nope = grow(scratch_a_, size_t(H * T * nope));
   float* q_lat = grow(scratch_b_, size_t(H * T * lora));
+  matmul_args_.clear();
   for (int64_t h = 0; h < H; ++h) {
-    copy_rows(q_nope, nope, op.q + h * q_stride, H * q_stride, T, nope);
-    cpu::matmul({.weight_type = op.k_b.type,
-                 .weights = op.k_b.matrix(h).data,
-                 .rows = lora,
-                 .cols = nope,
-                 .input = q_nope,
-                 .n_tokens = T,
-                 .output = q_lat + h * T * lora},
-                pool_);
+    copy_rows(q_nope + h * T * nope, nope, op.q + h * q_stride, H * q_stride, T, nope);
+    matmul_args_.push_back({.weight_type = op.k_b.type,
+                            .weights = op.k_b.matrix(h).data,
+                            .rows = lora,
+                            .cols = nope,
+                            .input = q_nope + h * T * nope,
+                            .n_tokens = T,
+                            .output = q_lat + h * T * lora,
+                            .kernels = op.kernels});
   }
+  cpu::matmul_many(matmul_args_, pool_);
 
   // Scores of every (token, head) query against the keys of its sequence as one F32 matmul per
   // chunk of tokens: the cache rows [latent | rope key] are the matrix, the queries
@@ -169,20 +172,23 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
     run_start = run_end;
   }
 
-  // Expand each head's latent output through its value projection: [T, kv_lora] -> [T, v_head].
-  float* v_out = grow(scratch_a_, size_t(T * op.v_head_dims));
-  for (int64_t h = 0; h < H; ++h) {
-    cpu::matmul({.weight_type = op.v_b.type,
-                 .weights = op.v_b.matrix(h).data,
-                 .rows = op.v_head_dims,
-                 .cols = lora,
-                 .input = o_lat + h * T * lora,
-                 .n_tokens = T,
-                 .output = v_out},
-                pool_);
-    copy_rows(op.output + h * op.v_head_dims, H * op.v_head_dims, v_out, op.v_head_dims, T,
-              op.v_head_dims);
-  }
+  // Expand each head's latent output through its value projection, all heads as one parallel
+  // job: [T, kv_lora] -> [T, v_head].
+  float* v_out = grow(scratch_a_, size_t(H * T * op.v_head_dims));
+  matmul_args_.clear();
+  for (int64_t h = 0; h < H; ++h)
+    matmul_args_.push_back({.weight_type = op.v_b.type,
+                            .weights = op.v_b.matrix(h).data,
+                            .rows = op.v_head_dims,
+                            .cols = lora,
+                            .input = o_lat + h * T * lora,
+                            .n_tokens = T,
+                            .output = v_out + h * T * op.v_head_dims,
+                            .kernels = op.kernels});
+  cpu::matmul_many(matmul_args_, pool_);
+  for (int64_t h = 0; h < H; ++h)
+    copy_rows(op.output + h * op.v_head_dims, H * op.v_head_dims, v_out + h * T * op.v_head_dims,
+              op.v_head_dims, T, op.v_head_dims);
 }
 
 }  // namespace tandem::cpu

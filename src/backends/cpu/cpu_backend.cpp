@@ -75,7 +75,7 @@ void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 }
 
 void CpuBackend::matmul(const MatmulOp& op) {
-  matmul_rows(op.weight, op.input, op.n_tokens, op.output);
+  matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels);
 }
 
 void CpuBackend::rms_norm(const RmsNormOp& op) {

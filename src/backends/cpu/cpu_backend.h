@@ -44,7 +44,8 @@ class CpuBackend final : public Backend {
                  int64_t n_rows, int64_t row_len) override;
 
  private:
-  void matmul_rows(const WeightView& w, const float* input, int64_t n_tokens, float* output);
+  void matmul_rows(const WeightView& w, const float* input, int64_t n_tokens, float* output,
+                   KernelChoice kernels);
 
   std::string name_;
   ThreadPool pool_;

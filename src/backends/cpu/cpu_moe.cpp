@@ -118,7 +118,8 @@ void CpuBackend::moe(const MoeOp& op) {
   };
   auto args_of = [&](const WeightView& w, const float* input, int64_t n, float* output) {
     return cpu::MatmulArgs{.weight_type = w.type, .weights = w.data, .rows = w.rows,
-                           .cols = w.cols, .input = input, .n_tokens = n, .output = output};
+                           .cols = w.cols, .input = input, .n_tokens = n, .output = output,
+                           .kernels = op.kernels};
   };
   matmul_args_.clear();
   for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
@@ -153,14 +154,15 @@ void CpuBackend::moe_reduce(const MoeReduceOp& op) {
 }
 
 void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_tokens,
-                             float* output) {
+                             float* output, KernelChoice kernels) {
   cpu::matmul({.weight_type = w.type,
                .weights = w.data,
                .rows = w.rows,
                .cols = w.cols,
                .input = input,
                .n_tokens = n_tokens,
-               .output = output},
+               .output = output,
+               .kernels = kernels},
               pool_);
 }
 

@@ -113,7 +113,16 @@ const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& a
 }
 
 LanesRowsFn lanes_kernel(const KernelTable& table, const MatmulArgs& args) {
-  if (args.precision != ActPrecision::Int16 || args.n_tokens < kLanesMinTokens) return nullptr;
+  if (args.precision != ActPrecision::Int16) return nullptr;
+  switch (args.kernels) {
+    case KernelChoice::PerToken:
+      return nullptr;
+    case KernelChoice::Tiled:
+      break;
+    case KernelChoice::ByTokenCount:
+      if (args.n_tokens < kLanesMinTokens) return nullptr;
+      break;
+  }
   return table.lanes[size_t(args.weight_type)];
 }
 

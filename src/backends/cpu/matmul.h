@@ -15,6 +15,7 @@
 #include <span>
 
 #include "backends/cpu/cpu_features.h"
+#include "core/backend.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -35,12 +36,14 @@ struct MatmulArgs {
   int64_t n_tokens = 0;
   float* output = nullptr;  // [n_tokens, rows]; must not overlap input
   ActPrecision precision = ActPrecision::Int16;
+  KernelChoice kernels = KernelChoice::ByTokenCount;  // see core/backend.h
 };
 
 // From this many tokens on, Int16 matmuls of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K take the
 // token-lanes path (gemm_q16.h, on AVX-512 and portable): each row unpacked once, 16 tokens per
 // vector. A tile costs ~6.7 row dots whatever its fill (matmul_bench "tokens/": 69 us per token
 // as row dots at 1-3 tokens, 460 us per tile), so below 8 tokens the row dots are faster.
+// KernelChoice::PerToken never takes it, KernelChoice::Tiled takes it from one token on.
 constexpr int64_t kLanesMinTokens = 8;
 
 // Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
