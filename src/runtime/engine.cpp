@@ -104,6 +104,18 @@ const Deepseek2Hparams& Engine::hparams() const { return model_->hparams(); }
 plan::RoutingProfile Engine::routing_profile() const {
   return {.model = std::filesystem::path(file_->name()).filename().string(), .counts = model_->routing_counts()};
 }
+std::vector<std::pair<std::string, uint64_t>> Engine::routing_counts_by_device() const {
+  std::vector<std::pair<std::string, uint64_t>> totals;
+  for (const auto& backend : backends_) totals.emplace_back(backend->name(), 0);
+  const auto& counts = model_->routing_counts();
+  const DevicePlan& plan = model_->devices();
+  for (size_t layer = 0; layer < counts.size() && layer < plan.experts.size(); ++layer)
+    for (size_t e = 0; e < counts[layer].size() && e < plan.experts[layer].size(); ++e)
+      for (size_t b = 0; b < backends_.size(); ++b)
+        if (backends_[b].get() == plan.experts[layer][e]) totals[b].second += counts[layer][e];
+  return totals;
+}
+
 int64_t Engine::n_vocab() const { return model_->hparams().n_vocab; }
 int64_t Engine::n_ctx() const { return cache_->n_ctx(); }
 uint64_t Engine::kv_cache_bytes() const { return cache_->bytes(); }

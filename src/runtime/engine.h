@@ -50,6 +50,9 @@ class Engine {
   double load_seconds() const { return load_seconds_; }
   // Expert choices counted since load, as a routing profile for `plan` and `--profile`.
   plan::RoutingProfile routing_profile() const;
+  // Expert choices since load, summed by the device that holds each expert: ("cpu", n), ...
+  // Not safe to call while another thread evaluates.
+  std::vector<std::pair<std::string, uint64_t>> routing_counts_by_device() const;
 
   // Evaluates `tokens` of sequence `seq` at positions start, start+1, ...; the cache keeps them.
   // Writes the logits of every token (all_logits) or of the last one into `logits`

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "runtime/engine.h"
+#include "runtime/output_text.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
@@ -12,19 +13,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Length of the longest suffix of `text` that is a prefix of some stop string: text that may
-// still turn into a stop sequence is held back instead of printed.
-size_t partial_stop_length(std::string_view text, const std::vector<std::string>& stops) {
-  size_t longest = 0;
-  for (const std::string& stop : stops)
-    for (size_t n = std::min(stop.size() - 1, text.size()); n > longest; --n)
-      if (text.substr(text.size() - n) == std::string_view(stop).substr(0, n)) {
-        longest = n;
-        break;
-      }
-  return longest;
 }
 
 }  // namespace
@@ -53,11 +41,9 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   cached_.insert(cached_.end(), fresh.begin(), fresh.end());
   result.prompt_seconds = seconds_since(start);
 
-  const Tokenizer& tokenizer = engine_.tokenizer();
   Sampler sampler(options.sampling, int32_t(engine_.n_vocab()));
   sampler.accept(prompt);
-  StreamingDecoder decoder(tokenizer);
-  std::string held;  // decoded text not yet handed out (may be the start of a stop string)
+  OutputText output(engine_.tokenizer(), options.stop);
   bool cancelled = false;
   const auto decode_start = std::chrono::steady_clock::now();
   result.finish_reason = "length";
@@ -72,29 +58,11 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     const int32_t token = sampler.sample(logits_);
     if (i == 0) result.first_token_seconds = seconds_since(start);
     sampler.accept(token);
-    if (tokenizer.is_end_of_generation(token)) {
+    emit(output.push(token));
+    if (output.finished()) {
       result.finish_reason = "stop";
       break;
     }
-    result.tokens.push_back(token);
-    held += decoder.push(token);
-    bool stopped = false;
-    for (const std::string& stop : options.stop) {
-      const size_t at = held.find(stop);
-      if (at != std::string::npos) {
-        held.resize(at);
-        stopped = true;
-      }
-    }
-    if (stopped) {
-      emit(held);
-      held.clear();
-      result.finish_reason = "stop";
-      break;
-    }
-    const size_t keep = partial_stop_length(held, options.stop);
-    emit(std::string_view(held).substr(0, held.size() - keep));
-    held.erase(0, held.size() - keep);
     if (cancelled) {
       result.finish_reason = "cancelled";
       break;
@@ -105,7 +73,8 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     engine_.evaluate(std::span<const int32_t>(&token, 1), int32_t(cached_.size()), seq_, false, logits_);
     cached_.push_back(token);
   }
-  if (result.finish_reason != "cancelled") emit(held + decoder.finish());
+  result.tokens = output.tokens();
+  if (result.finish_reason == "length") emit(output.finish());
   result.decode_seconds = seconds_since(decode_start);
   return result;
 }

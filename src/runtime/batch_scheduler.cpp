@@ -1,0 +1,300 @@
+#include "runtime/batch_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "runtime/engine.h"
+#include "runtime/output_text.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+// Prompts are evaluated in chunks at fixed offsets (0, 512, 1024, ...) whatever else is running,
+// so a request's arithmetic is the same alone or batched; a prompt step takes at most this many
+// tokens in all, which bounds its activations and how long it holds decode up.
+constexpr int64_t kPromptChunk = 512;
+constexpr int64_t kPromptStepTokens = 2048;
+
+// log softmax(logits)[token], computed in double.
+float log_probability(std::span<const float> logits, int32_t token) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - max);
+  return float(double(logits[size_t(token)]) - max - std::log(sum));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+void RequestState::append(std::string text, int32_t token, TokenLogprob* logprob) {
+  std::lock_guard lock(mutex_);
+  if (pieces_.empty() || pieces_.back().text.size() >= 4096) pieces_.emplace_back();
+  Piece& piece = pieces_.back();  // a slow reader gets what piled up in one piece
+  piece.text += text;
+  if (token >= 0) piece.tokens.push_back(token);
+  if (token >= 0 && logprob) piece.logprobs.push_back(std::move(*logprob));
+  changed_.notify_all();
+}
+
+void RequestState::end(std::string reason, int32_t completion_tokens, std::string error) {
+  std::lock_guard lock(mutex_);
+  if (ended_) return;
+  completion_tokens_ = completion_tokens;
+  finish_reason_ = std::move(reason);
+  error_ = std::move(error);
+  ended_ = true;
+  changed_.notify_all();
+}
+
+bool RequestState::next(Piece& piece) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !pieces_.empty() || ended_; });
+  if (pieces_.empty()) return false;
+  piece = std::move(pieces_.front());
+  pieces_.pop_front();
+  return true;
+}
+
+struct BatchScheduler::Slot {
+  Slot(CompletionRequest r, std::shared_ptr<RequestState> s, const Engine& engine)
+      : request(std::move(r)),
+        state(std::move(s)),
+        sampler(request.options.sampling, int32_t(engine.n_vocab())),
+        output(engine.tokenizer(), request.options.stop) {
+    sampler.accept(request.prompt);
+  }
+  CompletionRequest request;
+  std::shared_ptr<RequestState> state;
+  Sampler sampler;
+  OutputText output;
+  int64_t prompt_done = 0;  // prompt tokens in the cache
+  int64_t n_past = 0;       // tokens in the cache
+  int32_t generated = 0;
+  int32_t next_token = -1;  // sampled, to be fed by the next decode step
+  bool finished = false;
+
+  bool in_prompt() const { return prompt_done < int64_t(request.prompt.size()); }
+};
+
+BatchScheduler::BatchScheduler(Engine& engine, int32_t max_queued)
+    : engine_(engine), max_queued_(max_queued), slots_(size_t(engine.n_seq())) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+BatchScheduler::~BatchScheduler() {
+  shutdown();
+  thread_.join();
+}
+
+std::shared_ptr<RequestState> BatchScheduler::submit(CompletionRequest request) {
+  if (request.prompt.empty()) fail("the prompt is empty");
+  if (int64_t(request.prompt.size()) >= engine_.n_ctx())
+    fail("the prompt has {} tokens but the context holds {}; shorten the prompt or start the server "
+         "with a larger --ctx", request.prompt.size(), engine_.n_ctx());
+  if (request.options.max_tokens < 0) fail("max_tokens must be at least 0 (got {})", request.options.max_tokens);
+  for (const std::string& stop : request.options.stop)
+    if (stop.empty()) fail("stop strings must not be empty");
+  validate(request.options.sampling);
+  auto state = std::make_shared<RequestState>();
+  state->prompt_tokens_ = int32_t(request.prompt.size());
+  std::lock_guard lock(mutex_);
+  if (stopping_) fail("the server is shutting down");
+  // Room: the free slots (taken at the next step) plus the waiting places.
+  if (int64_t(queue_.size()) >= max_queued_ + int64_t(slots_.size()) - stats_.running) return nullptr;
+  queue_.emplace_back(std::move(request), state);
+  ++stats_.requests;
+  stats_.queued = int64_t(queue_.size());
+  work_.notify_one();
+  return state;
+}
+
+void BatchScheduler::shutdown() {
+  std::lock_guard lock(mutex_);
+  stopping_ = true;
+  work_.notify_one();
+}
+
+SchedulerStats BatchScheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void BatchScheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      const auto busy = [&] {
+        return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+      };
+      work_.wait(lock, [&] { return stopping_ || !queue_.empty() || busy(); });
+      if (stopping_) {
+        for (auto& [request, state] : queue_) state->end("cancelled", 0);
+        queue_.clear();
+        for (auto& slot : slots_)
+          if (slot) slot->state->end("cancelled", slot->generated);
+        return;
+      }
+    }
+    admit();
+    for (auto& slot : slots_)
+      if (slot && slot->state->cancelled()) slot->finished = true, slot->state->end("cancelled", slot->generated);
+    retire_finished();
+    const bool prompts = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && s->in_prompt(); });
+    const bool decodes = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && !s->in_prompt(); });
+    if (prompts && (prompt_turn_ || !decodes))
+      prompt_step();
+    else if (decodes)
+      decode_step();
+    prompt_turn_ = !prompt_turn_;
+    retire_finished();
+  }
+}
+
+void BatchScheduler::admit() {
+  std::lock_guard lock(mutex_);
+  for (auto& slot : slots_) {
+    if (slot || queue_.empty()) continue;
+    auto [request, state] = std::move(queue_.front());
+    queue_.pop_front();
+    slot = std::make_unique<Slot>(std::move(request), std::move(state), engine_);
+  }
+  stats_.queued = int64_t(queue_.size());
+  stats_.running = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+}
+
+void BatchScheduler::retire_finished() {
+  int64_t cached = 0;
+  for (auto& slot : slots_) {
+    if (slot && slot->finished) slot.reset();
+    if (slot) cached += slot->n_past;
+  }
+  auto choices = engine_.routing_counts_by_device();  // read here: only this thread evaluates
+  std::lock_guard lock(mutex_);
+  stats_.running = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+  stats_.cached_tokens = cached;
+  stats_.expert_choices = std::move(choices);
+}
+
+void BatchScheduler::prompt_step() {
+  tokens_.clear(), positions_.clear(), seq_ids_.clear(), rows_.clear();
+  std::vector<Slot*> ending;  // slots whose prompt this step completes, in row order
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot* slot = slots_[s].get();
+    if (!slot || !slot->in_prompt()) continue;
+    const int64_t first = slot->prompt_done;
+    const int64_t last = std::min<int64_t>(first + kPromptChunk, int64_t(slot->request.prompt.size()));
+    if (!tokens_.empty() && int64_t(tokens_.size()) + (last - first) > kPromptStepTokens) break;
+    for (int64_t i = first; i < last; ++i) {
+      tokens_.push_back(slot->request.prompt[size_t(i)]);
+      positions_.push_back(int32_t(i));
+      seq_ids_.push_back(int32_t(s));
+    }
+    if (last == int64_t(slot->request.prompt.size())) {
+      rows_.push_back(int32_t(tokens_.size()) - 1);
+      ending.push_back(slot);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    engine_.evaluate_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::Tiled, logits_);
+  } catch (const std::exception& e) {
+    for (auto& slot : slots_)
+      if (slot && slot->in_prompt()) slot->finished = true, slot->state->end("error", slot->generated, e.what());
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stats_.prompt_seconds += seconds_since(start);
+    stats_.prompt_tokens += tokens_.size();
+  }
+  for (size_t i = 0; i < seq_ids_.size();) {  // advance each slot past its chunk
+    Slot& slot = *slots_[size_t(seq_ids_[i])];
+    size_t j = i;
+    while (j < seq_ids_.size() && seq_ids_[j] == seq_ids_[i]) ++j;
+    slot.prompt_done += int64_t(j - i);
+    slot.n_past = slot.prompt_done;
+    i = j;
+  }
+  const size_t n_vocab = size_t(engine_.n_vocab());
+  for (size_t r = 0; r < ending.size(); ++r) sample_and_emit(*ending[r], logits_.data() + r * n_vocab);
+}
+
+void BatchScheduler::decode_step() {
+  tokens_.clear(), positions_.clear(), seq_ids_.clear(), rows_.clear();
+  std::vector<Slot*> fed;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot* slot = slots_[s].get();
+    if (!slot || slot->in_prompt() || slot->finished) continue;
+    tokens_.push_back(slot->next_token);
+    positions_.push_back(int32_t(slot->n_past));
+    seq_ids_.push_back(int32_t(s));
+    rows_.push_back(int32_t(rows_.size()));
+    fed.push_back(slot);
+  }
+  if (fed.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    engine_.evaluate_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::PerToken, logits_);
+  } catch (const std::exception& e) {
+    for (Slot* slot : fed) slot->finished = true, slot->state->end("error", slot->generated, e.what());
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stats_.decode_seconds += seconds_since(start);
+    stats_.decode_tokens += fed.size();
+  }
+  const size_t n_vocab = size_t(engine_.n_vocab());
+  for (size_t r = 0; r < fed.size(); ++r) {
+    ++fed[r]->n_past;
+    sample_and_emit(*fed[r], logits_.data() + r * n_vocab);
+  }
+}
+
+// The next token of `slot` from its logits row: hands out the text it releases and ends the
+// request on a stop, at max_tokens, or when the context is full.
+void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
+  const int32_t max_tokens = slot.request.options.max_tokens;
+  if (slot.generated >= max_tokens) {  // max_tokens 0: the prompt only
+    slot.finished = true;
+    slot.state->end("length", 0);
+    return;
+  }
+  const std::span<const float> row(logits, size_t(engine_.n_vocab()));
+  const int32_t token = slot.sampler.sample(row);
+  slot.sampler.accept(token);
+  ++slot.generated;
+  TokenLogprob logprob;
+  const int32_t top = slot.request.top_logprobs;
+  if (top >= 0)
+    logprob = {.token = token, .logprob = log_probability(row, token),
+               .top = top > 0 ? top_logprobs(row, size_t(top)) : std::vector<std::pair<int32_t, float>>{}};
+  TokenLogprob* with = top >= 0 ? &logprob : nullptr;
+  const bool end_of_generation = engine_.tokenizer().is_end_of_generation(token);
+  std::string text = slot.output.push(token);
+  if (slot.output.finished()) {
+    // The end-of-generation token has no text of its own; a stop string's token had the text
+    // before the stop string.
+    if (!text.empty() || !end_of_generation) slot.state->append(std::move(text), end_of_generation ? -1 : token, with);
+    slot.finished = true;
+    slot.state->end("stop", slot.generated);
+  } else if (slot.generated >= max_tokens || slot.n_past + 1 >= engine_.n_ctx()) {
+    slot.state->append(text + slot.output.finish(), token, with);
+    slot.finished = true;
+    slot.state->end("length", slot.generated);
+  } else {
+    slot.state->append(std::move(text), token, with);
+    slot.next_token = token;
+  }
+  std::lock_guard lock(mutex_);
+  ++stats_.generated_tokens;
+}
+
+}  // namespace tandem

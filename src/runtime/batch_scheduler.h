@@ -1,0 +1,124 @@
+#pragma once
+// Continuous batching over one Engine. Requests from any thread join the running batch at the
+// next step, each on its own KV cache slot with its own sampler; a step is either the prompts of
+// newly admitted requests (Tiled kernels) or one token for every running request (PerToken),
+// alternating while both are waiting, so a new prompt holds running streams up for one step at
+// most. Because the kernel choice is fixed per kind of step, a request's tokens do not depend on
+// what else runs with it (batch invariance, see KernelChoice in core/backend.h).
+//
+// Requests beyond the free slots wait in a bounded queue; submit() refuses beyond that (the
+// server answers 429). A request whose client goes away is cancelled and its slot freed at the
+// next step.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/session.h"
+
+namespace tandem {
+
+class Engine;
+
+struct CompletionRequest {
+  std::vector<int32_t> prompt;
+  GenerateOptions options;    // max_tokens, sampling (with its seed), stop strings
+  int32_t top_logprobs = -1;  // -1: no log-probabilities; else each token's and the top N's
+};
+
+// A generated token's log-probability under the model (softmax of the raw logits, before the
+// sampler's penalties and temperature) and the N most likely alternatives.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// One request's progress, shared by the scheduler (writes) and its client (reads). The client
+// waits for pieces with next(); the scheduler appends them after every step.
+class RequestState {
+ public:
+  struct Piece {
+    std::string text;                    // text released (may be empty)
+    std::vector<int32_t> tokens;         // tokens generated (not the end-of-generation token)
+    std::vector<TokenLogprob> logprobs;  // one per token when the request asked for them
+  };
+
+  // Blocks until there is new output or the request has ended; returns false once everything
+  // has been taken and the request is over.
+  bool next(Piece& piece);
+  // Asks the scheduler to stop this request at its next step (client gone, stop button).
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // After next() returned false:
+  const std::string& finish_reason() const { return finish_reason_; }  // stop, length, cancelled, error
+  const std::string& error() const { return error_; }
+  int32_t prompt_tokens() const { return prompt_tokens_; }
+  int32_t completion_tokens() const { return completion_tokens_; }  // tokens sampled
+
+ private:
+  friend class BatchScheduler;
+  void append(std::string text, int32_t token, TokenLogprob* logprob);
+  void end(std::string reason, int32_t completion_tokens, std::string error = {});
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Piece> pieces_;
+  bool ended_ = false;
+  std::atomic<bool> cancelled_{false};
+  std::string finish_reason_, error_;
+  int32_t prompt_tokens_ = 0, completion_tokens_ = 0;
+};
+
+struct SchedulerStats {
+  int64_t running = 0, queued = 0;
+  uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
+  double prompt_seconds = 0, decode_seconds = 0;  // forward time of each kind of step
+  uint64_t decode_tokens = 0;                     // tokens fed by decode steps
+  int64_t cached_tokens = 0;                      // KV cache rows held by running requests
+  std::vector<std::pair<std::string, uint64_t>> expert_choices;  // per device, since load
+};
+
+class BatchScheduler {
+ public:
+  // Serves up to engine.n_seq() requests at once, `max_queued` more waiting.
+  BatchScheduler(Engine& engine, int32_t max_queued);
+  ~BatchScheduler();  // cancels everything and joins the loop
+
+  // Queues a request; nullptr when the queue is full. Throws tandem::Error for a request that
+  // can never run (empty prompt, prompt as long as the context, bad sampling values).
+  std::shared_ptr<RequestState> submit(CompletionRequest request);
+  // Stops admitting; running and queued requests end as "cancelled" at the next step.
+  void shutdown();
+  SchedulerStats stats() const;
+
+ private:
+  struct Slot;
+  void loop();
+  void admit();
+  void prompt_step();
+  void decode_step();
+  void sample_and_emit(Slot& slot, const float* logits);
+  void retire_finished();
+
+  Engine& engine_;
+  const int32_t max_queued_;
+  mutable std::mutex mutex_;  // guards queue_, stopping_, stats_
+  std::condition_variable work_;
+  std::deque<std::pair<CompletionRequest, std::shared_ptr<RequestState>>> queue_;
+  bool stopping_ = false;
+  SchedulerStats stats_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // [n_seq]; null = free (loop thread only)
+  bool prompt_turn_ = true;
+  std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace tandem
