@@ -6,6 +6,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev        # tests and micro-benchmarks
   nlohmann-json3-dev libcli11-dev libfmt-dev        # JSON, command line, formatting
   libpcre2-dev libyaml-cpp-dev python3              # tokenizer regexes; rule files; fixture checker
+  libcpp-httplib-dev pkg-config                     # the HTTP server (found through pkg-config)
+  chromium                                          # the server's web page test (headless)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -17,4 +19,17 @@ if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Node.js for the server tests (any recent one; a Debian machine gets its own), then their npm
+# packages (the official openai client, playwright-core) from the lock file.
+if ! command -v node >/dev/null; then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+tests_server="$(dirname "$0")/../tests/server"
+if [[ ! -d $tests_server/node_modules || $tests_server/package-lock.json -nt $tests_server/node_modules ]]; then
+  npm ci --prefix "$tests_server" --no-audit --no-fund --loglevel=error
 fi

@@ -25,17 +25,6 @@ std::atomic<bool> g_interrupted{false};
 
 void on_sigint(int) { g_interrupted.store(true); }
 
-// The template named on the command line, else the one the file's Jinja source is recognised
-// as, else DeepSeek V3's format with a notice.
-ChatTemplateKind choose_template(const Engine& engine, const std::string& override_name) {
-  if (!override_name.empty()) return chat_template_from_name(override_name);
-  const std::string source = engine.file().get_string_or("tokenizer.chat_template", "");
-  if (std::optional<ChatTemplateKind> kind = detect_chat_template(source)) return *kind;
-  std::fprintf(stderr, "tandem: %s; using the DeepSeek V3 format (choose with --chat-template)\n",
-               source.empty() ? "the model has no chat template" : "the model's chat template is not recognised");
-  return ChatTemplateKind::DeepSeekV3;
-}
-
 }  // namespace
 
 void register_chat(CLI::App& app) {
@@ -62,7 +51,7 @@ void register_chat(CLI::App& app) {
     if (!o->chat_template.empty()) chat_template_from_name(o->chat_template);  // fail before loading
     Engine engine(o->engine);
     const Tokenizer& tokenizer = engine.tokenizer();
-    const ChatTemplateKind kind = choose_template(engine, o->chat_template);
+    const ChatTemplateKind kind = choose_chat_template(engine, o->chat_template);
     const std::string bos = tokenizer.bos_id() ? std::string(tokenizer.token_text(*tokenizer.bos_id())) : "";
     std::vector<ChatMessage> messages;
     if (!o->system.empty()) messages.push_back({"system", o->system});

@@ -11,6 +11,7 @@ void register_commands(CLI::App& app) {
   register_profile(app);
   register_bench(app);
   register_plan(app);
+  register_serve(app);
   register_gen_model(app);
 }
 

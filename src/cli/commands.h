@@ -15,5 +15,6 @@ void register_tokenize(CLI::App& app);
 void register_profile(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_serve(CLI::App& app);
 
 }  // namespace tandem::cli

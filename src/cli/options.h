@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "runtime/engine.h"
+#include "text/chat_template.h"
 #include "text/sampler.h"
 
 namespace tandem::cli {
@@ -16,6 +17,9 @@ void add_device_options(CLI::App* cmd, EngineOptions& options);
 // Adds --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
 // --presence-penalty, --frequency-penalty, --seed. `seed_given` tells whether --seed was used.
 void add_sampling_options(CLI::App* cmd, SamplerParams& params, bool& seed_given);
+// The chat template named on the command line, else the one the file's Jinja source is
+// recognised as, else DeepSeek V3's format with a notice on stderr.
+ChatTemplateKind choose_chat_template(const Engine& engine, const std::string& override_name);
 // A seed from the clock, for runs without --seed (printed with --verbose to reproduce them).
 uint64_t random_seed();
 

@@ -44,6 +44,8 @@ class Deepseek2Model {
   // How often each routed expert was chosen since load: [layer][expert] (empty rows for dense
   // layers). This is what `tandem profile` saves and the planner reads.
   const std::vector<std::vector<uint64_t>>& routing_counts() const { return routing_counts_; }
+  // Where each part runs (the plan the model was built with).
+  const DevicePlan& devices() const { return devices_; }
 
   // Runs `batch`: stores every token's latent in `cache` (one view per layer, each on its
   // layer's device) and writes the logits of batch.logit_rows to `logits` ([rows, n_vocab],

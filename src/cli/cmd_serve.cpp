@@ -1,0 +1,110 @@
+// `tandem serve MODEL`: the OpenAI-compatible server. It listens first (GET /health says 503
+// while the model loads), then serves through the continuous-batching scheduler; SIGINT or
+// SIGTERM stop admitting, end running requests with a final event, and exit 0.
+#include <fmt/format.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "runtime/batch_scheduler.h"
+#include "runtime/engine.h"
+#include "server/http_server.h"
+
+namespace tandem::cli {
+
+void register_serve(CLI::App& app) {
+  struct Options {
+    EngineOptions engine;
+    server::ServerOptions server;
+    std::string chat_template;
+  };
+  auto o = std::make_shared<Options>();
+  o->engine.n_seq = 4;
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions (streaming or not), "
+               "/v1/models, /health, /metrics, and a chat page at /. Requests are batched continuously; "
+               "each gets the same tokens alone or among others");
+  add_engine_options(cmd, o->engine);
+  cmd->add_option("--host", o->server.host, "address to listen on (loopback by default; 0.0.0.0 for all)")
+      ->capture_default_str();
+  cmd->add_option("--port", o->server.port, "port to listen on")->capture_default_str();
+  cmd->add_option("--parallel", o->engine.n_seq, "requests served at once (llama.cpp: -np): KV cache slots of --ctx tokens each")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--max-queue", o->server.max_queued, "requests that may wait for a slot before 429")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--api-key", o->server.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--model-alias", o->server.model_alias, "model name in /v1/models and responses (default: file name)");
+  cmd->add_option("-n,--n-predict", o->server.default_max_tokens,
+                  "max_tokens for requests that give none (0: until the context is full)")
+      ->capture_default_str();
+  cmd->add_option("--chat-template", o->chat_template, "override the template: deepseek2, deepseek3 or deepseek-r1");
+  cmd->add_option("--timeout", o->server.read_timeout_s, "seconds a client may stay silent mid-request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cmd->callback([o] {
+    if (!o->chat_template.empty()) chat_template_from_name(o->chat_template);  // fail before loading
+    if (o->server.model_alias.empty())
+      o->server.model_alias = std::filesystem::path(o->engine.model_path).stem().string();
+
+    // SIGINT/SIGTERM are taken by one thread with sigwait(); every other thread blocks them.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+    server::HttpServer http(o->server);
+    const int port = http.bind();
+    std::thread listener([&] { http.run(); });
+    std::atomic<bool> load_failed{false};
+    std::thread signal_watcher([&] {
+      int signal = 0;
+      sigwait(&signals, &signal);
+      if (!load_failed)
+        std::fprintf(stderr, "\ntandem serve: %s: finishing running requests and stopping\n",
+                     signal == SIGINT ? "SIGINT" : "SIGTERM");
+      http.stop();
+    });
+    std::fprintf(stderr, "tandem serve: listening on http://%s:%d (loading %s)\n", o->server.host.c_str(), port,
+                 o->engine.model_path.c_str());
+
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<BatchScheduler> scheduler;
+    try {
+      engine = std::make_unique<Engine>(o->engine);
+      scheduler = std::make_unique<BatchScheduler>(*engine, o->server.max_queued);
+      const std::string placement =
+          o->engine.devices == "cpu" ? fmt::format("all on the CPU ({} threads)", engine->n_threads())
+                                     : fmt::format("{} (planned by tandem)", o->engine.devices);
+      http.attach({.engine = *engine, .scheduler = *scheduler,
+                   .chat_template = choose_chat_template(*engine, o->chat_template), .placement = placement});
+    } catch (...) {
+      load_failed = true;
+      http.stop();
+      pthread_kill(signal_watcher.native_handle(), SIGTERM);
+      signal_watcher.join();
+      listener.join();
+      throw;
+    }
+    std::fprintf(stderr,
+                 "tandem serve: ready: model '%s', %lld parallel sequences of %lld tokens; chat page at "
+                 "http://%s:%d/\n",
+                 o->server.model_alias.c_str(), (long long)engine->n_seq(), (long long)engine->n_ctx(),
+                 o->server.host.c_str(), port);
+    listener.join();
+    signal_watcher.join();
+    std::fprintf(stderr, "tandem serve: stopped\n");
+  });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,283 @@
+#include "server/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "runtime/batch_scheduler.h"
+#include "runtime/engine.h"
+#include "server/api_error.h"
+#include "server/metrics.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/web_page.h"
+#include "text/tokenizer.h"
+
+namespace tandem::server {
+namespace {
+
+using nlohmann::json;
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = {},
+                const std::string& type = "invalid_request_error") {
+  res.status = status;
+  res.set_content(error_body(status, message, param, type), "application/json");
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
+
+// A stream's progress between calls of its content provider (httplib calls it until done).
+struct StreamState {
+  std::shared_ptr<RequestState> request;
+  ResponseMeta meta;
+  bool include_usage = false, logprobs = false, first = true;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  ServerOptions options;
+  httplib::Server http;
+  std::atomic<const ServingModel*> model{nullptr};
+  std::unique_ptr<ServingModel> model_storage;
+  HttpCounters counters;
+  std::atomic<uint64_t> next_id{1};
+  std::string id_prefix;
+  std::atomic<bool> stopping{false};
+  // run() was entered / listen returned: stop() must not call httplib's stop() in the window
+  // before listening starts, where it would do nothing and the server would listen forever.
+  std::atomic<bool> run_entered{false}, listen_returned{false};
+
+  explicit Impl(ServerOptions o) : options(std::move(o)) {
+    std::random_device random;
+    id_prefix = fmt::format("{:08x}", random());
+    // Every open connection holds a thread while it streams: room for all slots, the queue and
+    // a few more (health checks, metrics, clients being refused).
+    const size_t threads = size_t(std::max(16, options.max_queued + 24));
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_payload_max_length(options.max_body_bytes);
+    http.set_read_timeout(options.read_timeout_s, 0);
+    http.set_write_timeout(options.read_timeout_s, 0);
+    http.set_keep_alive_timeout(5);
+    routes();
+  }
+
+  std::string new_id(bool chat) { return fmt::format("{}-{}{}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++); }
+
+  void routes() {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+          req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+        send_error(res, 401, "a valid API key is required: send 'Authorization: Bearer <key>'", {},
+                   "authentication_error");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // Statuses httplib sets itself (404, 413, 400 for a request it cannot parse) get a JSON body.
+    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const std::string message =
+          res.status == 404   ? "no such endpoint; see GET /v1/models, POST /v1/chat/completions, /v1/completions"
+          : res.status == 413 ? "the request body is too large"
+          : res.status == 405 ? "method not allowed on this endpoint"
+                              : fmt::format("HTTP error {}", res.status);
+      res.set_content(error_body(res.status, message), "application/json");
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string message = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+      }
+      send_error(res, 500, message, {}, "server_error");
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (req.path.rfind("/v1/", 0) != 0) return;
+      ++counters.requests;
+      if (res.status == 429) ++counters.rejected;
+      if (res.status >= 400 && res.status < 500) ++counters.client_errors;
+      if (res.status >= 500) ++counters.server_errors;
+    });
+
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      const std::string_view page = web_page_html();
+      res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (stopping) return send_error(res, 503, "the server is shutting down", {}, "unavailable");
+      if (!model.load()) return send_error(res, 503, "the model is loading", {}, "unavailable");
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json data = json::array();
+      if (const ServingModel* m = model.load())
+        data.push_back({{"id", options.model_alias}, {"object", "model"}, {"created", unix_seconds()},
+                        {"owned_by", "tandem"},
+                        {"meta", {{"n_ctx", m->engine.n_ctx()}, {"n_parallel", m->engine.n_seq()},
+                                  {"n_vocab", m->engine.n_vocab()}}}});
+      res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+    });
+    http.Get("/props", [this](const httplib::Request&, httplib::Response& res) {
+      const ServingModel* m = model.load();
+      if (!m) return send_error(res, 503, "the model is loading", {}, "unavailable");
+      const SchedulerStats s = m->scheduler.stats();
+      res.set_content(json{{"model", options.model_alias},
+                           {"placement", m->placement},
+                           {"n_ctx", m->engine.n_ctx()},
+                           {"n_parallel", m->engine.n_seq()},
+                           {"chat_template", chat_template_name(m->chat_template)},
+                           {"running", s.running},
+                           {"queued", s.queued},
+                           {"decode_tokens_per_s", s.decode_seconds > 0 ? double(s.decode_tokens) / s.decode_seconds : 0.0}}
+                          .dump(-1, ' ', false, json::error_handler_t::replace),
+                      "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      const ServingModel* m = model.load();
+      const std::string text = m ? render_metrics(m->scheduler.stats(), counters, m->engine.n_seq(), m->engine.n_ctx())
+                                 : render_metrics(SchedulerStats{}, counters, 0, 0);
+      res.set_content(text, "text/plain; version=0.0.4");
+    });
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+  }
+
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const ServingModel* m = model.load();
+    if (stopping) return send_error(res, 503, "the server is shutting down", {}, "unavailable");
+    if (!m) return send_error(res, 503, "the model is loading; retry when GET /health says ok", {}, "unavailable");
+    ParsedRequest parsed;
+    std::shared_ptr<RequestState> state;
+    try {
+      const PromptContext context{.tokenizer = m->engine.tokenizer(),
+                                  .chat_template = m->chat_template,
+                                  .n_ctx = m->engine.n_ctx(),
+                                  .default_max_tokens = options.default_max_tokens};
+      parsed = chat ? parse_chat_request(req.body, context) : parse_completion_request(req.body, context);
+      state = m->scheduler.submit(parsed.completion);
+    } catch (const ApiError& e) {
+      return send_error(res, e.status(), e.what(), e.param(), e.type());
+    } catch (const Error& e) {
+      return send_error(res, stopping ? 503 : 400, e.what());
+    }
+    if (!state) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, 429, "all sequences are busy and the queue is full; retry shortly", {},
+                        "rate_limit_error");
+    }
+    const ResponseMeta meta{.id = new_id(chat), .created = unix_seconds(),
+                            .model = parsed.model.empty() ? options.model_alias : parsed.model, .chat = chat};
+    const Tokenizer& tokenizer = m->engine.tokenizer();
+    if (!parsed.stream) {
+      std::string text;
+      std::vector<TokenLogprob> logprobs;
+      RequestState::Piece piece;
+      while (state->next(piece)) {
+        text += piece.text;
+        logprobs.insert(logprobs.end(), piece.logprobs.begin(), piece.logprobs.end());
+      }
+      if (state->finish_reason() == "error") return send_error(res, 500, state->error(), {}, "server_error");
+      if (state->finish_reason() == "cancelled")
+        return send_error(res, 503, "the server is shutting down; the request was cancelled", {}, "unavailable");
+      res.set_content(full_response(meta, text, state->finish_reason(), parsed.logprobs ? &logprobs : nullptr,
+                                    tokenizer, {state->prompt_tokens(), state->completion_tokens()}),
+                      "application/json");
+      return;
+    }
+    auto stream = std::make_shared<StreamState>(
+        StreamState{.request = state, .meta = meta, .include_usage = parsed.include_usage, .logprobs = parsed.logprobs});
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [stream, &tokenizer](size_t, httplib::DataSink& sink) {
+          const auto write = [&](const std::string& text) {
+            if (!sink.write(text.data(), text.size())) {
+              stream->request->cancel();  // the client is gone: free its sequence
+              return false;
+            }
+            return true;
+          };
+          RequestState::Piece piece;
+          if (stream->first && stream->meta.chat) {  // the role comes first, before any token
+            stream->first = false;
+            return write(sse(stream_chunk(stream->meta, "", true, nullptr, tokenizer, std::nullopt)));
+          }
+          if (stream->request->next(piece)) {
+            if (piece.text.empty() && piece.logprobs.empty()) return true;
+            return write(sse(stream_chunk(stream->meta, piece.text, false,
+                                          stream->logprobs ? &piece.logprobs : nullptr, tokenizer, std::nullopt)));
+          }
+          const RequestState& r = *stream->request;
+          if (r.finish_reason() == "error" || r.finish_reason() == "cancelled") {
+            const std::string message = r.finish_reason() == "error" ? r.error() : "the server is shutting down";
+            if (!write(sse(json{{"error", {{"message", message}, {"type", "server_error"}}}}.dump()))) return false;
+          } else {
+            if (!write(sse(stream_chunk(stream->meta, "", false, nullptr, tokenizer, r.finish_reason())))) return false;
+            if (stream->include_usage &&
+                !write(sse(usage_chunk(stream->meta, {r.prompt_tokens(), r.completion_tokens()}))))
+              return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+          sink.done();
+          return true;
+        },
+        [stream](bool success) {
+          if (!success) stream->request->cancel();
+        });
+  }
+};
+
+HttpServer::HttpServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const ServerOptions& o = impl_->options;
+  if (o.port == 0) {
+    const int port = impl_->http.bind_to_any_port(o.host);
+    if (port < 0) fail("cannot listen on {}: no free port", o.host);
+    return port;
+  }
+  if (!impl_->http.bind_to_port(o.host, o.port))
+    fail("cannot listen on {}:{}: the address is in use or not available; choose another with --host/--port",
+         o.host, o.port);
+  return o.port;
+}
+
+void HttpServer::run() {
+  impl_->run_entered = true;
+  if (!impl_->stopping) impl_->http.listen_after_bind();
+  impl_->listen_returned = true;
+}
+
+void HttpServer::attach(const ServingModel& model) {
+  impl_->model_storage = std::make_unique<ServingModel>(model);
+  impl_->model.store(impl_->model_storage.get());
+}
+
+void HttpServer::stop() {
+  if (impl_->stopping.exchange(true)) return;
+  if (const ServingModel* m = impl_->model.load()) m->scheduler.shutdown();
+  if (impl_->run_entered)
+    while (!impl_->http.is_running() && !impl_->listen_returned)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  impl_->http.stop();
+}
+
+}  // namespace tandem::server

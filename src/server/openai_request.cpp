@@ -1,0 +1,229 @@
+#include "server/openai_request.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "text/tokenizer.h"
+
+namespace tandem::server {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError(400, message, param);
+}
+
+json parse_body(std::string_view body) {
+  // nlohmann checks UTF-8 in strings, so invalid UTF-8 is a parse error here too.
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded())
+    throw ApiError(400, "the request body is not valid JSON (UTF-8); send a JSON object");
+  if (!parsed.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return parsed;
+}
+
+// A present, non-null field.
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number(const json& body, const char* name, double fallback, double min, double max,
+              bool min_open = false) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad(name, fmt::format("'{}' must be a number", name));
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < min || x > max || (min_open && x == min))
+    bad(name, fmt::format("'{}' must be in {}{}, {}] (got {})", name, min_open ? "(" : "[", min, max,
+                          v->dump()));
+  return x;
+}
+
+// An integer field; values past int64 or with a fraction are rejected, values past `max` too.
+int64_t integer(const json& body, const char* name, int64_t fallback, int64_t min, int64_t max) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) bad(name, fmt::format("'{}' must be an integer (got {})", name, v->dump()));
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    bad(name, fmt::format("'{}' is too large (got {})", name, v->dump()));
+  const int64_t x = v->get<int64_t>();
+  if (x < min || x > max) bad(name, fmt::format("'{}' must be in [{}, {}] (got {})", name, min, max, x));
+  return x;
+}
+
+bool boolean(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(name, fmt::format("'{}' must be true or false", name));
+  return v->get<bool>();
+}
+
+// The fields both endpoints share: sampling, stop, n, stream, max_tokens (clamped to the
+// context that is left after the prompt), model.
+void parse_common(const json& body, const PromptContext& context, const char* prompt_param,
+                  ParsedRequest& out) {
+  if (const json* v = field(body, "model")) {
+    if (!v->is_string()) bad("model", "'model' must be a string");
+    out.model = v->get<std::string>();
+  }
+  if (integer(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
+  out.stream = boolean(body, "stream", false);
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) bad("stream_options", "'stream_options' must be an object");
+    out.include_usage = boolean(*v, "include_usage", false);
+  }
+
+  SamplerParams& s = out.completion.options.sampling;
+  s.temperature = float(number(body, "temperature", 1.0, 0.0, 2.0));
+  s.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0, /*min_open=*/true));
+  s.top_k = int32_t(integer(body, "top_k", 0, 0, 1 << 30));
+  s.min_p = float(number(body, "min_p", 0.0, 0.0, 1.0));
+  s.presence_penalty = float(number(body, "presence_penalty", 0.0, -2.0, 2.0));
+  s.frequency_penalty = float(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  s.repeat_penalty = float(number(body, "repeat_penalty", 1.0, 0.0, 10.0, /*min_open=*/true));
+  // Any 64-bit seed; without one each request draws its own.
+  if (const json* v = field(body, "seed")) {
+    if (!v->is_number_integer()) bad("seed", "'seed' must be an integer");
+    s.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
+  } else {
+    s.seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+  }
+
+  if (const json* v = field(body, "stop")) {
+    std::vector<std::string>& stop = out.completion.options.stop;
+    if (v->is_string()) {
+      stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 4) bad("stop", "'stop' holds at most 4 strings");
+      for (const json& item : *v) {
+        if (!item.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+        stop.push_back(item.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or a list of strings");
+    }
+    for (const std::string& text : stop)
+      if (text.empty()) bad("stop", "stop strings must not be empty");
+  }
+
+  const int64_t prompt = int64_t(out.completion.prompt.size());
+  if (prompt == 0) bad(prompt_param, "the prompt is empty");
+  if (prompt >= context.n_ctx)
+    bad(prompt_param,
+        fmt::format("the prompt has {} tokens but the context holds {} (room for at least one generated "
+                    "token is needed); shorten the prompt or start the server with a larger --ctx",
+                    prompt, context.n_ctx));
+  // max_completion_tokens is the newer name; max_tokens the older. Values past the context are
+  // clamped to it: generation then ends with finish_reason "length" when the context is full.
+  const int64_t room = context.n_ctx - prompt;
+  const int64_t fallback = context.default_max_tokens > 0 ? std::min<int64_t>(context.default_max_tokens, room) : room;
+  int64_t max_tokens = integer(body, "max_tokens", fallback, 0, std::numeric_limits<int64_t>::max());
+  max_tokens = integer(body, "max_completion_tokens", max_tokens, 0, std::numeric_limits<int64_t>::max());
+  out.completion.options.max_tokens = int32_t(std::min(max_tokens, room));
+}
+
+std::string text_of_content(const json& content, size_t index) {
+  const std::string param = fmt::format("messages[{}].content", index);
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return {};
+  if (!content.is_array()) bad(param, "a message's content must be a string or a list of text parts");
+  std::string text;
+  for (const json& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad(param, "each content part must be an object with a 'type'");
+    if (part["type"] != "text")
+      bad(param, fmt::format("content parts of type '{}' are not supported; only 'text'",
+                             part["type"].get<std::string>()));
+    if (!part.contains("text") || !part["text"].is_string()) bad(param, "a text part needs a string 'text'");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string error_body(int status, const std::string& message, const std::string& param,
+                       const std::string& type) {
+  json error = {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", status}};
+  return json{{"error", error}}.dump();
+}
+
+ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext& context) {
+  const json body = parse_body(body_text);
+  const json* messages = field(body, "messages");
+  if (!messages) bad("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
+  std::vector<ChatMessage> chat;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad(param, "each message must be an object with 'role' and 'content'");
+    if (!m.contains("role") || !m["role"].is_string()) bad(param + ".role", "a message needs a string 'role'");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for system prompts
+    if (role != "system" && role != "user" && role != "assistant")
+      bad(param + ".role", fmt::format("role '{}' is not supported; use system, user or assistant", role));
+    const json& content = m.contains("content") ? m["content"] : json(nullptr);
+    chat.push_back({role, text_of_content(content, i)});
+  }
+
+  ParsedRequest out;
+  const Tokenizer& tokenizer = context.tokenizer;
+  const std::string bos = tokenizer.bos_id() ? std::string(tokenizer.token_text(*tokenizer.bos_id())) : std::string();
+  const std::string prompt = apply_chat_template(context.chat_template, chat, true, bos);
+  out.completion.prompt = tokenizer.encode(prompt, {.add_bos = false, .parse_special = true});
+
+  out.logprobs = boolean(body, "logprobs", false);
+  const int64_t top = integer(body, "top_logprobs", 0, 0, 20);
+  if (field(body, "top_logprobs") && !out.logprobs)
+    bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  out.completion.top_logprobs = out.logprobs ? int32_t(top) : -1;
+  parse_common(body, context, "messages", out);
+  return out;
+}
+
+ParsedRequest parse_completion_request(std::string_view body_text, const PromptContext& context) {
+  const json body = parse_body(body_text);
+  const json* prompt = field(body, "prompt");
+  if (!prompt) bad("prompt", "'prompt' is required");
+  ParsedRequest out;
+  const Tokenizer& tokenizer = context.tokenizer;
+  const auto encode = [&](const std::string& text) {
+    return tokenizer.encode(text, {.add_bos = tokenizer.add_bos_by_default(), .parse_special = false});
+  };
+  if (prompt->is_string()) {
+    out.completion.prompt = encode(prompt->get<std::string>());
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    out.completion.prompt = encode((*prompt)[0].get<std::string>());
+  } else if (prompt->is_array() && !prompt->empty() &&
+             std::all_of(prompt->begin(), prompt->end(), [](const json& t) { return t.is_number_integer(); })) {
+    for (const json& t : *prompt) {
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id >= tokenizer.n_vocab())
+        bad("prompt", fmt::format("token id {} is outside the vocabulary (0..{})", id, tokenizer.n_vocab() - 1));
+      out.completion.prompt.push_back(int32_t(id));
+    }
+  } else {
+    bad("prompt", "'prompt' must be a string, a list with one string, or a list of token ids");
+  }
+  // Completions' logprobs is an integer: how many alternatives per token (0..5).
+  if (const json* v = field(body, "logprobs")) {
+    if (!v->is_number_integer()) bad("logprobs", "'logprobs' must be an integer in [0, 5]");
+    out.completion.top_logprobs = int32_t(integer(body, "logprobs", 0, 0, 5));
+    out.logprobs = true;
+  }
+  parse_common(body, context, "prompt", out);
+  return out;
+}
+
+}  // namespace tandem::server

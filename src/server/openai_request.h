@@ -1,0 +1,39 @@
+#pragma once
+// The bodies of POST /v1/chat/completions and /v1/completions, read and checked as OpenAI does:
+// unknown fields are ignored, known fields with a wrong type or value are rejected with a 400
+// that names them. Context-dependent limits (prompt longer than the context) are checked here
+// too, so a request that cannot run never reaches the scheduler.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/batch_scheduler.h"
+#include "text/chat_template.h"
+
+namespace tandem {
+class Tokenizer;
+}
+
+namespace tandem::server {
+
+struct ParsedRequest {
+  CompletionRequest completion;  // prompt tokens, max_tokens, sampling, stop, logprobs
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage
+  bool logprobs = false;         // chat: logprobs; completions: logprobs >= 0
+  std::string model;             // as the client named it (echoed back)
+};
+
+struct PromptContext {
+  const Tokenizer& tokenizer;
+  ChatTemplateKind chat_template;
+  int64_t n_ctx;                  // tokens one sequence holds
+  int32_t default_max_tokens;     // when the request names none
+};
+
+// Throw ApiError (400) naming the field at fault. `body` is the raw request body.
+ParsedRequest parse_chat_request(std::string_view body, const PromptContext& context);
+ParsedRequest parse_completion_request(std::string_view body, const PromptContext& context);
+
+}  // namespace tandem::server

@@ -1,0 +1,41 @@
+#pragma once
+// OpenAI response bodies: whole responses, streamed chunks (the JSON after "data: "), and the
+// usage object, for chat completions and legacy completions.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/batch_scheduler.h"
+
+namespace tandem {
+class Tokenizer;
+}
+
+namespace tandem::server {
+
+struct ResponseMeta {
+  std::string id;       // "chatcmpl-…" or "cmpl-…"
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  bool chat = true;
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+// A non-streamed response. `logprobs` null when the request did not ask for them.
+std::string full_response(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
+                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer, Usage usage);
+
+// One streamed chunk: `text` as the delta (chat: the first chunk also carries the role),
+// `finish_reason` on the last one.
+std::string stream_chunk(const ResponseMeta& meta, const std::string& text, bool first,
+                         const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
+                         const std::optional<std::string>& finish_reason);
+
+// The extra last chunk of stream_options.include_usage: no choices, the usage.
+std::string usage_chunk(const ResponseMeta& meta, Usage usage);
+
+}  // namespace tandem::server
