@@ -43,7 +43,8 @@ export function tokenCount(model, text, { special = false, bos = true } = {}) {
 }
 
 export async function startServer(model, extraArgs = []) {
-  const child = spawn(tandemBin, ['serve', model, '--port', '0', '--threads', '2', ...extraArgs],
+  const threads = extraArgs.includes('--threads') ? [] : ['--threads', '2'];
+  const child = spawn(tandemBin, ['serve', model, '--port', '0', ...threads, ...extraArgs],
                       { stdio: ['ignore', 'inherit', 'pipe'] });
   let stderr = '';
   const port = await new Promise((resolve, reject) => {
