@@ -99,6 +99,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", o->engine.n_threads, "CPU threads (default: physical cores)");
   cmd->add_flag("--json", o->json, "print one JSON object");
   add_device_options(cmd, o->engine);
+  add_thread_options(cmd, o->engine);
   add_mlock_option(cmd, o->engine);
   cmd->callback([o] {
     if (o->repetitions < 1) fail("--repetitions must be at least 1");

@@ -14,8 +14,15 @@ void add_engine_options(CLI::App* cmd, EngineOptions& options) {
   cmd->add_option("-c,--ctx", options.n_ctx,
                   "context length in tokens (default: the model's, capped to half the free memory)");
   cmd->add_flag("-v,--verbose", options.verbose, "print load details and timings");
+  add_thread_options(cmd, options);
   add_mlock_option(cmd, options);
   add_device_options(cmd, options);
+}
+
+void add_thread_options(CLI::App* cmd, EngineOptions& options) {
+  cmd->add_flag("!--no-pin", options.pin_threads,
+                "let the OS move the CPU threads between cores (default: each thread pinned to its own "
+                "physical core when there are enough)");
 }
 
 void add_mlock_option(CLI::App* cmd, EngineOptions& options) {

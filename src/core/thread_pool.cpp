@@ -1,6 +1,8 @@
 #include "core/thread_pool.h"
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <fstream>
 #include <set>
@@ -40,10 +42,54 @@ int physical_core_count() {
   return cores.empty() ? 1 : int(cores.size());
 }
 
-ThreadPool::ThreadPool(int n_threads) {
+std::vector<int> one_cpu_per_core() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+  std::set<std::pair<std::string, std::string>> seen;
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream package(dir + "physical_package_id"), core(dir + "core_id");
+    std::string package_id, core_id;
+    // Without topology (some containers) every CPU counts as its own core.
+    const bool known = (package >> package_id) && (core >> core_id);
+    if (!known || seen.emplace(std::move(package_id), std::move(core_id)).second) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+namespace {
+
+void pin_this_thread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // best effort: a refusal is harmless
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads, bool pin) {
   if (n_threads < 1) fail("--threads must be at least 1 (got {})", n_threads);
+  if (pin) {
+    cpus_ = one_cpu_per_core();
+    if (int(cpus_.size()) < n_threads) cpus_.clear();  // oversubscribed: let the OS place them
+    else cpus_.resize(size_t(n_threads));
+  }
   workers_.reserve(size_t(n_threads - 1));
-  for (int t = 1; t < n_threads; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+  for (int t = 1; t < n_threads; ++t)
+    workers_.emplace_back([this, t] {
+      if (!cpus_.empty()) pin_this_thread(cpus_[size_t(t)]);
+      worker_loop(t);
+    });
+}
+
+void ThreadPool::pin_caller() {
+  if (cpus_.empty() || pinned_caller_ == std::this_thread::get_id()) return;
+  pin_this_thread(cpus_[0]);
+  pinned_caller_ = std::this_thread::get_id();
 }
 
 ThreadPool::~ThreadPool() {
@@ -63,6 +109,7 @@ void ThreadPool::drain(int thread) {
 
 void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   if (n_tasks <= 0) return;
+  pin_caller();
   if (workers_.empty() || n_tasks == 1) {
     for (int64_t task = 0; task < n_tasks; ++task) fn(ctx, task, 0);
     return;

@@ -54,7 +54,7 @@ std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
 
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
-                          int n_threads, int64_t n_ctx, int64_t n_seq) {
+                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads) {
   const std::vector<uint64_t> budgets = parse_sim_devices(devices);
   const plan::ModelInventory inventory = plan::inventory_from_file(file);
 
@@ -84,7 +84,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     fail("the model does not fit on --devices {}: {}", devices, problems);
   }
 
-  setup.backends.push_back(std::make_unique<cpu::CpuBackend>(n_threads));
+  setup.backends.push_back(std::make_unique<cpu::CpuBackend>(n_threads, "cpu", pin_threads));
   for (size_t i = 0; i < budgets.size(); ++i)
     setup.backends.push_back(std::make_unique<sim::SimBackend>(int(i), budgets[i]));
   auto backend = [&](int32_t device) -> Backend* {

@@ -33,6 +33,6 @@ struct DeviceSetup {
 // planner's problems.
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
-                          int n_threads, int64_t n_ctx, int64_t n_seq);
+                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false);
 
 }  // namespace tandem

@@ -50,13 +50,13 @@ Engine::Engine(const EngineOptions& options) {
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_hp.n_ctx_train);
   DevicePlan devices;
   if (options.devices.empty() || options.devices == "cpu") {
-    backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_));
+    backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_, "cpu", options.pin_threads));
     devices = DevicePlan::single(*backends_[0], file_hp.n_layer - file_hp.n_nextn_layers, file_hp.n_expert);
   } else {
     // Devices with budgets need a real context length to plan the KV cache.
     if (options.n_ctx <= 0) n_ctx = std::min<int64_t>(n_ctx, 4096);
     DeviceSetup setup = setup_devices(*file_, options.devices, options.rules, options.profile, n_threads_,
-                                      n_ctx, options.n_seq);
+                                      n_ctx, options.n_seq, options.pin_threads);
     backends_ = std::move(setup.backends);
     devices = setup.plan;
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", options.devices.c_str(), setup.summary.c_str());

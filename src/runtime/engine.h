@@ -32,6 +32,7 @@ struct EngineOptions {
   std::string rules;            // rule file pinning weight groups to devices (with --devices)
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
   bool mlock = false;           // lock the model file in RAM so it is never paged out
+  bool pin_threads = true;      // each CPU thread on its own physical core (thread_pool.h)
 };
 
 class Engine {

@@ -37,8 +37,8 @@ float* grow(std::vector<float>& v, size_t n) {
   return v.data();
 }
 
-CpuBackend::CpuBackend(int n_threads, std::string name)
-    : name_(std::move(name)), pool_(n_threads) {}
+CpuBackend::CpuBackend(int n_threads, std::string name, bool pin_threads)
+    : name_(std::move(name)), pool_(n_threads, pin_threads) {}
 
 std::shared_ptr<Event> CpuBackend::record_event() { return std::make_shared<DoneEvent>(); }
 

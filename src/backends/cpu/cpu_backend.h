@@ -13,7 +13,8 @@ namespace tandem::cpu {
 class CpuBackend final : public Backend {
  public:
   // `name` lets a simulated device reuse these ops under its own name.
-  explicit CpuBackend(int n_threads, std::string name = "cpu");
+  // `pin_threads`: see ThreadPool.
+  explicit CpuBackend(int n_threads, std::string name = "cpu", bool pin_threads = false);
   ~CpuBackend() override;
 
   std::string name() const override { return name_; }
