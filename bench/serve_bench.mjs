@@ -27,7 +27,7 @@ async function stream(base, i) {
   const res = await fetch(base + '/v1/chat/completions', {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ messages: [{ role: 'user', content: `Stream ${i}: tell a story.` }], max_tokens: tokens,
-                           temperature: 0.8, seed: i, stream: true, logprobs: true,
+                           temperature: 0.8, seed: i, stream: true, logprobs: true, ignore_eos: true,
                            stream_options: { include_usage: true } }) });
   const reader = res.body.getReader(), decoder = new TextDecoder();
   let buffer = '', first = 0, generated = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "runtime/engine.h"
@@ -267,7 +268,15 @@ void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
     slot.state->end("length", 0);
     return;
   }
-  const std::span<const float> row(logits, size_t(engine_.n_vocab()));
+  std::span<const float> row(logits, size_t(engine_.n_vocab()));
+  if (slot.request.ignore_eos) {
+    // The sampler sees the end-of-generation tokens as impossible; log-probabilities too.
+    const Tokenizer& tokenizer = engine_.tokenizer();
+    masked_.assign(row.begin(), row.end());
+    for (std::optional<int32_t> id : {tokenizer.eos_id(), tokenizer.eot_id()})
+      if (id && *id >= 0 && size_t(*id) < masked_.size()) masked_[size_t(*id)] = -INFINITY;
+    row = masked_;
+  }
   const int32_t token = slot.sampler.sample(row);
   slot.sampler.accept(token);
   ++slot.generated;

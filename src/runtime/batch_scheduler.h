@@ -29,6 +29,7 @@ struct CompletionRequest {
   std::vector<int32_t> prompt;
   GenerateOptions options;    // max_tokens, sampling (with its seed), stop strings
   int32_t top_logprobs = -1;  // -1: no log-probabilities; else each token's and the top N's
+  bool ignore_eos = false;    // never sample end-of-generation tokens (benchmarks, as llama.cpp)
 };
 
 // A generated token's log-probability under the model (softmax of the raw logits, before the
@@ -118,6 +119,7 @@ class BatchScheduler {
   bool prompt_turn_ = true;
   std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
   std::vector<float> logits_;
+  std::vector<float> masked_;  // a logits row with end-of-generation removed (ignore_eos)
   std::thread thread_;
 };
 

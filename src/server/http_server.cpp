@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "runtime/batch_scheduler.h"
@@ -54,6 +55,10 @@ struct HttpServer::Impl {
   std::atomic<uint64_t> next_id{1};
   std::string id_prefix;
   std::atomic<bool> stopping{false};
+  // Completion requests between their start and the end of their response; stop() waits for
+  // them, because httplib stops writing streamed responses once it is stopped, and a stream
+  // would lose its final event.
+  std::atomic<int> in_flight{0};
   // run() was entered / listen returned: stop() must not call httplib's stop() in the window
   // before listening starts, where it would do nothing and the server would listen forever.
   std::atomic<bool> run_entered{false}, listen_returned{false};
@@ -157,7 +162,19 @@ struct HttpServer::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
   }
 
+  // Counts a request in flight for as long as it lives (a stream hands it to its releaser).
+  struct InFlight {
+    std::atomic<int>* count;
+    explicit InFlight(std::atomic<int>& c) : count(&c) { ++c; }
+    InFlight(InFlight&& other) noexcept : count(std::exchange(other.count, nullptr)) {}
+    InFlight(const InFlight&) = delete;
+    ~InFlight() {
+      if (count) --*count;
+    }
+  };
+
   void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    InFlight in_flight_guard(in_flight);
     const ServingModel* m = model.load();
     if (stopping) return send_error(res, 503, "the server is shutting down", {}, "unavailable");
     if (!m) return send_error(res, 503, "the model is loading; retry when GET /health says ok", {}, "unavailable");
@@ -201,6 +218,7 @@ struct HttpServer::Impl {
     }
     auto stream = std::make_shared<StreamState>(
         StreamState{.request = state, .meta = meta, .include_usage = parsed.include_usage, .logprobs = parsed.logprobs});
+    auto stream_in_flight = std::make_shared<InFlight>(std::move(in_flight_guard));
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
@@ -237,7 +255,7 @@ struct HttpServer::Impl {
           sink.done();
           return true;
         },
-        [stream](bool success) {
+        [stream, stream_in_flight](bool success) {
           if (!success) stream->request->cancel();
         });
   }
@@ -274,6 +292,11 @@ void HttpServer::attach(const ServingModel& model) {
 void HttpServer::stop() {
   if (impl_->stopping.exchange(true)) return;
   if (const ServingModel* m = impl_->model.load()) m->scheduler.shutdown();
+  // Running requests end at the scheduler's next step; give their responses (final events of
+  // streams) up to 10 s to reach the clients.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (impl_->in_flight > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   if (impl_->run_entered)
     while (!impl_->http.is_running() && !impl_->listen_returned)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

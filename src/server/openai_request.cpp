@@ -77,6 +77,7 @@ void parse_common(const json& body, const PromptContext& context, const char* pr
   }
   if (integer(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
   out.stream = boolean(body, "stream", false);
+  out.completion.ignore_eos = boolean(body, "ignore_eos", false);  // llama.cpp's extension
   if (const json* v = field(body, "stream_options")) {
     if (!v->is_object()) bad("stream_options", "'stream_options' must be an object");
     out.include_usage = boolean(*v, "include_usage", false);
