@@ -73,23 +73,19 @@ void pin_this_thread(int cpu) {
 
 ThreadPool::ThreadPool(int n_threads, bool pin) {
   if (n_threads < 1) fail("--threads must be at least 1 (got {})", n_threads);
+  std::vector<int> cpus;
   if (pin) {
-    cpus_ = one_cpu_per_core();
-    if (int(cpus_.size()) < n_threads) cpus_.clear();  // oversubscribed: let the OS place them
-    else cpus_.resize(size_t(n_threads));
+    cpus = one_cpu_per_core();
+    if (int(cpus.size()) < n_threads) cpus.clear();  // oversubscribed: let the OS place them
   }
   workers_.reserve(size_t(n_threads - 1));
-  for (int t = 1; t < n_threads; ++t)
-    workers_.emplace_back([this, t] {
-      if (!cpus_.empty()) pin_this_thread(cpus_[size_t(t)]);
+  for (int t = 1; t < n_threads; ++t) {
+    const int cpu = cpus.empty() ? -1 : cpus[size_t(t)];
+    workers_.emplace_back([this, t, cpu] {
+      if (cpu >= 0) pin_this_thread(cpu);
       worker_loop(t);
     });
-}
-
-void ThreadPool::pin_caller() {
-  if (cpus_.empty() || pinned_caller_ == std::this_thread::get_id()) return;
-  pin_this_thread(cpus_[0]);
-  pinned_caller_ = std::this_thread::get_id();
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -109,7 +105,6 @@ void ThreadPool::drain(int thread) {
 
 void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   if (n_tasks <= 0) return;
-  pin_caller();
   if (workers_.empty() || n_tasks == 1) {
     for (int64_t task = 0; task < n_tasks; ++task) fn(ctx, task, 0);
     return;

@@ -19,10 +19,12 @@ std::vector<int> one_cpu_per_core();
 
 class ThreadPool {
  public:
-  // `n_threads` counts the caller: ThreadPool(1) runs everything inline. With `pin`, thread t
-  // is bound to its own physical core (one_cpu_per_core()[t]; the caller of parallel_for is
-  // thread 0), so the OS does not move a kernel's threads between cores mid-job or stack two
-  // on one core's hyper-threads; there is no pinning when there are more threads than cores.
+  // `n_threads` counts the caller: ThreadPool(1) runs everything inline. With `pin`, worker t
+  // is bound to its own physical core (one_cpu_per_core()[t], t >= 1), so the OS does not move
+  // a kernel's threads between cores mid-job or stack two on one core's hyper-threads; there is
+  // no pinning when there are more threads than cores. The caller (thread 0) is left free: it
+  // is someone else's thread, and binding it would follow it into all its later work (a pinned
+  // caller made `bench`'s later measurements run two threads on one core).
   explicit ThreadPool(int n_threads, bool pin = false);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -45,11 +47,7 @@ class ThreadPool {
   void worker_loop(int thread);
   void drain(int thread);
 
-  void pin_caller();
-
   std::vector<std::thread> workers_;
-  std::vector<int> cpus_;                // [size()] when pinned, else empty
-  std::thread::id pinned_caller_;        // the caller thread last bound to cpus_[0]
   // The current job; written by the caller before `generation_` is bumped (release).
   TaskFn job_fn_ = nullptr;
   void* job_ctx_ = nullptr;
