@@ -1,5 +1,6 @@
 #pragma once
-// Heap memory aligned for the widest SIMD loads (64 bytes), owned like a unique_ptr.
+// Heap memory aligned for the widest SIMD loads (64 bytes), owned like a unique_ptr; large
+// buffers on huge pages.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -7,6 +8,8 @@
 namespace tandem {
 
 constexpr size_t kBufferAlignment = 64;
+// Buffers of at least this size start on a 2 MiB boundary and ask for transparent huge pages.
+constexpr size_t kHugePageBytes = size_t(2) << 20;
 
 struct AlignedFree {
   void operator()(void* p) const noexcept;

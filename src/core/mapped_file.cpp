@@ -36,6 +36,13 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       fail("{}: cannot mmap {} bytes: {}", path, size_, std::strerror(err));
     }
     data_ = static_cast<const uint8_t*>(map);
+    // Weights are streamed whole, so ask for 2 MiB pages: where the filesystem caches large
+    // folios (ext4 and xfs on Linux >= 6.x), disk reads become 2 MiB reads and the page tables
+    // hold 512x fewer entries. Measured on this project's VM (shadow paging): a process's first
+    // pass over cached weights ran at 3 GB/s with 4 KiB pages and 25 GB/s with 2 MiB pages, so
+    // decode no longer warms up over its first ~40 tokens; cold reads went from 1.5-3 to
+    // 6 GB/s. Advice only: kernels without file THP ignore it.
+    ::madvise(map, size_, MADV_HUGEPAGE);
   }
   ::close(fd);  // the mapping keeps the file alive
 }

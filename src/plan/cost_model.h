@@ -28,14 +28,13 @@ struct CostParams {
   // Quantized dot kernels reach about half of nominal FMA peak at prefill batch sizes. One
   // coarse op forks and joins the thread pool once: 5-20 us on a many-core host.
   // With our decode kernel's rate measured on the host (kernel_rate.h), a decode step reads its
-  // weights at ~75% of it: the isolated measurement streams one shape, while a step mixes formats
-  // and small matrices (attention, router) whose threads finish unevenly (measured on the lite
-  // model, 2 threads: 12.1 tokens/s = 19.5 GB/s of weights against a 30.9 GB/s kernel rate,
-  // of which 0.6 GB/s is the 6-8 us each of ~320 fork/joins per token costs).
+  // weights at that rate; the fork/joins of its ~320 ops come on top (measured on the lite
+  // model, 2 threads, weights on huge pages: 17.9 tokens/s = 28.8 GB/s of weights against a
+  // 28.3 GB/s kernel rate. With 4 KiB pages it was 75%, the rest page-table work).
   DeviceKindCost cpu = {.bandwidth_efficiency = 0.7,
                         .flops_efficiency = 0.5,
                         .op_overhead_s = 15e-6,
-                        .kernel_efficiency = 0.75,
+                        .kernel_efficiency = 1.0,
                         .fallback_bandwidth_bytes_per_s = 50e9,  // dual-channel DDR5 desktop
                         .fallback_flops_per_s = 0.5e12};         // 8 AVX2 cores at ~3 GHz
   // CUDA: bandwidth is the spec-sheet peak; quantized GEMV kernels reach 70-80% of it.

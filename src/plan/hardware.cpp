@@ -1,5 +1,6 @@
 #include "plan/hardware.h"
 
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "plan/kernel_rate.h"
@@ -207,8 +209,12 @@ double measure_triad_bandwidth(int threads, uint64_t available_ram_bytes) {
   total_bytes = std::max<uint64_t>(total_bytes, uint64_t(32) << 20);
   const size_t n_elements = size_t(total_bytes / (3 * sizeof(double)));
   constexpr double kBudgetSeconds = 1.0;
-  std::unique_ptr<double[]> a(new double[n_elements]), b(new double[n_elements]),
-      c(new double[n_elements]);
+  // On huge pages, as the weights are (core/aligned_buffer.h).
+  AlignedBuffer a_bytes(n_elements * sizeof(double)), b_bytes(n_elements * sizeof(double)),
+      c_bytes(n_elements * sizeof(double));
+  double* a = a_bytes.as<double>();
+  double* b = b_bytes.as<double>();
+  double* c = c_bytes.as<double>();
   ThreadPool pool(threads);
   const int64_t n_slices = pool.size();
   auto slice = [&](int64_t s) {
@@ -226,9 +232,9 @@ double measure_triad_bandwidth(int threads, uint64_t available_ram_bytes) {
     const auto start = std::chrono::steady_clock::now();
     pool.parallel_for(n_slices, [&](int64_t s, int) {
       const auto [first, last] = slice(s);
-      double* __restrict out = a.get();
-      const double* __restrict x = b.get();
-      const double* __restrict y = c.get();
+      double* __restrict out = a;
+      const double* __restrict x = b;
+      const double* __restrict y = c;
       for (size_t i = first; i < last; ++i) out[i] = x[i] + scalar * y[i];
     });
     const double seconds =
@@ -268,12 +274,18 @@ struct HostRates {
 // The host's bandwidth and decode kernel rate for `threads` threads: from the cache when this CPU
 // model and thread count were measured before, otherwise measured now (~2 s) and written back (a
 // cache that cannot be written costs the measurement next time, nothing more).
+// Cached rates measured another way are measured again: 2 = buffers on huge pages, as the
+// weights have been since their mapping asks for them.
+constexpr int kRatesMethod = 2;
+
 HostRates host_rates(const std::string& cpu_model, int threads) {
   const auto path = bandwidth_cache_path();
   nlohmann::json cache = path ? read_cache(*path) : nlohmann::json::object();
   if (cache.contains("entries")) {
     for (const nlohmann::json& entry : cache["entries"]) {
-      if (entry.value("cpu", "") != cpu_model || entry.value("threads", -1) != threads) continue;
+      if (entry.value("cpu", "") != cpu_model || entry.value("threads", -1) != threads ||
+          entry.value("method", 1) != kRatesMethod)
+        continue;
       const double bytes_per_s = entry.value("bytes_per_s", 0.0);
       const double kernel_bytes_per_s = entry.value("decode_kernel_bytes_per_s", 0.0);
       if (bytes_per_s > 0 && kernel_bytes_per_s > 0)
@@ -287,14 +299,15 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
   const std::string date = today();
   if (path) {
     if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
-    // An entry from before the kernel rate was measured is replaced.
+    // An older entry for this CPU and thread count is replaced.
     auto& entries = cache["entries"];
     for (auto it = entries.begin(); it != entries.end();)
       it = it->value("cpu", "") == cpu_model && it->value("threads", -1) == threads
                ? entries.erase(it)
                : it + 1;
     entries.push_back({{"cpu", cpu_model}, {"threads", threads}, {"bytes_per_s", bytes_per_s},
-                       {"decode_kernel_bytes_per_s", kernel_bytes_per_s}, {"date", date}});
+                       {"decode_kernel_bytes_per_s", kernel_bytes_per_s}, {"method", kRatesMethod},
+                       {"date", date}});
     std::error_code ec;
     std::filesystem::create_directories(path->parent_path(), ec);
     // Written beside and renamed, so a concurrent reader sees the old file or the new one.
