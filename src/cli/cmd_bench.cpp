@@ -2,7 +2,9 @@
 // mean ± sd), next to what bounds them on this machine, all measured in the same run: memory
 // bandwidth (a STREAM-style triad before and after), the decode roofline (bandwidth / bytes of
 // weights one token reads, counting only the experts it uses), and the peak throughput of our
-// own matmul kernels for prefill. Also prints the cost model's prediction for the same devices.
+// own matmul kernels for prefill. Also prints the cost model's prediction for the same devices,
+// and with --cold a cold start (load + first token from an emptied page cache) against the time
+// the disk needs for the bytes it read.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -25,6 +27,7 @@
 #include "plan/kernel_rate.h"
 #include "plan/planner.h"
 #include "quant/quant.h"
+#include "runtime/cold_start.h"
 #include "runtime/engine.h"
 #include "runtime/device_setup.h"
 
@@ -79,6 +82,10 @@ double kernel_peak_flops(DType type, int threads) {
   return 2.0 * double(rows * cols * tokens) / best_matmul_seconds(type, rows, cols, tokens, threads, 4);
 }
 
+// Cold starts are measured with a one-token prompt (loading, then the first token: what the disk
+// bounds) and a short chat message (where computing the prompt starts to count).
+const std::vector<size_t> kColdPromptTokens = {1, 16};
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -87,6 +94,7 @@ void register_bench(CLI::App& app) {
     int64_t prompt = 512, generate = 128;
     int repetitions = 3;
     bool json = false;
+    bool cold = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -98,6 +106,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", o->repetitions, "repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", o->engine.n_threads, "CPU threads (default: physical cores)");
   cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->add_flag("--cold", o->cold,
+                "first measure cold starts: drop the model from the page cache, load it and run a 1- and a "
+                "16-token prompt; compared with reading only the bytes they needed, and with the same start warm");
   add_device_options(cmd, o->engine);
   add_thread_options(cmd, o->engine);
   add_mlock_option(cmd, o->engine);
@@ -105,7 +116,17 @@ void register_bench(CLI::App& app) {
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
     const int threads = o->engine.n_threads > 0 ? o->engine.n_threads : physical_core_count();
     o->engine.n_threads = threads;
-    o->engine.n_ctx = std::max<int64_t>(o->prompt, o->generate) + 1;
+    o->engine.n_ctx = std::max<int64_t>({o->prompt, o->generate, int64_t(kColdPromptTokens.back())}) + 1;
+
+    std::vector<ColdStart> cold;
+    for (size_t n_tokens : o->cold ? kColdPromptTokens : std::vector<size_t>{}) {
+      // Tokens 3..99 exist in every vocabulary.
+      std::vector<int32_t> prompt(n_tokens);
+      for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + (i * 37) % 97);
+      if (!o->json)
+        fmt::print(stderr, "tandem: measuring a cold start with a {}-token prompt (dropping the model from the page cache)\n", n_tokens);
+      cold.push_back(measure_cold_start(o->engine, prompt));
+    }
 
     const double bandwidth_before = plan::measure_memory_bandwidth(threads);
     Engine engine(o->engine);
@@ -187,6 +208,11 @@ void register_bench(CLI::App& app) {
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s}};
+      for (const ColdStart& c : cold)
+        out["cold_start"].push_back({{"prompt_tokens", c.prompt_tokens}, {"first_token_s", c.first_token_seconds},
+                                     {"load_s", c.load_seconds}, {"warm_first_token_s", c.warm_first_token_seconds},
+                                     {"touched_bytes", c.touched_bytes}, {"read_touched_s", c.read_seconds},
+                                     {"ratio_to_read", c.first_token_seconds / c.read_seconds}});
       fmt::print("{}\n", out.dump(2));
       return;
     }
@@ -213,6 +239,17 @@ void register_bench(CLI::App& app) {
                pp.mean > 0 ? placement.predicted.prefill_tokens_per_s / pp.mean : 0.0,
                placement.predicted.decode_tokens_per_s,
                tg.mean > 0 ? placement.predicted.decode_tokens_per_s / tg.mean : 0.0);
+    if (!cold.empty()) {
+      fmt::print("\ncold start: load + first token from an emptied page cache, against reading only the bytes it "
+                 "needed (all at once, from an empty cache) and against the same start warm\n");
+      fmt::print("| prompt | cold: load + first token | of which load | warm | needed from the file | reading them alone | cold / reading |\n");
+      fmt::print("|-------:|-------------------------:|-------------:|-----:|---------------------:|-------------------:|---------------:|\n");
+      for (const ColdStart& c : cold)
+        fmt::print("| {} | {:.2f} s | {:.2f} s | {:.2f} s | {} of {} | {:.2f} s ({:.2f} GB/s) | {:.2f}x |\n", c.prompt_tokens,
+                   c.first_token_seconds, c.load_seconds, c.warm_first_token_seconds, format_bytes(c.touched_bytes),
+                   format_bytes(c.file_bytes), c.read_seconds, double(c.touched_bytes) / c.read_seconds / 1e9,
+                   c.first_token_seconds / c.read_seconds);
+    }
   });
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -92,6 +93,61 @@ size_t MappedFile::map_cached_pages() const {
 #else
   return 0;
 #endif
+}
+
+std::pair<size_t, size_t> MappedFile::granules(size_t offset, size_t bytes) const {
+  TANDEM_CHECK(offset <= size_ && bytes <= size_ - offset);
+  const size_t start = offset / kReadGranule * kReadGranule;
+  const size_t end = std::min(size_, (offset + bytes + kReadGranule - 1) / kReadGranule * kReadGranule);
+  return {start, end - start};
+}
+
+void MappedFile::start_reading(size_t offset, size_t bytes) const {
+  const auto [start, length] = granules(offset, bytes);
+  if (length == 0) return;
+  ::madvise(const_cast<uint8_t*>(data_) + start, length, MADV_WILLNEED);  // advice: a refusal changes nothing
+}
+
+void MappedFile::read_into_memory(size_t offset, size_t bytes) const {
+  const auto [start, length] = granules(offset, bytes);
+  if (length == 0) return;
+#ifdef MADV_POPULATE_READ
+  if (::madvise(const_cast<uint8_t*>(data_) + start, length, MADV_POPULATE_READ) == 0) return;
+#endif
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  volatile uint8_t sink = 0;
+  for (size_t at = start; at < start + length; at += page) sink = sink + data_[at];
+}
+
+bool MappedFile::fully_cached(size_t offset, size_t bytes) const {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t start = offset / page * page, end = (offset + bytes + page - 1) / page * page;
+  return cached_bytes(offset, bytes) == end - start;
+}
+
+size_t MappedFile::cached_bytes(size_t offset, size_t bytes) const {
+  TANDEM_CHECK(offset <= size_ && bytes <= size_ - offset);
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t start = offset / page * page, end = offset + bytes;
+  constexpr size_t kWindow = size_t(64) << 20;  // one mincore() call per 64 MiB
+  std::vector<unsigned char> resident(kWindow / page);
+  size_t cached = 0;
+  for (size_t at = start; at < end; at += kWindow) {
+    const size_t window = std::min(kWindow, end - at);
+    if (::mincore(const_cast<uint8_t*>(data_) + at, window, resident.data()) != 0) continue;
+    for (size_t i = 0; i < (window + page - 1) / page; ++i) cached += (resident[i] & 1) ? page : 0;
+  }
+  return cached;
+}
+
+size_t evict_from_page_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
+  const int err = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (err != 0) fail("{}: cannot drop it from the page cache: {}", path, std::strerror(err));
+  const MappedFile map(path);
+  return map.cached_bytes(0, map.size());
 }
 
 MappedFile::~MappedFile() {

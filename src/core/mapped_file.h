@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace tandem {
 
@@ -36,10 +37,36 @@ class MappedFile {
   // kernel lacks MADV_POPULATE_READ (Linux < 5.14).
   size_t map_cached_pages() const;
 
+  // Reads of weights go by 2 MiB pieces aligned in the file: the large pages the mapping asks
+  // for (see the constructor), so that read-ahead and page tables use whole large pages.
+  static constexpr size_t kReadGranule = size_t(2) << 20;
+
+  // Asks the kernel to start reading the 2 MiB pieces covering [offset, offset + bytes) into
+  // the page cache (MADV_WILLNEED): large asynchronous reads instead of a synchronous read per
+  // page fault when the weights are first touched. Returns once the reads are queued, which
+  // blocks while the disk's queue is full (BackgroundReader calls it off the computing
+  // threads). Cached pages cost a lookup each, so callers ask once per weight, not per use.
+  void start_reading(size_t offset, size_t bytes) const;
+  // Reads the same pieces if needed and enters them into the page tables (MADV_POPULATE_READ,
+  // or a touch per page on older kernels); returns when all of them are in memory.
+  void read_into_memory(size_t offset, size_t bytes) const;
+  // Bytes of [offset, offset + bytes) in the page cache now (mincore), counted by whole pages;
+  // fully_cached: every page of it is.
+  size_t cached_bytes(size_t offset, size_t bytes) const;
+  bool fully_cached(size_t offset, size_t bytes) const;
+
  private:
+  // The 2 MiB pieces covering [offset, offset + bytes), clamped to the file: {start, length}.
+  std::pair<size_t, size_t> granules(size_t offset, size_t bytes) const;
+
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// Drops the clean cached pages of the file at `path` from the page cache
+// (POSIX_FADV_DONTNEED), as if it had never been read: what a cold start sees. Pages that a
+// process still maps stay. Returns the bytes of the file still cached afterwards.
+size_t evict_from_page_cache(const std::string& path);
 
 }  // namespace tandem

@@ -104,6 +104,25 @@ size_t GgufFile::map_cached_pages() const {
   return mapped;
 }
 
+const MappedFile* GgufFile::part_holding(const void* data, size_t bytes, size_t* offset) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (const MappedFile& map : maps_)
+    if (p >= map.data() && bytes <= map.size() && size_t(p - map.data()) <= map.size() - bytes) {
+      *offset = size_t(p - map.data());
+      return &map;
+    }
+  return nullptr;
+}
+
+bool GgufFile::start_reading(const void* data, size_t bytes, bool urgent) const {
+  size_t offset = 0;
+  const MappedFile* map = part_holding(data, bytes, &offset);
+  if (!map || map->fully_cached(offset, bytes)) return false;
+  if (!reader_) reader_ = std::make_unique<BackgroundReader>();
+  reader_->start_reading(*map, offset, bytes, urgent);
+  return true;
+}
+
 GgufFile GgufFile::open(const std::string& path) {
   GgufFile file;
   file.maps_.emplace_back(path);

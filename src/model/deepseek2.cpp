@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "core/error.h"
@@ -32,6 +33,8 @@ struct Deepseek2Model::Layer {
   const float* expert_bias = nullptr;      // [n_expert] selection-only bias (V3), or null
   std::vector<ExpertShard> shards;         // the routed experts, by device
   WeightView gate_shexp, up_shexp, down_shexp;  // shared experts, width n_ff_expert * n_shared
+  // The file's tensors of the routed experts (gate, up, down stacks of all experts).
+  std::array<const gguf::TensorInfo*, 3> expert_stacks{};
   bool moe = false;
   Backend* device = nullptr;               // runs everything above but the expert shards
 };
@@ -101,6 +104,7 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& dev
 
   layers_.resize(n_layers_);
   routing_counts_.resize(n_layers_);
+  guessing_.assign(n_layers_, 0);
   for (uint32_t il = 0; il < n_layers_; ++il) {
     Layer& l = layers_[il];
     Backend& on = *devices_.layers[il];
@@ -119,6 +123,7 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& dev
     }
     const int64_t n_exp = hp_.n_expert;
     routing_counts_[il].assign(size_t(n_exp), 0);
+    guessing_[il] = 1;
     l.router = binder_.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp}, on);
     if (binder_.has(blk + "exp_probs_b.bias")) l.expert_bias = binder_.f32(blk + "exp_probs_b.bias", {n_exp}, on);
     bind_experts(l, il);
@@ -170,6 +175,45 @@ void Deepseek2Model::bind_experts(Layer& l, uint32_t il) {
     shard.down = binder_.matrices(blk + "ffn_down_exps.weight", {ff, embd, n_exp}, held, *d);
     l.shards.push_back(std::move(shard));
   }
+  l.expert_stacks = {&binder_.info(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}),
+                     &binder_.info(blk + "ffn_up_exps.weight", {embd, ff, n_exp}),
+                     &binder_.info(blk + "ffn_down_exps.weight", {ff, embd, n_exp})};
+}
+
+bool Deepseek2Model::read_on_demand(const WeightBinder::Bound& bound) const {
+  if (!bound.in_place) return false;
+  if (bound.tensor->name == "token_embd.weight") return output_.data != bound.tensor->data;
+  for (const Layer& l : layers_)
+    for (const gguf::TensorInfo* stack : l.expert_stacks)
+      if (stack == bound.tensor) return true;
+  return false;
+}
+
+void Deepseek2Model::start_reading_weights() const {
+  for (const WeightBinder::Bound& b : binder_.bound()) {
+    if (!b.in_place || read_on_demand(b)) continue;
+    binder_.file().start_reading(b.tensor->data, b.tensor->n_bytes, /*urgent=*/false);
+  }
+}
+
+std::vector<gguf::FileRange> Deepseek2Model::touched_file_ranges() const {
+  std::vector<gguf::FileRange> ranges;
+  for (const WeightBinder::Bound& b : binder_.bound()) {
+    const gguf::TensorInfo& t = *b.tensor;
+    if (!read_on_demand(b)) {
+      ranges.push_back({t.file_index, t.file_offset, t.n_bytes});
+      continue;
+    }
+    for (size_t il = 0; il < layers_.size(); ++il)
+      for (const gguf::TensorInfo* stack : layers_[il].expert_stacks) {
+        if (stack != &t) continue;
+        const uint64_t matrix_bytes = t.n_bytes / t.shape[2];
+        for (size_t e = 0; e < routing_counts_[il].size(); ++e)
+          if (routing_counts_[il][e] > 0)
+            ranges.push_back({t.file_index, t.file_offset + e * matrix_bytes, matrix_bytes});
+      }
+  }
+  return ranges;
 }
 
 void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
@@ -336,6 +380,32 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
   head.synchronize();
 }
 
+// The layer's routing for `h`: top-k expert ids and weights per token, into host vectors.
+void Deepseek2Model::route(const Layer& l, const float* h, int64_t T, KernelChoice kernels,
+                           std::vector<int32_t>& ids, std::vector<float>& weights) {
+  Backend& be = *l.device;
+  float* logits = workspace(be).get(Workspace::kRouter, T * hp_.n_expert);
+  ids.resize(size_t(T * hp_.n_expert_used));
+  weights.resize(size_t(T * hp_.n_expert_used));
+  be.matmul({.weight = l.router, .input = h, .output = logits, .n_tokens = T, .kernels = kernels});
+  be.moe_route({.logits = logits, .bias = l.expert_bias, .n_tokens = T, .n_expert = hp_.n_expert,
+                .top_k = hp_.n_expert_used,
+                .gating = hp_.gating == ExpertGating::Sigmoid ? MoeGating::Sigmoid : MoeGating::Softmax,
+                .n_groups = hp_.n_expert_group, .n_groups_used = hp_.n_group_used,
+                .normalize = hp_.expert_weights_norm, .scale = hp_.expert_weights_scale,
+                .expert_ids = ids.data(), .expert_weights = weights.data()});
+  be.synchronize();  // the host reads the routing to know which devices have work
+}
+
+bool Deepseek2Model::start_reading_expert(const Layer& l, int32_t e, bool urgent) const {
+  bool reading = false;
+  for (const ExpertShard& shard : l.shards)
+    if (const int32_t i = shard.local_index[size_t(e)]; i >= 0 && shard.device->uses_host_memory())
+      for (const WeightView* stack : {&shard.gate, &shard.up, &shard.down})
+        reading |= binder_.file().start_reading(stack->matrix(i).data, stack->matrix_bytes(), urgent);
+  return reading;
+}
+
 // Routing runs on the layer's device; each device holding chosen experts computes their slots at
 // the same time (the host only submits), while the layer's device computes the shared experts
 // into `shared_out`; the slots come back to the layer's device, which sums them in routing
@@ -346,18 +416,26 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
   Backend& be = *l.device;
   Workspace& ws = workspace(be);
   const int64_t embd = hp_.n_embd, k = hp_.n_expert_used;
-  expert_ids_.resize(size_t(T * k));
-  expert_weights_.resize(size_t(T * k));
-  be.matmul({.weight = l.router, .input = h, .output = ws.get(W::kRouter, T * hp_.n_expert), .n_tokens = T, .kernels = kernels});
-  be.moe_route({.logits = ws.get(W::kRouter, T * hp_.n_expert), .bias = l.expert_bias, .n_tokens = T,
-                .n_expert = hp_.n_expert, .top_k = k,
-                .gating = hp_.gating == ExpertGating::Sigmoid ? MoeGating::Sigmoid : MoeGating::Softmax,
-                .n_groups = hp_.n_expert_group, .n_groups_used = hp_.n_group_used,
-                .normalize = hp_.expert_weights_norm, .scale = hp_.expert_weights_scale,
-                .expert_ids = expert_ids_.data(), .expert_weights = expert_weights_.data()});
-  be.synchronize();  // the host reads the routing to know which devices have work
-  std::vector<uint64_t>& counts = routing_counts_[size_t(&l - layers_.data())];
-  for (int32_t e : expert_ids_) ++counts[size_t(e)];
+  route(l, h, T, kernels, expert_ids_, expert_weights_);
+  const size_t il = size_t(&l - layers_.data());
+  std::vector<uint64_t>& counts = routing_counts_[il];
+  for (int32_t e : expert_ids_) {
+    // An expert's first use: start reading all of it from disk at once if it is not in memory
+    // yet (on a warm cache this costs one mincore() call, once per expert).
+    if (counts[size_t(e)]++ == 0) start_reading_expert(l, e, /*urgent=*/true);
+  }
+  // Cold start: guess the next layer's choice from this layer's input (consecutive layers'
+  // inputs differ little) and start reading those experts now, so that the disk works while
+  // this layer computes instead of after it. A wrong guess costs a read, never a result. Once
+  // a guess finds nothing to read (a warm cache), that layer is not guessed for again.
+  if (il + 1 < layers_.size() && guessing_[il + 1] && layers_[il + 1].device == l.device) {
+    const Layer& next = layers_[il + 1];
+    route(next, h, T, kernels, guessed_ids_, guessed_weights_);
+    bool reading = false;
+    for (int32_t e : guessed_ids_)
+      if (routing_counts_[il + 1][size_t(e)] == 0) reading |= start_reading_expert(next, e, /*urgent=*/false);
+    guessing_[il + 1] = reading;
+  }
 
   float* slots = ws.get(W::kSlots, T * k * embd);
   shard_work_.clear();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "gguf/gguf_file.h"
 #include "model/deepseek2_hparams.h"
 #include "model/device_plan.h"
 #include "model/weight_binder.h"
@@ -44,6 +45,15 @@ class Deepseek2Model {
   // How often each routed expert was chosen since load: [layer][expert] (empty rows for dense
   // layers). This is what `tandem profile` saves and the planner reads.
   const std::vector<std::vector<uint64_t>>& routing_counts() const { return routing_counts_; }
+  // Starts reading from disk, in the background, the weights used in place that every token
+  // needs (all but the routed experts and the embedding table) and that the page cache does
+  // not hold yet, so a cold start streams them with large reads while it computes. Routed
+  // experts are started the same way when first chosen.
+  void start_reading_weights() const;
+  // The parts of the model's files that running so far has needed: every weight read at load
+  // or used in place, but of the routed experts only those chosen so far, and none of the
+  // embedding table (its rows are a few KiB). What a cold start had to read from disk.
+  std::vector<gguf::FileRange> touched_file_ranges() const;
   // Where each part runs (the plan the model was built with).
   const DevicePlan& devices() const { return devices_; }
 
@@ -58,6 +68,9 @@ class Deepseek2Model {
   struct Workspace;
   void bind_attention(Layer& layer, uint32_t il, Backend& on);
   void bind_experts(Layer& layer, uint32_t il);
+  // True for tensors whose bytes are needed only in part: routed expert stacks used in place,
+  // and the embedding table when the LM head does not share it.
+  bool read_on_demand(const WeightBinder::Bound& bound) const;
   Workspace& workspace(Backend& on);
   // Moves `n` floats from one device's buffer to another's (through the host when they differ).
   void transfer(Backend& from, const float* src, Backend& to, float* dst, int64_t n);
@@ -66,6 +79,11 @@ class Deepseek2Model {
   // model has them) to `shared_out`.
   void routed_experts(const Layer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
                       float* out, float* shared_out);
+  void route(const Layer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
+             std::vector<int32_t>& ids, std::vector<float>& weights);
+  // Starts reading expert `e` of `layer` from disk where it is used in place and not cached
+  // (GgufFile::start_reading); true if some of it was not.
+  bool start_reading_expert(const Layer& layer, int32_t e, bool urgent) const;
 
   Deepseek2Hparams hp_;
   DevicePlan devices_;
@@ -79,6 +97,9 @@ class Deepseek2Model {
   // Routing of the current MoE layer, and the trivial routing of dense FFNs (host memory).
   std::vector<int32_t> expert_ids_, dense_ids_;
   std::vector<float> expert_weights_, dense_weights_;
+  std::vector<int32_t> guessed_ids_;  // the next layer's routing guessed from this one's input
+  std::vector<float> guessed_weights_;
+  std::vector<uint8_t> guessing_;     // [layer]: guess its experts ahead (MoE layers, cold cache)
   std::vector<std::vector<uint64_t>> routing_counts_;
   // The expert shards with work in the current MoE layer; slots == nullptr: on the layer's own
   // device. A member so the decode loop allocates nothing.

@@ -31,7 +31,23 @@ WeightBinder::WeightBinder(const gguf::GgufFile& file, Backend& backend)
 bool WeightBinder::has(std::string_view name) const { return file_.find_tensor(name) != nullptr; }
 
 const gguf::TensorInfo& WeightBinder::info(std::string_view name,
-                                           std::initializer_list<int64_t> shape) const {
+                                           std::initializer_list<int64_t> shape) {
+  const gguf::TensorInfo& t = checked(name, shape);
+  note_bound(t, /*in_place=*/false);
+  return t;
+}
+
+void WeightBinder::note_bound(const gguf::TensorInfo& tensor, bool in_place) {
+  for (Bound& b : bound_)
+    if (b.tensor == &tensor) {  // bound twice (tied embeddings): in place if either use is
+      b.in_place |= in_place;
+      return;
+    }
+  bound_.push_back({&tensor, in_place});
+}
+
+const gguf::TensorInfo& WeightBinder::checked(std::string_view name,
+                                              std::initializer_list<int64_t> shape) const {
   const gguf::TensorInfo* t = file_.find_tensor(name);
   if (!t) fail("{}: tensor '{}' is missing; the file does not match its architecture", file_.name(), name);
   // Trailing dimensions of 1 may be left out on either side.
@@ -63,7 +79,8 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
 }
 
 WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int64_t> shape, Backend& on) {
-  const gguf::TensorInfo& t = info(name, shape);
+  const gguf::TensorInfo& t = checked(name, shape);
+  note_bound(t, on.uses_host_memory());
   WeightView view;
   view.type = t.type;
   view.cols = int64_t(t.shape[0]);
@@ -76,7 +93,7 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
 
 WeightView WeightBinder::matrices(std::string_view name, std::initializer_list<int64_t> shape,
                                   std::span<const int32_t> indices, Backend& on) {
-  const gguf::TensorInfo& t = info(name, shape);
+  const gguf::TensorInfo& t = checked(name, shape);
   WeightView all;
   all.type = t.type;
   all.cols = int64_t(t.shape[0]);
@@ -91,6 +108,7 @@ WeightView WeightBinder::matrices(std::string_view name, std::initializer_list<i
   // the whole stack in order (the common single-device case stays zero-copy).
   bool whole = int64_t(indices.size()) == all.n_mats;
   for (size_t i = 0; whole && i < indices.size(); ++i) whole = indices[i] == int32_t(i);
+  note_bound(t, whole && on.uses_host_memory());
   if (whole) {
     view.data = device_pointer(t.data, t.n_bytes, std::string(name), on);
     return view;
@@ -113,7 +131,8 @@ const float* WeightBinder::f32(std::string_view name, std::initializer_list<int6
 }
 
 const float* WeightBinder::f32(std::string_view name, std::initializer_list<int64_t> shape, Backend& on) {
-  const gguf::TensorInfo& t = info(name, shape);
+  const gguf::TensorInfo& t = checked(name, shape);
+  note_bound(t, t.type == DType::F32 && on.uses_host_memory());
   if (t.type == DType::F32)
     return static_cast<const float*>(device_pointer(t.data, t.n_bytes, std::string(name), on));
   std::vector<float>& values = converted_.emplace_back(t.n_elements);

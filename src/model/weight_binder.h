@@ -40,11 +40,23 @@ class WeightBinder {
   WeightView owned(const std::vector<float>& values, DType type, int64_t cols, int64_t rows,
                    int64_t n_mats, const std::string& what, Backend& on);
   // The tensor's info after the same checks, for code that must rework a weight at load time.
-  const gguf::TensorInfo& info(std::string_view name, std::initializer_list<int64_t> shape) const;
+  const gguf::TensorInfo& info(std::string_view name, std::initializer_list<int64_t> shape);
 
   uint64_t bound_bytes() const { return bound_bytes_; }
+  const gguf::GgufFile& file() const { return file_; }
+
+  // Every tensor the model reads, once each: used in place from the file's mapping (its pages
+  // are read from disk when first touched), or read whole at load (copied to a device,
+  // converted, or reworked). What prefetching and the cold-start count work from.
+  struct Bound {
+    const gguf::TensorInfo* tensor;
+    bool in_place;
+  };
+  const std::vector<Bound>& bound() const { return bound_; }
 
  private:
+  const gguf::TensorInfo& checked(std::string_view name, std::initializer_list<int64_t> shape) const;
+  void note_bound(const gguf::TensorInfo& tensor, bool in_place);
   const void* device_pointer(const void* host, size_t bytes, const std::string& what, Backend& on);
 
   const gguf::GgufFile& file_;
@@ -53,6 +65,7 @@ class WeightBinder {
   std::vector<std::vector<float>> converted_;
   std::vector<std::vector<uint8_t>> converted_bytes_;
   uint64_t bound_bytes_ = 0;
+  std::vector<Bound> bound_;
 };
 
 }  // namespace tandem

@@ -74,6 +74,7 @@ Engine::Engine(const EngineOptions& options) {
                    format_bytes(mapped).c_str());
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
+  if (!options.mlock) model_->start_reading_weights();  // a cold start reads while it computes
   const Deepseek2Hparams& hp = model_->hparams();
 
   const uint64_t per_token = KvCache::bytes_per_token(model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim);
@@ -115,6 +116,8 @@ std::vector<std::pair<std::string, uint64_t>> Engine::routing_counts_by_device()
         if (backends_[b].get() == plan.experts[layer][e]) totals[b].second += counts[layer][e];
   return totals;
 }
+
+std::vector<gguf::FileRange> Engine::touched_file_ranges() const { return model_->touched_file_ranges(); }
 
 int64_t Engine::n_vocab() const { return model_->hparams().n_vocab; }
 int64_t Engine::n_ctx() const { return cache_->n_ctx(); }

@@ -9,14 +9,12 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "gguf/gguf_file.h"
 #include "model/deepseek2_hparams.h"
 #include "plan/placement.h"
 
 namespace tandem {
 
-namespace gguf {
-class GgufFile;
-}
 class Backend;
 class Deepseek2Model;
 class KvCache;
@@ -54,6 +52,9 @@ class Engine {
   // Expert choices since load, summed by the device that holds each expert: ("cpu", n), ...
   // Not safe to call while another thread evaluates.
   std::vector<std::pair<std::string, uint64_t>> routing_counts_by_device() const;
+  // The parts of the model files that loading and evaluating so far have needed (see
+  // Deepseek2Model::touched_file_ranges): what a cold start must read from disk.
+  std::vector<gguf::FileRange> touched_file_ranges() const;
 
   // Evaluates `tokens` of sequence `seq` at positions start, start+1, ...; the cache keeps them.
   // Writes the logits of every token (all_logits) or of the last one into `logits`

@@ -1,0 +1,55 @@
+// `tandem bench` end to end on a fixture model: the JSON keys the issue names, and cold starts.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+// The JSON object in the output (stderr may hold log lines around it).
+nlohmann::json json_in(const std::string& output) {
+  const size_t open = output.find('{'), close = output.rfind('}');
+  if (open == std::string::npos || close == std::string::npos) return nullptr;
+  return nlohmann::json::parse(output.substr(open, close - open + 1), nullptr, false);
+}
+
+TEST(Bench, JsonHasTheMeasuredSpeedsAndTheirBounds) {
+  const CliResult r = run_tandem("bench " + test::fixture("micro-v3-F32.gguf").string() + " -p 16 -n 4 -r 2 -t 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = json_in(r.output);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s", "bandwidth_gb_per_s",
+                          "decode_roofline_tokens_per_s", "decode_kernel_gb_per_s", "kernel_peak_gflops"})
+    EXPECT_GT(j.value(key, 0.0), 0.0) << key << " in " << r.output;
+  EXPECT_FALSE(j.contains("cold_start"));
+}
+
+// A cold start needs the model's pages dropped from the page cache; where the filesystem keeps
+// them (tmpfs, another process mapping the file) the command must say so, not report nonsense.
+TEST(Bench, ColdStartsReportTheBytesTheyNeeded) {
+  const std::string path = test::fixture("micro-v2-F32.gguf").string();
+  const CliResult r = run_tandem("bench " + path + " -p 0 -n 0 -t 2 --cold --json");
+  if (r.exit_code != 0) {
+    EXPECT_NE(r.output.find("stays in the page cache"), std::string::npos) << r.output;
+    return;
+  }
+  const nlohmann::json j = json_in(r.output);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  ASSERT_EQ(j["cold_start"].size(), 2u) << r.output;
+  const uint64_t file_bytes = std::filesystem::file_size(path);
+  for (const nlohmann::json& c : j["cold_start"]) {
+    EXPECT_GT(c["touched_bytes"].get<uint64_t>(), 0u);
+    EXPECT_LE(c["touched_bytes"].get<uint64_t>(), file_bytes);
+    EXPECT_GT(c["first_token_s"].get<double>(), 0.0);
+    EXPECT_GT(c["read_touched_s"].get<double>(), 0.0);
+    EXPECT_GT(c["warm_first_token_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j["cold_start"][0]["prompt_tokens"], 1);
+  EXPECT_EQ(j["cold_start"][1]["prompt_tokens"], 16);
+}
+
+}  // namespace
+}  // namespace tandem
