@@ -45,11 +45,13 @@ struct CostParams {
                          .op_overhead_s = 8e-6,
                          .fallback_bandwidth_bytes_per_s = 700e9,  // mid-range data-centre card
                          .fallback_flops_per_s = 100e12};
-  // sim:N runs the CPU kernels on its own worker thread: CPU efficiencies of its spec, plus a
-  // wake-up of that thread (condition variable, ~20-50 us) per op.
+  // sim:N runs the CPU kernels on its own worker thread: CPU efficiencies of its spec, plus per
+  // op the wake-up of that thread and its wait for a core the pool's threads also want: 150 us
+  // (measured on the lite model, 2 cores: decode lost ~0.5 ms per device per layer beyond the
+  // bytes, alike with sim:2x2GiB and sim:3x1GiB; a part is 4 ops).
   DeviceKindCost sim = {.bandwidth_efficiency = 0.7,
                         .flops_efficiency = 0.5,
-                        .op_overhead_s = 30e-6,
+                        .op_overhead_s = 150e-6,
                         .kernel_efficiency = 0.75,
                         .fallback_bandwidth_bytes_per_s = 20e9,
                         .fallback_flops_per_s = 0.1e12};
