@@ -36,7 +36,7 @@ void BackgroundReader::run() {
     front.bytes -= piece.bytes;
     if (front.bytes == 0) queue.pop_front();
     lock.unlock();
-    piece.map->start_reading(piece.offset, piece.bytes);
+    piece.map->read_into_memory(piece.offset, piece.bytes);
     lock.lock();
   }
 }

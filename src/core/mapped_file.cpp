@@ -5,9 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -138,6 +143,29 @@ size_t MappedFile::cached_bytes(size_t offset, size_t bytes) const {
     for (size_t i = 0; i < (window + page - 1) / page; ++i) cached += (resident[i] & 1) ? page : 0;
   }
   return cached;
+}
+
+size_t MappedFile::huge_mapped_bytes() const {
+  if (!data_) return 0;
+  // Each mapping's block starts with "start-end perms ..." in hex; its fields follow.
+  std::ifstream smaps("/proc/self/smaps");
+  const std::string start = fmt::format("{:x}-", reinterpret_cast<uintptr_t>(data_));
+  auto is_header = [](const std::string& line) {  // "7f00a000-7f10b000 r--s ..."
+    const size_t space = line.find(' ');
+    if (space == std::string::npos || space == 0) return false;
+    for (size_t i = 0; i < space; ++i)
+      if (!std::isxdigit(static_cast<unsigned char>(line[i])) && line[i] != '-') return false;
+    return true;
+  };
+  std::string line;
+  bool ours = false;
+  while (std::getline(smaps, line)) {
+    if (is_header(line))
+      ours = line.rfind(start, 0) == 0;
+    else if (ours && line.rfind("FilePmdMapped:", 0) == 0)
+      return size_t(std::strtoull(line.c_str() + 14, nullptr, 10)) * 1024;  // in kB
+  }
+  return 0;
 }
 
 size_t evict_from_page_cache(const std::string& path) {

@@ -44,8 +44,9 @@ class MappedFile {
   // Asks the kernel to start reading the 2 MiB pieces covering [offset, offset + bytes) into
   // the page cache (MADV_WILLNEED): large asynchronous reads instead of a synchronous read per
   // page fault when the weights are first touched. Returns once the reads are queued, which
-  // blocks while the disk's queue is full (BackgroundReader calls it off the computing
-  // threads). Cached pages cost a lookup each, so callers ask once per weight, not per use.
+  // blocks while the disk's queue is full. Cached pages cost a lookup each, so callers ask once
+  // per weight, not per use. (The engine reads ahead with read_into_memory on a thread of its
+  // own instead: see core/background_reader.h.)
   void start_reading(size_t offset, size_t bytes) const;
   // Reads the same pieces if needed and enters them into the page tables (MADV_POPULATE_READ,
   // or a touch per page on older kernels); returns when all of them are in memory.
@@ -54,6 +55,9 @@ class MappedFile {
   // fully_cached: every page of it is.
   size_t cached_bytes(size_t offset, size_t bytes) const;
   bool fully_cached(size_t offset, size_t bytes) const;
+  // Bytes of this mapping that the page tables map with 2 MiB entries now (FilePmdMapped in
+  // /proc/self/smaps); 0 where the kernel does not say.
+  size_t huge_mapped_bytes() const;
 
  private:
   // The 2 MiB pieces covering [offset, offset + bytes), clamped to the file: {start, length}.

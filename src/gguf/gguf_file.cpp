@@ -104,6 +104,12 @@ size_t GgufFile::map_cached_pages() const {
   return mapped;
 }
 
+size_t GgufFile::huge_mapped_bytes() const {
+  size_t bytes = 0;
+  for (const MappedFile& map : maps_) bytes += map.huge_mapped_bytes();
+  return bytes;
+}
+
 const MappedFile* GgufFile::part_holding(const void* data, size_t bytes, size_t* offset) const {
   const auto* p = static_cast<const uint8_t*>(data);
   for (const MappedFile& map : maps_)

@@ -95,10 +95,12 @@ class GgufFile {
   std::string lock_in_memory(bool show_progress) const;
   // MappedFile::map_cached_pages for every part; returns the bytes mapped.
   size_t map_cached_pages() const;
+  // MappedFile::huge_mapped_bytes summed over the parts.
+  size_t huge_mapped_bytes() const;
   // Starts reading bytes of a tensor (or a part of one), given by where they are in memory, on
   // a background thread (core/background_reader.h) when the page cache lacks some of them
   // (then true); nothing for memory outside the mapped parts (parse_memory). `urgent`: needed
-  // by the step running now, read before the others. Asking for cached pages is not free:
+  // by the step running now, read before the others. Cached weights are never asked for again:
   // measured, read-ahead advice on cached, mapped weights made the next decode tokens up to 2x
   // slower.
   bool start_reading(const void* data, size_t bytes, bool urgent) const;

@@ -69,9 +69,19 @@ Engine::Engine(const EngineOptions& options) {
                    "LimitMEMLOCK=infinity for a systemd service) or run without --mlock\n", error.c_str());
   } else {
     const size_t mapped = file_->map_cached_pages();
+    const size_t huge = file_->huge_mapped_bytes();
     if (options.verbose)
-      std::fprintf(stderr, "tandem: %s of the model already in the page cache mapped up front\n",
-                   format_bytes(mapped).c_str());
+      std::fprintf(stderr, "tandem: %s of the model already in the page cache mapped up front, %s of it on "
+                   "2 MiB pages\n", format_bytes(mapped).c_str(), format_bytes(huge).c_str());
+    // The page cache keeps a file's pages in the sizes it first read them in. Cached in 4 KiB
+    // pieces (read before tandem asked for large pages, or broken up by memory pressure), the
+    // weights cost a page-table entry per 4 KiB: measured 11 instead of 16-18 tokens/s on the
+    // lite model on a VM. Re-reading the file fixes it; say how.
+    if (mapped >= (size_t(1) << 30) && huge > 0 && huge < mapped / 2)
+      std::fprintf(stderr, "tandem: note: only %s of the %s of this model in the page cache is on 2 MiB "
+                   "pages; decode can be up to 1.5x slower. To re-read it in large pages: stop tandem, "
+                   "run `dd if=%s iflag=nocache count=0` (drops it from the cache), then start again\n",
+                   format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
   if (!options.mlock) model_->start_reading_weights();  // a cold start reads while it computes
