@@ -241,7 +241,7 @@ void register_bench(CLI::App& app) {
                tg.mean > 0 ? placement.predicted.decode_tokens_per_s / tg.mean : 0.0);
     if (!cold.empty()) {
       fmt::print("\ncold start: load + first token from an emptied page cache, against reading only the bytes it "
-                 "needed (all at once, from an empty cache) and against the same start warm\n");
+                 "needed (read in file order into an empty cache) and against the same start warm\n");
       fmt::print("| prompt | cold: load + first token | of which load | warm | needed from the file | reading them alone | cold / reading |\n");
       fmt::print("|-------:|-------------------------:|-------------:|-----:|---------------------:|-------------------:|---------------:|\n");
       for (const ColdStart& c : cold)

@@ -65,13 +65,8 @@ std::string MappedFile::lock_in_memory(size_t offset, size_t bytes) const {
 
 size_t MappedFile::map_cached_pages() const {
 #ifdef MADV_POPULATE_READ
-  if (size_ == 0) return 0;
-  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-  // Windows of 2 MiB: one mincore() call each tells which pages are cached; a run of fully
-  // cached windows is populated with one madvise() (a partly cached window is left to faults,
-  // so that populating never reads from disk).
-  constexpr size_t kWindow = size_t(2) << 20;
-  std::vector<unsigned char> resident(kWindow / page);
+  // 2 MiB windows: a run of fully cached windows is populated with one madvise() (a partly
+  // cached window is left to faults, so that populating never reads from disk).
   size_t mapped = 0, run_start = 0, run_bytes = 0;
   auto flush = [&]() -> bool {
     if (run_bytes == 0) return true;
@@ -81,12 +76,9 @@ size_t MappedFile::map_cached_pages() const {
     run_bytes = 0;
     return true;
   };
-  for (size_t offset = 0; offset < size_; offset += kWindow) {
-    const size_t bytes = std::min(kWindow, size_ - offset);
-    const size_t pages = (bytes + page - 1) / page;
-    bool cached = ::mincore(const_cast<uint8_t*>(data_) + offset, bytes, resident.data()) == 0;
-    for (size_t i = 0; cached && i < pages; ++i) cached = resident[i] & 1;
-    if (cached) {
+  for (size_t offset = 0; offset < size_; offset += kReadGranule) {
+    const size_t bytes = std::min(kReadGranule, size_ - offset);
+    if (fully_cached(offset, bytes)) {
       if (run_bytes == 0) run_start = offset;
       run_bytes += bytes;
     } else if (!flush()) {
@@ -105,12 +97,6 @@ std::pair<size_t, size_t> MappedFile::granules(size_t offset, size_t bytes) cons
   const size_t start = offset / kReadGranule * kReadGranule;
   const size_t end = std::min(size_, (offset + bytes + kReadGranule - 1) / kReadGranule * kReadGranule);
   return {start, end - start};
-}
-
-void MappedFile::start_reading(size_t offset, size_t bytes) const {
-  const auto [start, length] = granules(offset, bytes);
-  if (length == 0) return;
-  ::madvise(const_cast<uint8_t*>(data_) + start, length, MADV_WILLNEED);  // advice: a refusal changes nothing
 }
 
 void MappedFile::read_into_memory(size_t offset, size_t bytes) const {
@@ -135,7 +121,7 @@ size_t MappedFile::cached_bytes(size_t offset, size_t bytes) const {
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));
   const size_t start = offset / page * page, end = offset + bytes;
   constexpr size_t kWindow = size_t(64) << 20;  // one mincore() call per 64 MiB
-  std::vector<unsigned char> resident(kWindow / page);
+  std::vector<unsigned char> resident((std::min(kWindow, end - start) + page - 1) / page);
   size_t cached = 0;
   for (size_t at = start; at < end; at += kWindow) {
     const size_t window = std::min(kWindow, end - at);

@@ -41,15 +41,10 @@ class MappedFile {
   // for (see the constructor), so that read-ahead and page tables use whole large pages.
   static constexpr size_t kReadGranule = size_t(2) << 20;
 
-  // Asks the kernel to start reading the 2 MiB pieces covering [offset, offset + bytes) into
-  // the page cache (MADV_WILLNEED): large asynchronous reads instead of a synchronous read per
-  // page fault when the weights are first touched. Returns once the reads are queued, which
-  // blocks while the disk's queue is full. Cached pages cost a lookup each, so callers ask once
-  // per weight, not per use. (The engine reads ahead with read_into_memory on a thread of its
-  // own instead: see core/background_reader.h.)
-  void start_reading(size_t offset, size_t bytes) const;
-  // Reads the same pieces if needed and enters them into the page tables (MADV_POPULATE_READ,
-  // or a touch per page on older kernels); returns when all of them are in memory.
+  // Reads the 2 MiB pieces covering [offset, offset + bytes) into the page cache if needed and
+  // enters them into the page tables (MADV_POPULATE_READ, or a touch per page on older
+  // kernels); returns when all of them are in memory. On a kernel with large file folios the
+  // pieces come in as 2 MiB pages (see core/background_reader.h for why not MADV_WILLNEED).
   void read_into_memory(size_t offset, size_t bytes) const;
   // Bytes of [offset, offset + bytes) in the page cache now (mincore), counted by whole pages;
   // fully_cached: every page of it is.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 void drop_from_page_cache(const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     const size_t left = evict_from_page_cache(path);
-    const MappedFile map(path);
-    if (left > map.size() / 100)
+    if (left > std::filesystem::file_size(path) / 100)
       fail("{}: {} of it stays in the page cache after asking the kernel to drop it; another "
            "process maps it (a running tandem serve or run?) — stop it to measure a cold start",
            path, format_bytes(left));
@@ -48,11 +48,8 @@ std::vector<std::vector<gguf::FileRange>> merged_pieces(std::vector<gguf::FileRa
   return merged;
 }
 
-// Reads `ranges` of each mapped part: every read started first, so the disk sees them all at
-// once, then waited for in file order.
+// Reads `ranges` of each mapped part into memory, in file order.
 void read_ranges(const std::vector<MappedFile>& maps, const std::vector<std::vector<gguf::FileRange>>& ranges) {
-  for (const auto& part : ranges)
-    for (const gguf::FileRange& r : part) maps[r.file_index].start_reading(r.offset, r.bytes);
   for (const auto& part : ranges)
     for (const gguf::FileRange& r : part) maps[r.file_index].read_into_memory(r.offset, r.bytes);
 }

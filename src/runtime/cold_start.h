@@ -1,7 +1,7 @@
 #pragma once
 // A cold start measured against the disk it waits on: the model is dropped from the page cache,
 // loaded, and run to its first token; then exactly the bytes that start needed are read again
-// from an empty cache, all at once, the fastest way we know. The ratio of the two times says
+// from an empty cache, in file order. The ratio of the two times says
 // how much loading adds to the unavoidable reading (issue: "within 1.2x of reading the touched
 // bytes").
 #include <cstdint>

@@ -28,7 +28,6 @@ TEST(MappedFile, ReadsPiecesUpToTheEndOfAFileOfOddSize) {
   TempFile file(size);
   MappedFile map(file.path.string());
   ASSERT_EQ(map.size(), size);
-  map.start_reading(size - 100, 100);
   map.read_into_memory(size - 100, 100);
   EXPECT_TRUE(map.fully_cached(size - 100, 100));
   map.read_into_memory(0, size);
@@ -41,7 +40,7 @@ TEST(MappedFile, RangesPastTheEndAreAProgrammingError) {
   TempFile file(5000);
   MappedFile map(file.path.string());
   EXPECT_DEATH(map.read_into_memory(4000, 2000), "internal error");
-  EXPECT_DEATH(map.start_reading(6000, 1), "internal error");
+  EXPECT_DEATH(map.cached_bytes(6000, 1), "internal error");
 }
 
 }  // namespace
