@@ -19,6 +19,7 @@
 #include "core/aligned_buffer.h"
 #include "core/blocks.h"
 #include "core/half.h"
+#include "quant/interleave.h"
 
 namespace tandem::cpu {
 namespace {
@@ -92,7 +93,19 @@ const Weights& weights_for(DType type, const Shape& shape) {
   const int copies =
       int(std::max<size_t>(1, (kMinWorkingSetBytes + matrix_bytes - 1) / matrix_bytes));
   current.buffer = AlignedBuffer(matrix_bytes * size_t(copies));
-  fill_weights(type, current.buffer.data(), matrix_bytes);
+  if (is_interleaved(type)) {
+    // Plain rows of the base format, interleaved 16 at a time.
+    const DType base = dtype_info(type).base;
+    const size_t plain_group = 16 * row_bytes(base, uint64_t(shape.cols));
+    const size_t group = 16 * row_bytes(type, uint64_t(shape.cols));
+    AlignedBuffer plain(plain_group * size_t(shape.rows / 16));
+    fill_weights(base, plain.data(), plain.size());
+    for (int64_t g = 0; g < shape.rows / 16; ++g)
+      interleave_rows(type, plain.data() + size_t(g) * plain_group, shape.cols,
+                      current.buffer.data() + size_t(g) * group);
+  } else {
+    fill_weights(type, current.buffer.data(), matrix_bytes);
+  }
   for (int c = 1; c < copies; ++c)
     std::memcpy(current.buffer.data() + size_t(c) * matrix_bytes, current.buffer.data(),
                 matrix_bytes);
@@ -186,8 +199,8 @@ void bm_triad(benchmark::State& state, int n_threads) {
 void register_all() {
   const Shape shapes[] = {
       {1408, 2048, "expert_up"}, {2048, 1408, "expert_down"}, {102400, 2048, "output_head"}};
-  const DType types[] = {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::Q5_K,
-                         DType::Q4_0, DType::Q5_0, DType::BF16};
+  const DType types[] = {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16, DType::Q6_K,
+                         DType::Q5_K, DType::Q4_0, DType::Q5_0, DType::BF16};
   for (int n_threads : {1, 2})
     benchmark::RegisterBenchmark(("triad/threads:" + std::to_string(n_threads)).c_str(), bm_triad,
                                  n_threads)

@@ -13,6 +13,7 @@ void register_commands(CLI::App& app) {
   register_plan(app);
   register_serve(app);
   register_gen_model(app);
+  register_repack(app);
 }
 
 }  // namespace tandem::cli

@@ -16,5 +16,6 @@ void register_profile(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_repack(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -89,6 +89,32 @@ struct BlockQ8_K {
   int16_t bsums[kQK_K / 16];
 };
 
+// ---- tandem's interleaved formats (`tandem repack`; DType::*_R16) ----
+// 16 rows' blocks of the same columns stored together, laid out so that one int16 vector of 32
+// lanes holds the same two columns of all 16 rows: a vpdpwssd then adds those two products for 16
+// rows at once against one broadcast pair of activations (backends/cpu/dot_r16_avx512.cpp).
+// "Pair layout" below: byte 2r + p of a 32-byte chunk belongs to row r, column pair position p.
+
+// 16 rows x 32 columns of Q8_0. Chunk c (qs[32c .. 32c + 31]) holds columns 2c, 2c + 1 in pair
+// layout: qs[32c + 2r + p] is element 2c + p of row r's block.
+struct BlockQ8_0_R16 {
+  uint16_t d[16];  // row r's scale
+  int8_t qs[16 * kQK8_0];
+};
+
+// 16 rows x 256 columns of Q4_K, scales and mins unpacked to bytes. Sub-block j's 256 bytes are
+// 8 chunks c of 32 in pair layout: the low nibble of qs[j][32c + 2r + p] is element
+// 32j + 4c + p of row r's super-block, the high nibble element 32j + 4c + 2 + p.
+struct BlockQ4_K_R16 {
+  uint16_t d[16];
+  uint16_t dmin[16];
+  uint8_t scales[8][16];  // [sub-block][row], 0..63
+  uint8_t mins[8][16];
+  uint8_t qs[8][256];
+};
+
+static_assert(sizeof(BlockQ8_0_R16) == 16 * sizeof(BlockQ8_0));
+static_assert(sizeof(BlockQ4_K_R16) == 16 * 148);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);

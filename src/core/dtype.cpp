@@ -29,24 +29,36 @@ constexpr std::array kDTypes = {
     DTypeInfo{DType::I64, "I64", 1, 8, false},
     DTypeInfo{DType::F64, "F64", 1, 8, false},
     DTypeInfo{DType::BF16, "BF16", 1, 2, true},
+    DTypeInfo{DType::Q8_0_R16, "Q8_0_R16", kQK8_0, sizeof(BlockQ8_0_R16) / 16, false, 16,
+              DType::Q8_0},
+    DTypeInfo{DType::Q4_K_R16, "Q4_K_R16", kQK_K, sizeof(BlockQ4_K_R16) / 16, false, 16,
+              DType::Q4_K},
 };
+
+// Plain formats are their own base.
+constexpr auto kTable = [] {
+  auto table = kDTypes;
+  for (DTypeInfo& info : table)
+    if (info.row_group == 1) info.base = info.type;
+  return table;
+}();
 
 }  // namespace
 
 std::optional<DTypeInfo> find_dtype(uint32_t ggml_type) {
-  for (const DTypeInfo& info : kDTypes)
+  for (const DTypeInfo& info : kTable)
     if (uint32_t(info.type) == ggml_type) return info;
   return std::nullopt;
 }
 
 const DTypeInfo& dtype_info(DType type) {
-  for (const DTypeInfo& info : kDTypes)
+  for (const DTypeInfo& info : kTable)
     if (info.type == type) return info;
   check_failed("dtype_info: DType value outside the table", __FILE__, __LINE__);
 }
 
 std::optional<DType> dtype_from_name(std::string_view name) {
-  for (const DTypeInfo& info : kDTypes)
+  for (const DTypeInfo& info : kTable)
     if (info.name == name) return info.type;
   return std::nullopt;
 }

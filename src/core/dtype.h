@@ -28,6 +28,10 @@ enum class DType : uint32_t {
   I64 = 27,
   F64 = 28,
   BF16 = 30,
+  // tandem's own formats, written by `tandem repack`: a GGUF format with 16 rows interleaved
+  // (layouts in core/blocks.h), numbered 1000 + the number of the format they interleave.
+  Q8_0_R16 = 1008,
+  Q4_K_R16 = 1012,
 };
 
 struct DTypeInfo {
@@ -35,7 +39,13 @@ struct DTypeInfo {
   std::string_view name;   // as GGUF tools print it: "Q4_K", "BF16"
   uint32_t block_elems;    // elements per block (1 for plain types)
   uint32_t block_bytes;    // bytes per block
-  bool readable;           // tandem can dequantize it
+  bool readable;           // tandem can dequantize it row by row
+  // Interleaved formats: how many rows are stored together (16), and the format each row has
+  // once taken apart. Plain formats: 1 and the format itself. An interleaved tensor's rows come
+  // in groups of row_group, each group row_group * row_bytes() long, so the tensor's size and
+  // the offset of every group are what they would be with independent rows.
+  uint32_t row_group = 1;
+  DType base = DType::F32;
 };
 
 // Information about a known format, or nullopt for a number we do not know (corrupt file,
@@ -45,8 +55,10 @@ const DTypeInfo& dtype_info(DType type);
 std::optional<DType> dtype_from_name(std::string_view name);
 
 inline std::string_view dtype_name(DType type) { return dtype_info(type).name; }
+inline bool is_interleaved(DType type) { return dtype_info(type).row_group > 1; }
 
-// Bytes of one row of n elements; n must be a multiple of the block size.
+// Bytes of one row of n elements; n must be a multiple of the block size. For an interleaved
+// format: a group's bytes divided by its rows.
 inline uint64_t row_bytes(DType type, uint64_t n) {
   const DTypeInfo& info = dtype_info(type);
   return n / info.block_elems * info.block_bytes;

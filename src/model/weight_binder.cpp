@@ -57,9 +57,10 @@ const gguf::TensorInfo& WeightBinder::checked(std::string_view name,
   if (want != have)
     fail("{}: tensor '{}' has shape {}, expected {} from the hyperparameters", file_.name(), name,
          shape_text(t->shape), shape_text(shape));
-  if (!can_dequantize(t->type))
+  if (!can_dequantize(t->type) && !is_interleaved(t->type))
     fail("{}: tensor '{}' is stored as {}, which tandem cannot read yet; supported: F32, F16, BF16, "
-         "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
+         "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (and Q8_0_R16, Q4_K_R16 for "
+         "matrices)",
          file_.name(), name, dtype_name(t->type));
   return *t;
 }
@@ -132,6 +133,10 @@ const float* WeightBinder::f32(std::string_view name, std::initializer_list<int6
 
 const float* WeightBinder::f32(std::string_view name, std::initializer_list<int64_t> shape, Backend& on) {
   const gguf::TensorInfo& t = checked(name, shape);
+  if (is_interleaved(t.type))
+    fail("{}: tensor '{}' is stored as {} (16 rows interleaved), but tandem reads it as a vector; "
+         "`tandem repack` leaves such tensors as they are: repack the original file again",
+         file_.name(), name, dtype_name(t.type));
   note_bound(t, t.type == DType::F32 && on.uses_host_memory());
   if (t.type == DType::F32)
     return static_cast<const float*>(device_pointer(t.data, t.n_bytes, std::string(name), on));

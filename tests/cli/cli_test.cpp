@@ -63,6 +63,38 @@ TEST_F(CliTest, GenModelThenInspectRoundTrips) {
   EXPECT_EQ(json["metadata"]["general.file_type"], 7);
 }
 
+// `tandem repack`: matrices interleaved, lookup tables not, the copy runs, and it is refused as
+// an input (already repacked) and as its own output.
+TEST_F(CliTest, RepackInterleavesTheMatricesAndTheCopyRuns) {
+  const std::string original = test::fixture("small-v2-Q4_K_M.gguf").string();
+  const std::string path = (dir_ / "r16.gguf").string();
+  const Result repack = run("repack --no-progress " + original + " " + path);
+  ASSERT_EQ(repack.exit_code, 0) << repack.output;
+  EXPECT_NE(repack.output.find("tensors interleaved"), std::string::npos) << repack.output;
+  const Result r = run("inspect --json " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output);
+  EXPECT_TRUE(json["formats"].contains("Q4_K_R16")) << json["formats"].dump();
+  EXPECT_TRUE(json["metadata"].contains("tandem.repacked"));
+  for (const auto& t : json["tensors"])
+    if (t["name"] == "token_embd.weight") {
+      EXPECT_EQ(t["type"], "Q4_K");
+    }
+
+  const Result a = run("run --temp 0 -n 8 -p 'Hello there' " + original);
+  const Result b = run("run --temp 0 -n 8 -p 'Hello there' " + path);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(a.output.substr(0, a.output.find('\n')), b.output.substr(0, b.output.find('\n')));
+
+  const Result again = run("repack --no-progress " + path + " " + (dir_ / "twice.gguf").string());
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.output.find("already repacked"), std::string::npos) << again.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "twice.gguf"));
+  const Result self = run("repack --no-progress " + path + " " + path);
+  EXPECT_NE(self.exit_code, 0);
+  EXPECT_NE(self.output.find("overwrite the input"), std::string::npos) << self.output;
+}
+
 TEST_F(CliTest, CorruptFileIsAOneLineErrorNamingTheFile) {
   const std::string path = (dir_ / "bad.gguf").string();
   std::ofstream(path) << "GGUF\x03garbage";

@@ -67,6 +67,11 @@ void CpuBackend::copy_to_host(void* host_dst, const void* device_src, size_t byt
 }
 
 void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
+  if (is_interleaved(table.type))
+    fail("{}: a table stored as {} (16 rows interleaved) cannot be read row by row; `tandem "
+         "repack` leaves lookup tables such as token_embd.weight as they are: repack the original "
+         "file again",
+         name_, dtype_name(table.type));
   for (int64_t i = 0; i < n; ++i) {
     TANDEM_CHECK(ids[i] >= 0 && ids[i] < table.rows);
     const auto* row = static_cast<const uint8_t*>(table.data) + uint64_t(ids[i]) * table.row_bytes;

@@ -156,7 +156,10 @@ inline __m512i broadcast_pair(const int16_t* w) {
 }
 
 // kRows unpacked rows (row r at w[r]) against one tile; lane t of out[r] is token t's result.
-template <int kGroup, bool kMins, int kRows>
+// kStride 1: each row unpacked on its own (pair p at w[r].w + 2p, group g's scale at
+// w[r].scale[g]); kStride 16: a group of 16 interleaved rows unpacked together, pairs and scales
+// of the 16 rows side by side (pair p at w[r].w + 32p, scale at w[r].scale[16g]).
+template <int kGroup, bool kMins, int kRows, int kStride>
 inline void tile_rows(const UnpackedRow* w, const Q16Tile& x, int64_t cols, __m512* out) {
   for (int r = 0; r < kRows; ++r) out[r] = _mm512_setzero_ps();
   const int64_t n_groups = cols / kGroup;
@@ -167,18 +170,34 @@ inline void tile_rows(const UnpackedRow* w, const Q16Tile& x, int64_t cols, __m5
     for (int i = 0; i < kGroup / 2; ++i) {
       const __m512i xv = _mm512_loadu_si512(x.pairs + (first_pair + i) * kLanes);
       for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm512_dpwssd_epi32(acc[r], broadcast_pair(w[r].w + 2 * (first_pair + i)), xv);
+        acc[r] = _mm512_dpwssd_epi32(acc[r], broadcast_pair(w[r].w + 2 * kStride * (first_pair + i)), xv);
     }
     const int64_t block = g * kGroup / 32;
     const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);
     for (int r = 0; r < kRows; ++r)
       out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]),
-                               _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g]), dx), out[r]);
+                               _mm512_mul_ps(_mm512_set1_ps(w[r].scale[kStride * g]), dx), out[r]);
     if constexpr (kMins) {
       const __m512 sums = _mm512_loadu_ps(x.sum32 + block * kLanes);
       for (int r = 0; r < kRows; ++r)
-        out[r] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g]), sums, out[r]);
+        out[r] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[kStride * g]), sums, out[r]);
     }
+  }
+}
+
+// Unpacked rows `row` .. `row + kRows - 1` of `m` against every tile.
+template <int kGroup, bool kMins, int kRows, int kStride>
+void unpacked_against_tiles(const LanesMatmul& m, int64_t row, const UnpackedRow* w) {
+  const size_t tile_bytes = q16_tile_bytes(m.cols);
+  for (int64_t first = 0; first < m.n_tokens; first += kLanes) {
+    const Q16Tile x = q16_tile(m.tiles + size_t(first / kLanes) * tile_bytes, m.cols);
+    __m512 out[kRows];
+    tile_rows<kGroup, kMins, kRows, kStride>(w, x, m.cols, out);
+    alignas(64) float lanes[kRows][kLanes];
+    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r]);
+    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - first);
+    for (int64_t t = 0; t < n; ++t)
+      for (int r = 0; r < kRows; ++r) m.output[(first + t) * m.rows + row + r] = lanes[r][t];
   }
 }
 
@@ -190,17 +209,7 @@ void rows_against_tiles(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
     w[r] = unpacked_row(scratch, kRows, m.cols, r);
     unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
   }
-  const size_t tile_bytes = q16_tile_bytes(m.cols);
-  for (int64_t first = 0; first < m.n_tokens; first += kLanes) {
-    const Q16Tile x = q16_tile(m.tiles + size_t(first / kLanes) * tile_bytes, m.cols);
-    __m512 out[kRows];
-    tile_rows<kGroup, kMins, kRows>(w, x, m.cols, out);
-    alignas(64) float lanes[kRows][kLanes];
-    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r]);
-    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - first);
-    for (int64_t t = 0; t < n; ++t)
-      for (int r = 0; r < kRows; ++r) m.output[(first + t) * m.rows + row + r] = lanes[r][t];
-  }
+  unpacked_against_tiles<kGroup, kMins, kRows, 1>(m, row, w);
 }
 
 template <int kGroup, bool kMins>
@@ -215,6 +224,86 @@ void lanes_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
   for (; row < last_row; ++row) rows_against_tiles<kGroup, kMins, 1>(m, row, scratch.data());
 }
 
+// ---- interleaved formats: a group of 16 rows unpacked at once ----
+// The widened 32-byte chunks of Q8_0_R16 / Q4_K_R16 (core/blocks.h) are already 16 rows' int16
+// pairs side by side, so unpacking is one widening (and for Q4_K a mask or shift) per pair, and
+// the scales of 16 rows are one vector. The values and scales are the plain unpackers', so the
+// results are bit for bit those of the plain format's rows.
+
+struct UnpackedGroup {
+  int16_t* pairs;  // [cols / 2][16 rows][2]
+  float* scale;    // [cols / 32][16 rows]
+  float* min;      // [cols / 32][16 rows]
+};
+
+inline size_t unpacked_group_bytes(int64_t cols) {
+  return size_t(cols) * 16 * sizeof(int16_t) + 2 * size_t(cols / 32) * 16 * sizeof(float);
+}
+
+inline UnpackedGroup unpacked_group(uint8_t* scratch, int64_t cols) {
+  auto* pairs = reinterpret_cast<int16_t*>(scratch);
+  auto* scale = reinterpret_cast<float*>(scratch + size_t(cols) * 16 * sizeof(int16_t));
+  return {pairs, scale, scale + (cols / 32) * 16};
+}
+
+inline __m512 halves_to_float(const uint16_t* p) {
+  return _mm512_cvtph_ps(load256(p));
+}
+
+inline __m512 bytes_to_float(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+void unpack_group_q8_0(const void* group, int64_t cols, UnpackedGroup out) {
+  const auto* blocks = static_cast<const BlockQ8_0_R16*>(group);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    _mm512_storeu_ps(out.scale + 16 * b, halves_to_float(blocks[b].d));
+    for (int c = 0; c < 16; ++c)
+      store512(out.pairs + 32 * (16 * b + c), _mm512_cvtepi8_epi16(load256(blocks[b].qs + 32 * c)));
+  }
+}
+
+void unpack_group_q4_k(const void* group, int64_t cols, UnpackedGroup out) {
+  const auto* blocks = static_cast<const BlockQ4_K_R16*>(group);
+  const __m512i low4 = _mm512_set1_epi16(15);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    const BlockQ4_K_R16& block = blocks[s];
+    const __m512 d = halves_to_float(block.d), dmin = halves_to_float(block.dmin);
+    for (int j = 0; j < 8; ++j) {
+      const int64_t g = 8 * s + j;
+      _mm512_storeu_ps(out.scale + 16 * g, _mm512_mul_ps(d, bytes_to_float(block.scales[j])));
+      _mm512_storeu_ps(out.min + 16 * g, _mm512_mul_ps(dmin, bytes_to_float(block.mins[j])));
+      for (int c = 0; c < 8; ++c) {
+        // Chunk c: pair 2c of the sub-block in the low nibbles, pair 2c + 1 in the high ones.
+        const __m512i q = _mm512_cvtepu8_epi16(load256(block.qs[j] + 32 * c));
+        store512(out.pairs + 32 * (16 * g + 2 * c), _mm512_and_si512(q, low4));
+        store512(out.pairs + 32 * (16 * g + 2 * c + 1), _mm512_srli_epi16(q, 4));
+      }
+    }
+  }
+}
+
+using UnpackGroupFn = void (*)(const void* group, int64_t cols, UnpackedGroup out);
+
+// Rows [first_row, last_row) (multiples of 16) of an interleaved matrix: each group unpacked
+// once, then four rows at a time against every tile.
+template <UnpackGroupFn kUnpack, bool kMins>
+void lanes_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
+  constexpr int kRows = 4;
+  thread_local AlignedBuffer scratch;
+  if (scratch.size() < unpacked_group_bytes(m.cols)) scratch = AlignedBuffer(unpacked_group_bytes(m.cols));
+  const UnpackedGroup unpacked = unpacked_group(scratch.data(), m.cols);
+  for (int64_t row = first_row; row < last_row; row += 16) {
+    kUnpack(m.weights + size_t(row) * m.weight_stride, m.cols, unpacked);
+    for (int r0 = 0; r0 < 16; r0 += kRows) {
+      UnpackedRow w[kRows];
+      for (int r = 0; r < kRows; ++r)
+        w[r] = {unpacked.pairs + 2 * (r0 + r), unpacked.scale + r0 + r, unpacked.min + r0 + r};
+      unpacked_against_tiles<32, kMins, kRows, 16>(m, row + r0, w);
+    }
+  }
+}
+
 LanesRowsFn lanes_kernel_for(UnpackShape shape) {
   if (shape.group == 16) return shape.mins ? nullptr : lanes_rows<16, false>;
   return shape.mins ? lanes_rows<32, true> : lanes_rows<32, false>;
@@ -225,6 +314,8 @@ LanesRowsFn lanes_kernel_for(UnpackShape shape) {
 void fill_avx512_lanes_kernels(KernelTable& table) {
   for (DType type : kLanesFormats)
     table.lanes[size_t(type)] = lanes_kernel_for(row_unpacker(type).shape);
+  table.group_lanes[size_t(DType::Q8_0)] = lanes_groups<unpack_group_q8_0, false>;
+  table.group_lanes[size_t(DType::Q4_K)] = lanes_groups<unpack_group_q4_k, true>;
 }
 
 }  // namespace tandem::cpu

@@ -64,11 +64,21 @@ struct LanesMatmul {
 };
 using LanesRowsFn = void (*)(const LanesMatmul& m, int64_t first_row, int64_t last_row);
 
+// One 16-row group of an interleaved format (core/blocks.h, DType::*_R16) against one token's
+// prepared activations: out[r] = row r · x for r < 16.
+using GroupDotFn = void (*)(const void* group, const void* act_row, int64_t cols, float* out);
+
 struct KernelTable {
   FormatKernel formats[kActPrecisions][kDTypeSlots];  // [ActPrecision][DType]
   PrepareActFn prepare[kActKinds] = {};               // F32 has none: x is read in place
   // Int16 only; nullptr where a format (or the level) has no token-lanes path.
   LanesRowsFn lanes[kDTypeSlots] = {};
+  // Int16 only, indexed by the base format of an interleaved one (Q8_0 for Q8_0_R16); nullptr
+  // where the level has none: matmul then takes each group apart into plain rows.
+  GroupDotFn group_dots[kDTypeSlots] = {};
+  // Int16 only, indexed like group_dots: the token-lanes path reading interleaved groups (rows a
+  // multiple of 16); nullptr: groups are taken apart for the plain lanes path.
+  LanesRowsFn group_lanes[kDTypeSlots] = {};
 };
 
 // Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
@@ -88,6 +98,8 @@ void fill_avx512_q16_kernels(KernelTable& table);
 // Token-lanes kernels (gemm_q16_*.cpp); the AVX-512 level needs VNNI.
 void fill_portable_lanes_kernels(KernelTable& table);
 void fill_avx512_lanes_kernels(KernelTable& table);
+// Interleaved-format kernels (dot_r16_avx512.cpp).
+void fill_avx512_group_kernels(KernelTable& table);
 
 // The tile of prepared tokens [first, first + n) (n <= 16), in gemm_q16.h's layout.
 void build_lanes_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,

@@ -8,6 +8,7 @@
 #include "backends/cpu/kernels.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
+#include "quant/interleave.h"
 
 namespace tandem::cpu {
 namespace {
@@ -23,6 +24,7 @@ KernelTable build_table(CpuIsa isa) {
   if (int(isa) >= int(CpuIsa::Avx512)) {
     fill_avx512_kernels(table);
     fill_avx512_q16_kernels(table);
+    fill_avx512_group_kernels(table);
   }
   // The token-lanes path where it beats the row dots: AVX-512 VNNI, and the portable level (its
   // only other kernels are scalar too). AVX2 keeps its row dots.
@@ -72,8 +74,9 @@ uint8_t* activation_scratch(size_t bytes) {
 int64_t rows_per_task(int64_t rows, int n_threads) {
   if (n_threads == 1) return std::max<int64_t>(rows, 1);
   const int64_t target_tasks = int64_t(n_threads) * 8;
-  // A multiple of 4: the token-lanes kernels take four rows at a time.
-  return std::clamp<int64_t>((rows + target_tasks - 1) / target_tasks + 3, 4, 256) / 4 * 4;
+  // A multiple of 16: the interleaved formats store 16 rows together (and the token-lanes
+  // kernels take four at a time).
+  return std::clamp<int64_t>((rows + target_tasks - 1) / target_tasks + 15, 16, 256) / 16 * 16;
 }
 
 // One matmul made ready to run: its kernel, where its prepared activations are, and how its rows
@@ -81,7 +84,10 @@ int64_t rows_per_task(int64_t rows, int n_threads) {
 struct ReadyMatmul {
   LanesRowsFn lanes = nullptr;  // set: the token-lanes path, with `tiles`
   const uint8_t* tiles = nullptr;
-  DType type = DType::F32;
+  DType type = DType::F32;         // the weights' format
+  DType row_type = DType::F32;     // the format of one row: `type`, or its base if interleaved
+  GroupDotFn group_dot = nullptr;  // interleaved `type` with a kernel for whole groups
+  LanesRowsFn group_lanes = nullptr;  // interleaved `type`, token-lanes path reading groups
   RowDotFn dot = nullptr;
   const uint8_t* act = nullptr;
   size_t act_stride = 0;
@@ -93,23 +99,27 @@ struct ReadyMatmul {
   float* output = nullptr;
 };
 
-// Checks the arguments and returns the kernel of `args`; nullptr when there is nothing to do.
+// Checks the arguments and returns the kernel of `args` (for an interleaved format, its base
+// format's, which runs on groups taken apart); nullptr when there is nothing to do.
 const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& args) {
   const DType type = args.weight_type;
   if (!matmul_supports(type))
     fail(
         "matmul on the CPU: weight format {} is not supported (supported: F32, F16, BF16, "
-        "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+        "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0_R16, Q4_K_R16)",
         dtype_name(type));
-  const int64_t block = dtype_info(type).block_elems;
-  if (args.cols % block != 0)
+  const DTypeInfo& info = dtype_info(type);
+  if (args.cols % info.block_elems != 0)
     fail("matmul on the CPU: a {} row of {} elements is not a whole number of {}-element blocks",
-         dtype_name(type), args.cols, block);
+         dtype_name(type), args.cols, info.block_elems);
+  if (args.rows % info.row_group != 0)
+    fail("matmul on the CPU: {} stores rows in groups of {}, but the matrix has {} rows",
+         dtype_name(type), info.row_group, args.rows);
   TANDEM_CHECK(args.rows >= 0 && args.cols >= 0 && args.n_tokens >= 0);
   if (args.rows == 0 || args.n_tokens == 0) return nullptr;
   TANDEM_CHECK(args.weights != nullptr && args.input != nullptr && args.output != nullptr);
   TANDEM_CHECK(args.precision == ActPrecision::Int16 || args.precision == ActPrecision::Int8);
-  return &table.formats[size_t(args.precision)][size_t(type)];
+  return &table.formats[size_t(args.precision)][size_t(info.base)];
 }
 
 LanesRowsFn lanes_kernel(const KernelTable& table, const MatmulArgs& args) {
@@ -123,7 +133,7 @@ LanesRowsFn lanes_kernel(const KernelTable& table, const MatmulArgs& args) {
       if (args.n_tokens < kLanesMinTokens) return nullptr;
       break;
   }
-  return table.lanes[size_t(args.weight_type)];
+  return table.lanes[size_t(dtype_info(args.weight_type).base)];
 }
 
 int64_t lanes_tiles(int64_t n_tokens) {
@@ -142,7 +152,9 @@ size_t prepared_bytes(const KernelTable& table, const FormatKernel& kernel, cons
 // thread for one token, all threads for several).
 ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
                        const MatmulArgs& args, uint8_t* scratch, ThreadPool& pool) {
+  const DType row_type = dtype_info(args.weight_type).base;
   ReadyMatmul ready{.type = args.weight_type,
+                    .row_type = row_type,
                     .dot = kernel.dot,
                     .act = reinterpret_cast<const uint8_t*>(args.input),
                     .act_stride = size_t(args.cols) * sizeof(float),
@@ -175,23 +187,30 @@ ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
       ready.lanes = lanes;
       ready.tiles = tiles;
     }
+    if (row_type != args.weight_type) {
+      if (ready.lanes) ready.group_lanes = table.group_lanes[size_t(row_type)];
+      else if (args.precision == ActPrecision::Int16) ready.group_dot = table.group_dots[size_t(row_type)];
+    }
   }
   return ready;
 }
 
+LanesMatmul lanes_args(const ReadyMatmul& m) {
+  return {.type = m.row_type,
+          .weights = m.weights,
+          .weight_stride = m.weight_stride,
+          .rows = m.rows,
+          .cols = m.cols,
+          .tiles = m.tiles,
+          .n_tokens = m.n_tokens,
+          .output = m.output};
+}
+
 // Rows [first, last) of `m` for all its tokens: each weight row is fetched from memory once and
 // reused from L1 for every token.
-void run_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
+void run_plain_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   if (m.lanes) {
-    m.lanes({.type = m.type,
-             .weights = m.weights,
-             .weight_stride = m.weight_stride,
-             .rows = m.rows,
-             .cols = m.cols,
-             .tiles = m.tiles,
-             .n_tokens = m.n_tokens,
-             .output = m.output},
-            first, last);
+    m.lanes(lanes_args(m), first, last);
     return;
   }
   for (int64_t row = first; row < last; ++row) {
@@ -199,6 +218,45 @@ void run_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
     for (int64_t token = 0; token < m.n_tokens; ++token)
       m.output[token * m.rows + row] = m.dot(weight_row, m.act + size_t(token) * m.act_stride, m.cols);
   }
+}
+
+// Rows [first, last) of an interleaved matrix (multiples of 16): by the kernels that read groups
+// where the level has them, else each group taken apart into 16 plain rows in a scratch buffer
+// that the plain kernels then run on (the output pointer moved so that the scratch's row 0 lands
+// on the group's first row).
+void run_interleaved_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
+  constexpr int64_t kGroup = 16;
+  if (m.group_lanes) {
+    LanesMatmul args = lanes_args(m);
+    args.type = m.type;
+    m.group_lanes(args, first, last);
+    return;
+  }
+  const size_t plain_stride = row_bytes(m.row_type, uint64_t(m.cols));
+  thread_local AlignedBuffer plain;
+  if (!m.group_dot && plain.size() < kGroup * plain_stride) plain = AlignedBuffer(kGroup * plain_stride);
+  for (int64_t row = first; row < last; row += kGroup) {
+    const uint8_t* group = m.weights + size_t(row) * m.weight_stride;
+    if (m.group_dot) {
+      float out[kGroup];
+      for (int64_t token = 0; token < m.n_tokens; ++token) {
+        m.group_dot(group, m.act + size_t(token) * m.act_stride, m.cols, out);
+        std::copy(out, out + kGroup, m.output + token * m.rows + row);
+      }
+      continue;
+    }
+    take_apart_rows(m.type, group, m.cols, plain.data());
+    ReadyMatmul rows = m;
+    rows.weights = plain.data();
+    rows.weight_stride = plain_stride;
+    rows.output = m.output + row;
+    run_plain_rows(rows, 0, kGroup);
+  }
+}
+
+void run_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
+  if (m.row_type != m.type) run_interleaved_rows(m, first, last);
+  else run_plain_rows(m, first, last);
 }
 
 void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& pool) {
@@ -291,6 +349,8 @@ bool matmul_supports(DType weight_type) {
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
+    case DType::Q8_0_R16:
+    case DType::Q4_K_R16:
       return true;
     default:
       return false;

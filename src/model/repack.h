@@ -1,0 +1,37 @@
+#pragma once
+// `tandem repack`: rewrites a model so that the CPU's decode kernels read it faster. Every
+// Q8_0 and Q4_K matrix that the forward pass only multiplies by (attention projections, dense
+// and expert FFNs, the output head) is stored with 16 rows interleaved (Q8_0_R16, Q4_K_R16;
+// core/blocks.h). Same values, so a repacked model gives the same tokens within rounding; Q4_K
+// matrices grow by 2.8% (their 6-bit scales are stored as bytes), Q8_0 ones not at all. Lookup tables (token_embd), vectors, and tensors read in other ways keep
+// their format. Done once, offline, so that loading stays a plain mmap.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/thread_pool.h"
+
+namespace tandem {
+
+struct RepackOptions {
+  std::string input_path;   // a GGUF (or the first part of a split one)
+  std::string output_path;  // one GGUF file
+  bool show_progress = true;
+};
+
+struct RepackSummary {
+  int n_tensors = 0;      // in the file
+  int n_interleaved = 0;  // of them, rewritten interleaved
+  uint64_t interleaved_bytes = 0;
+  uint64_t file_bytes = 0;
+  double seconds = 0;
+};
+
+// Whether tensor `name` of a deepseek2 file is a matrix that the forward pass only multiplies by.
+bool is_repackable_matrix(std::string_view name);
+
+// Throws tandem::Error naming the file and the problem (unreadable input, output that cannot be
+// written, input that is already repacked); an interrupted run leaves no output file.
+RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool);
+
+}  // namespace tandem

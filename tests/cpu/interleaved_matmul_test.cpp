@@ -1,0 +1,182 @@
+// Matmuls of tandem's 16-row interleaved formats (Q8_0_R16, Q4_K_R16) on every instruction set,
+// precision, kernel choice and token count: against the scalar reference (the groups taken apart
+// and dequantized), and against the plain format's matmul on the same weights, which they match
+// bit for bit on every path except the AVX-512 Int16 group kernels (dot_r16_avx512.cpp), whose
+// float steps run in another order.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/matmul.h"
+#include "core/error.h"
+#include "quant/interleave.h"
+#include "quant/quant.h"
+
+namespace tandem::cpu {
+namespace {
+
+std::vector<float> gaussian(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
+struct Weights {
+  std::vector<uint8_t> plain;
+  std::vector<uint8_t> mixed;  // the same rows interleaved
+};
+
+Weights make_weights(DType base, int64_t rows, int64_t cols, uint32_t seed) {
+  const DType type = interleaved_format(base);
+  const std::vector<float> values = gaussian(rows * cols, seed);
+  const size_t stride = row_bytes(base, uint64_t(cols));
+  Weights w{std::vector<uint8_t>(size_t(rows) * stride),
+            std::vector<uint8_t>(size_t(rows) * row_bytes(type, uint64_t(cols)))};
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(base, values.data() + r * cols, w.plain.data() + size_t(r) * stride, cols);
+  const size_t group = 16 * row_bytes(type, uint64_t(cols));
+  for (int64_t g = 0; g < rows / 16; ++g)
+    interleave_rows(type, w.plain.data() + size_t(g) * 16 * stride, cols, w.mixed.data() + size_t(g) * group);
+  return w;
+}
+
+std::vector<float> run(CpuIsa isa, DType type, const std::vector<uint8_t>& weights, int64_t rows,
+                       int64_t cols, const std::vector<float>& x, int64_t n_tokens,
+                       ActPrecision precision, KernelChoice kernels, ThreadPool& pool) {
+  std::vector<float> y(size_t(rows * n_tokens), NAN);
+  matmul_with_isa(isa,
+                  {.weight_type = type,
+                   .weights = weights.data(),
+                   .rows = rows,
+                   .cols = cols,
+                   .input = x.data(),
+                   .n_tokens = n_tokens,
+                   .output = y.data(),
+                   .precision = precision,
+                   .kernels = kernels},
+                  pool);
+  return y;
+}
+
+// Largest |y - y_ref| / Σ_k |w_k x_k| (as matmul_test.cpp measures), the reference in double
+// from the interleaved weights dequantized by src/quant.
+double max_normalized_error(DType type, const std::vector<uint8_t>& weights, int64_t rows,
+                            int64_t cols, const std::vector<float>& x, int64_t n_tokens,
+                            const std::vector<float>& y) {
+  std::vector<float> w(size_t(rows * cols));
+  dequantize_interleaved(type, weights.data(), rows, cols, w.data());
+  double worst = 0.0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double p = double(w[size_t(r * cols + k)]) * double(x[size_t(t * cols + k)]);
+        sum += p;
+        abs_sum += std::fabs(p);
+      }
+      const double e = std::fabs(double(y[size_t(t * rows + r)]) - sum) / std::max(abs_sum, 1e-30);
+      worst = std::max(worst, std::isfinite(e) ? e : INFINITY);
+    }
+  }
+  return worst;
+}
+
+// The Int16 bounds of matmul_test.cpp for the base formats; Int8's for Int8.
+double error_bound(DType base, ActPrecision precision) {
+  if (precision == ActPrecision::Int16) return base == DType::Q8_0 ? 5e-5 : 3e-5;
+  return base == DType::Q8_0 ? 1e-2 : 8e-3;
+}
+
+bool uses_row_dots(KernelChoice kernels, int64_t n_tokens) {
+  return kernels == KernelChoice::PerToken ||
+         (kernels == KernelChoice::ByTokenCount && n_tokens < kLanesMinTokens);
+}
+
+TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
+  ThreadPool pool(3);
+  const int64_t rows = 48;
+  int group_kernel_cases = 0;
+  for (DType base : {DType::Q8_0, DType::Q4_K}) {
+    const DType type = interleaved_format(base);
+    for (int64_t cols : {256, 512, 2048}) {
+      const Weights w = make_weights(base, rows, cols, uint32_t(cols) + uint32_t(base));
+      for (int64_t n_tokens : {1, 3, 8, 17}) {
+        const std::vector<float> x = gaussian(n_tokens * cols, uint32_t(7 * cols + n_tokens));
+        for (CpuIsa isa : supported_cpu_isas()) {
+          for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
+            for (KernelChoice kernels : {KernelChoice::ByTokenCount, KernelChoice::PerToken, KernelChoice::Tiled}) {
+              const std::vector<float> mixed =
+                  run(isa, type, w.mixed, rows, cols, x, n_tokens, precision, kernels, pool);
+              const std::vector<float> plain =
+                  run(isa, base, w.plain, rows, cols, x, n_tokens, precision, kernels, pool);
+              const std::string where = std::string(dtype_name(type)) + " " + std::string(cpu_isa_name(isa)) +
+                                        (precision == ActPrecision::Int16 ? " int16" : " int8") +
+                                        " kernels=" + std::to_string(int(kernels)) +
+                                        " cols=" + std::to_string(cols) +
+                                        " n_tokens=" + std::to_string(n_tokens);
+              EXPECT_LE(max_normalized_error(type, w.mixed, rows, cols, x, n_tokens, mixed),
+                        error_bound(base, precision))
+                  << where;
+              const bool group_kernel = isa == CpuIsa::Avx512 && precision == ActPrecision::Int16 &&
+                                        uses_row_dots(kernels, n_tokens);
+              group_kernel_cases += group_kernel ? 1 : 0;
+              if (!group_kernel) {
+                EXPECT_EQ(0, std::memcmp(mixed.data(), plain.data(), mixed.size() * sizeof(float)))
+                    << where << ": not the plain format's bits";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("  %d cases ran the AVX-512 group kernels\n", group_kernel_cases);
+}
+
+TEST(InterleavedMatmul, RefusesRowsThatAreNotWholeGroups) {
+  ThreadPool pool(1);
+  const Weights w = make_weights(DType::Q4_K, 32, 256, 5);
+  const std::vector<float> x = gaussian(256, 6);
+  std::vector<float> y(40);
+  try {
+    matmul({.weight_type = DType::Q4_K_R16, .weights = w.mixed.data(), .rows = 24, .cols = 256,
+            .input = x.data(), .n_tokens = 1, .output = y.data()},
+           pool);
+    FAIL() << "24 rows of Q4_K_R16 were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("groups of 16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(InterleavedMatmul, ManyMatricesEachBitIdenticalToItsOwnMatmul) {
+  ThreadPool pool(2);
+  const int64_t cols = 512;
+  const Weights a = make_weights(DType::Q4_K, 64, cols, 11), b = make_weights(DType::Q8_0, 32, cols, 12);
+  const std::vector<float> x = gaussian(cols, 13);
+  std::vector<float> ya(64), yb(32), plain(32);
+  const MatmulArgs args[] = {
+      {.weight_type = DType::Q4_K_R16, .weights = a.mixed.data(), .rows = 64, .cols = cols,
+       .input = x.data(), .n_tokens = 1, .output = ya.data()},
+      {.weight_type = DType::Q8_0_R16, .weights = b.mixed.data(), .rows = 32, .cols = cols,
+       .input = x.data(), .n_tokens = 1, .output = yb.data()},
+      {.weight_type = DType::Q8_0, .weights = b.plain.data(), .rows = 32, .cols = cols,
+       .input = x.data(), .n_tokens = 1, .output = plain.data()}};
+  matmul_many(args, pool);
+  for (const MatmulArgs& one : args) {
+    std::vector<float> alone(size_t(one.rows));
+    MatmulArgs single = one;
+    single.output = alone.data();
+    matmul(single, pool);
+    EXPECT_EQ(0, std::memcmp(alone.data(), one.output, alone.size() * sizeof(float)))
+        << dtype_name(one.weight_type);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu
