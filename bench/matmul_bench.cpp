@@ -199,8 +199,9 @@ void bm_triad(benchmark::State& state, int n_threads) {
 void register_all() {
   const Shape shapes[] = {
       {1408, 2048, "expert_up"}, {2048, 1408, "expert_down"}, {102400, 2048, "output_head"}};
-  const DType types[] = {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16, DType::Q6_K,
-                         DType::Q5_K, DType::Q4_0, DType::Q5_0, DType::BF16};
+  const DType types[] = {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16,
+                         DType::Q6_K, DType::Q5_0, DType::Q5_0_R16,
+                         DType::Q5_K, DType::Q4_0, DType::BF16};
   for (int n_threads : {1, 2})
     benchmark::RegisterBenchmark(("triad/threads:" + std::to_string(n_threads)).c_str(), bm_triad,
                                  n_threads)

@@ -19,8 +19,8 @@ void register_repack(CLI::App& app) {
   auto threads = std::make_shared<int>(physical_core_count());
   CLI::App* cmd = app.add_subcommand(
       "repack",
-      "Write a copy of a model whose Q8_0 and Q4_K matrices store 16 rows together (formats "
-      "Q8_0_R16 and Q4_K_R16), which the AVX-512 decode kernels read about twice as fast. Same "
+      "Write a copy of a model whose Q8_0, Q5_0 and Q4_K matrices store 16 rows together "
+      "(formats Q8_0_R16, Q5_0_R16, Q4_K_R16), which the AVX-512 decode kernels read about twice as fast. Same "
       "weights (Q4_K matrices 2.8% larger: scales stored as bytes); results equal the original's "
       "within rounding. The output is a GGUF "
       "that only tandem reads (other tools do not know these formats). Token embeddings and "
@@ -48,7 +48,7 @@ void register_repack(CLI::App& app) {
                summary.seconds,
                format_bytes(uint64_t(double(summary.file_bytes) / std::max(summary.seconds, 1e-9))));
     if (summary.n_interleaved == 0)
-      fmt::print("note: no Q8_0 or Q4_K matrix with a multiple of 16 rows was found; the copy is "
+      fmt::print("note: no Q8_0, Q5_0 or Q4_K matrix with a multiple of 16 rows was found; the copy is "
                  "the same model\n");
   });
 }

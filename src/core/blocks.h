@@ -113,7 +113,18 @@ struct BlockQ4_K_R16 {
   uint8_t qs[8][256];
 };
 
+// 16 rows x 32 columns of Q5_0. The low 4 bits as in Q4_K_R16's sub-blocks: the low nibble of
+// qs[c][2r + p] is element 4c + p of row r's block, the high nibble element 4c + 2 + p. The fifth
+// bits in the same pair layout, as lane masks: bit 2r + p of qh[c][0] belongs to element 4c + p,
+// of qh[c][1] to element 4c + 2 + p.
+struct BlockQ5_0_R16 {
+  uint16_t d[16];
+  uint32_t qh[8][2];
+  uint8_t qs[8][32];
+};
+
 static_assert(sizeof(BlockQ8_0_R16) == 16 * sizeof(BlockQ8_0));
+static_assert(sizeof(BlockQ5_0_R16) == 16 * sizeof(BlockQ5_0));
 static_assert(sizeof(BlockQ4_K_R16) == 16 * 148);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ5_0) == 22);

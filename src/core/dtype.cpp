@@ -29,6 +29,8 @@ constexpr std::array kDTypes = {
     DTypeInfo{DType::I64, "I64", 1, 8, false},
     DTypeInfo{DType::F64, "F64", 1, 8, false},
     DTypeInfo{DType::BF16, "BF16", 1, 2, true},
+    DTypeInfo{DType::Q5_0_R16, "Q5_0_R16", kQK5_0, sizeof(BlockQ5_0_R16) / 16, false, 16,
+              DType::Q5_0},
     DTypeInfo{DType::Q8_0_R16, "Q8_0_R16", kQK8_0, sizeof(BlockQ8_0_R16) / 16, false, 16,
               DType::Q8_0},
     DTypeInfo{DType::Q4_K_R16, "Q4_K_R16", kQK_K, sizeof(BlockQ4_K_R16) / 16, false, 16,

@@ -30,6 +30,7 @@ enum class DType : uint32_t {
   BF16 = 30,
   // tandem's own formats, written by `tandem repack`: a GGUF format with 16 rows interleaved
   // (layouts in core/blocks.h), numbered 1000 + the number of the format they interleave.
+  Q5_0_R16 = 1006,
   Q8_0_R16 = 1008,
   Q4_K_R16 = 1012,
 };

@@ -51,8 +51,8 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
   for (const auto& [key, value] : in.metadata())
     if (copied_key(key)) out.add_metadata(key, value);
   out.add_metadata(std::string(kRepackedKey),
-                   gguf::Value::string("Q8_0 and Q4_K matrices with 16 rows interleaved "
-                                       "(Q8_0_R16, Q4_K_R16) for the CPU decode kernels"));
+                   gguf::Value::string("Q8_0, Q5_0 and Q4_K matrices with 16 rows "
+                                       "interleaved (*_R16) for the CPU decode kernels"));
   RepackSummary summary;
   uint64_t total_bytes = 0;
   for (const gguf::TensorInfo& t : in.tensors()) {

@@ -1,8 +1,9 @@
 #pragma once
 // `tandem repack`: rewrites a model so that the CPU's decode kernels read it faster. Every
-// Q8_0 and Q4_K matrix that the forward pass only multiplies by (attention projections, dense
-// and expert FFNs, the output head) is stored with 16 rows interleaved (Q8_0_R16, Q4_K_R16;
-// core/blocks.h). Same values, so a repacked model gives the same tokens within rounding; Q4_K
+// Q8_0, Q5_0 and Q4_K matrix that the forward pass only multiplies by (attention projections,
+// dense and expert FFNs, the output head) is stored with 16 rows interleaved (Q8_0_R16,
+// Q5_0_R16, Q4_K_R16; core/blocks.h). Q6_K stays: an interleaved Q6_K kernel was slower than
+// the one-row kernel (its top bits cost four shifts per 32 bytes). Same values, so a repacked model gives the same tokens within rounding; Q4_K
 // matrices grow by 2.8% (their 6-bit scales are stored as bytes), Q8_0 ones not at all. Lookup tables (token_embd), vectors, and tensors read in other ways keep
 // their format. Done once, offline, so that loading stays a plain mmap.
 #include <cstdint>

@@ -13,117 +13,165 @@ namespace {
 
 constexpr int kRows = 16;
 
-// One block column of a group in either direction: `row(r)` is row r's plain block and `g` the
-// group's block; kToGroup reads the rows and writes the group, else the other way round (the
-// written side starts zeroed, since nibbles are or-ed in).
+// Each format's layout as element accessors: the quantized value (offsets not applied) of
+// element e of a plain block, and of row r's element e in the group's block, read and written;
+// and the per-row fields (scales) copied each way. Scalar and simple on purpose: this is the
+// reference the interleaved kernels are tested against, and `tandem repack` runs it once.
+// Positions follow core/blocks.h: pair layout puts element e of a 4-element chunk in byte
+// 2r + e % 2, low nibble for e % 4 < 2.
 
-// Q4_K: element e of sub-block j sits in chunk e / 4, pair position e % 2, nibble (e / 2) % 2.
-template <bool kToGroup, class RowAt, class Group>
-void q4_k_blocks(RowAt row, Group& g) {
-  for (int r = 0; r < kRows; ++r) {
-    auto& b = row(r);
+inline int nibble(uint8_t byte, int high) { return high ? byte >> 4 : byte & 15; }
+inline void put_nibble(uint8_t& byte, int high, int v) {
+  byte = uint8_t(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
+}
+inline int pair_byte(int r, int e) { return 2 * r + e % 2; }
+inline int pair_high(int e) { return (e / 2) % 2; }
+
+struct Q8_0Layout {
+  using Plain = BlockQ8_0;
+  using Mixed = BlockQ8_0_R16;
+  static constexpr int kElems = kQK8_0;
+  static int get(const Plain& b, int e) { return b.qs[e]; }
+  static void set(Plain& b, int e, int v) { b.qs[e] = int8_t(v); }
+  static int get(const Mixed& g, int r, int e) { return g.qs[32 * (e / 2) + pair_byte(r, e)]; }
+  static void set(Mixed& g, int r, int e, int v) { g.qs[32 * (e / 2) + pair_byte(r, e)] = int8_t(v); }
+  static void fields_to_group(const Plain& b, Mixed& g, int r) { g.d[r] = b.d; }
+  static void fields_to_row(const Mixed& g, int r, Plain& b) { b.d = g.d[r]; }
+};
+
+struct Q5_0Layout {
+  using Plain = BlockQ5_0;
+  using Mixed = BlockQ5_0_R16;
+  static constexpr int kElems = kQK5_0;
+  static uint32_t high_bits(const Plain& b) {
+    uint32_t qh;
+    std::memcpy(&qh, b.qh, sizeof(qh));
+    return qh;
+  }
+  static int get(const Plain& b, int e) {
+    return nibble(b.qs[e % 16], e / 16) | int((high_bits(b) >> e) & 1) << 4;
+  }
+  static void set(Plain& b, int e, int v) {
+    put_nibble(b.qs[e % 16], e / 16, v & 15);
+    const uint32_t qh = (high_bits(b) & ~(1u << e)) | uint32_t(v >> 4) << e;
+    std::memcpy(b.qh, &qh, sizeof(qh));
+  }
+  static int get(const Mixed& g, int r, int e) {
+    const int c = e / 4, bit = pair_byte(r, e);
+    return nibble(g.qs[c][bit], pair_high(e)) | int((g.qh[c][pair_high(e)] >> bit) & 1) << 4;
+  }
+  static void set(Mixed& g, int r, int e, int v) {
+    const int c = e / 4, bit = pair_byte(r, e);
+    put_nibble(g.qs[c][bit], pair_high(e), v & 15);
+    uint32_t& qh = g.qh[c][pair_high(e)];
+    qh = (qh & ~(1u << bit)) | uint32_t(v >> 4) << bit;
+  }
+  static void fields_to_group(const Plain& b, Mixed& g, int r) { g.d[r] = b.d; }
+  static void fields_to_row(const Mixed& g, int r, Plain& b) { b.d = g.d[r]; }
+};
+
+struct Q4_KLayout {
+  using Plain = BlockQ4_K;
+  using Mixed = BlockQ4_K_R16;
+  static constexpr int kElems = kQK_K;
+  // GGUF: sub-block j's element i is the low (j even) or high (j odd) nibble of qs[32(j/2) + i].
+  static int get(const Plain& b, int e) { return nibble(b.qs[32 * (e / 64) + e % 32], (e / 32) % 2); }
+  static void set(Plain& b, int e, int v) { put_nibble(b.qs[32 * (e / 64) + e % 32], (e / 32) % 2, v); }
+  static int offset(int r, int e) { return 32 * ((e % 32) / 4) + pair_byte(r, e); }
+  static int get(const Mixed& g, int r, int e) { return nibble(g.qs[e / 32][offset(r, e)], pair_high(e)); }
+  static void set(Mixed& g, int r, int e, int v) { put_nibble(g.qs[e / 32][offset(r, e)], pair_high(e), v); }
+  static void fields_to_group(const Plain& b, Mixed& g, int r) {
+    g.d[r] = b.d;
+    g.dmin[r] = b.dmin;
     uint8_t scales[8], mins[8];
-    if constexpr (kToGroup) {
-      g.d[r] = b.d;
-      g.dmin[r] = b.dmin;
-      unpack_q4_k_scales(b.scales, scales, mins);
-      for (int j = 0; j < 8; ++j) g.scales[j][r] = scales[j], g.mins[j][r] = mins[j];
-    } else {
-      b.d = g.d[r];
-      b.dmin = g.dmin[r];
-      for (int j = 0; j < 8; ++j) scales[j] = g.scales[j][r], mins[j] = g.mins[j][r];
-      pack_q4_k_scales(scales, mins, b.scales);
-    }
-    for (int j = 0; j < 8; ++j) {
-      for (int e = 0; e < 32; ++e) {
-        // GGUF: sub-block j's element e is the low (j even) or high (j odd) nibble of
-        // qs[32 * (j / 2) + e].
-        auto& plain = b.qs[32 * (j / 2) + e];
-        const int plain_shift = 4 * (j % 2);
-        auto& mixed = g.qs[j][32 * (e / 4) + 2 * r + e % 2];
-        const int mixed_shift = 4 * ((e / 2) % 2);
-        if constexpr (kToGroup) {
-          mixed = uint8_t(mixed | (((plain >> plain_shift) & 15) << mixed_shift));
-        } else {
-          plain = uint8_t(plain | (((mixed >> mixed_shift) & 15) << plain_shift));
-        }
-      }
+    unpack_q4_k_scales(b.scales, scales, mins);
+    for (int j = 0; j < 8; ++j) g.scales[j][r] = scales[j], g.mins[j][r] = mins[j];
+  }
+  static void fields_to_row(const Mixed& g, int r, Plain& b) {
+    b.d = g.d[r];
+    b.dmin = g.dmin[r];
+    uint8_t scales[8], mins[8];
+    for (int j = 0; j < 8; ++j) scales[j] = g.scales[j][r], mins[j] = g.mins[j][r];
+    pack_q4_k_scales(scales, mins, b.scales);
+  }
+};
+
+// Every block column of one group: 16 rows of n_blocks plain blocks each <-> n_blocks group
+// blocks. The written side is zeroed first (so every byte of it is defined), then filled.
+template <class Layout>
+void to_group(const void* rows, void* group, int64_t n_blocks) {
+  const auto* plain = static_cast<const typename Layout::Plain*>(rows);
+  auto* mixed = static_cast<typename Layout::Mixed*>(group);
+  std::memset(mixed, 0, size_t(n_blocks) * sizeof(*mixed));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    for (int r = 0; r < kRows; ++r) {
+      const auto& block = plain[r * n_blocks + b];
+      Layout::fields_to_group(block, mixed[b], r);
+      for (int e = 0; e < Layout::kElems; ++e) Layout::set(mixed[b], r, e, Layout::get(block, e));
     }
   }
 }
 
-// Q8_0: element e sits in chunk e / 2, pair position e % 2.
-template <bool kToGroup, class RowAt, class Group>
-void q8_0_blocks(RowAt row, Group& g) {
-  for (int r = 0; r < kRows; ++r) {
-    auto& b = row(r);
-    if constexpr (kToGroup) g.d[r] = b.d;
-    else b.d = g.d[r];
-    for (int e = 0; e < kQK8_0; ++e) {
-      auto& mixed = g.qs[32 * (e / 2) + 2 * r + e % 2];
-      if constexpr (kToGroup) mixed = b.qs[e];
-      else b.qs[e] = mixed;
+template <class Layout>
+void to_rows(const void* group, void* rows, int64_t n_blocks) {
+  const auto* mixed = static_cast<const typename Layout::Mixed*>(group);
+  auto* plain = static_cast<typename Layout::Plain*>(rows);
+  std::memset(plain, 0, size_t(n_blocks) * kRows * sizeof(*plain));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    for (int r = 0; r < kRows; ++r) {
+      auto& block = plain[r * n_blocks + b];
+      Layout::fields_to_row(mixed[b], r, block);
+      for (int e = 0; e < Layout::kElems; ++e) Layout::set(block, e, Layout::get(mixed[b], r, e));
     }
   }
 }
 
-// Every block column of one group; `Plain` and `Mixed` carry the constness of their side.
-template <bool kToGroup, class Plain, class Mixed, class Blocks>
-void convert(Plain* plain, Mixed* mixed, int64_t n_blocks, Blocks blocks) {
-  if constexpr (kToGroup) std::memset(mixed, 0, size_t(n_blocks) * sizeof(Mixed));
-  else std::memset(plain, 0, size_t(n_blocks) * kRows * sizeof(Plain));
-  for (int64_t b = 0; b < n_blocks; ++b)
-    blocks([&](int r) -> Plain& { return plain[r * n_blocks + b]; }, mixed[b]);
-}
-
-void check_group(DType type, int64_t cols) {
+// Calls fn.template operator()<Layout>() for the layout of interleaved `type`.
+template <class Fn>
+void with_layout(DType type, int64_t cols, Fn fn) {
   const DTypeInfo& info = dtype_info(type);
-  if (info.row_group != kRows)
-    fail("{} is not one of tandem's interleaved formats", dtype_name(type));
+  if (info.row_group != kRows) fail("{} is not one of tandem's interleaved formats", dtype_name(type));
   if (cols <= 0 || cols % info.block_elems != 0)
     fail("{}: rows of {} elements are not a whole number of {}-element blocks", dtype_name(type),
          cols, info.block_elems);
+  switch (type) {
+    case DType::Q8_0_R16:
+      return fn.template operator()<Q8_0Layout>();
+    case DType::Q5_0_R16:
+      return fn.template operator()<Q5_0Layout>();
+    case DType::Q4_K_R16:
+      return fn.template operator()<Q4_KLayout>();
+    default:
+      check_failed("with_layout: interleaved format without a layout", __FILE__, __LINE__);
+  }
 }
 
 }  // namespace
 
 bool has_interleaved_format(DType base) {
-  return base == DType::Q8_0 || base == DType::Q4_K;
+  return base == DType::Q8_0 || base == DType::Q5_0 || base == DType::Q4_K;
 }
 
 DType interleaved_format(DType base) {
   switch (base) {
     case DType::Q8_0:
       return DType::Q8_0_R16;
+    case DType::Q5_0:
+      return DType::Q5_0_R16;
     case DType::Q4_K:
       return DType::Q4_K_R16;
     default:
-      fail("{} has no interleaved format (tandem has Q8_0_R16 and Q4_K_R16)", dtype_name(base));
+      fail("{} has no interleaved format (tandem has Q8_0_R16, Q5_0_R16, Q4_K_R16)",
+           dtype_name(base));
   }
 }
 
 void interleave_rows(DType type, const void* rows, int64_t cols, void* group) {
-  check_group(type, cols);
-  const int64_t n_blocks = cols / dtype_info(type).block_elems;
-  if (type == DType::Q8_0_R16) {
-    convert<true>(static_cast<const BlockQ8_0*>(rows), static_cast<BlockQ8_0_R16*>(group), n_blocks,
-                  [](auto row, auto& g) { q8_0_blocks<true>(row, g); });
-  } else {
-    convert<true>(static_cast<const BlockQ4_K*>(rows), static_cast<BlockQ4_K_R16*>(group), n_blocks,
-                  [](auto row, auto& g) { q4_k_blocks<true>(row, g); });
-  }
+  with_layout(type, cols, [&]<class Layout>() { to_group<Layout>(rows, group, cols / Layout::kElems); });
 }
 
 void take_apart_rows(DType type, const void* group, int64_t cols, void* rows) {
-  check_group(type, cols);
-  const int64_t n_blocks = cols / dtype_info(type).block_elems;
-  if (type == DType::Q8_0_R16) {
-    convert<false>(static_cast<BlockQ8_0*>(rows), static_cast<const BlockQ8_0_R16*>(group), n_blocks,
-                   [](auto row, auto& g) { q8_0_blocks<false>(row, g); });
-  } else {
-    convert<false>(static_cast<BlockQ4_K*>(rows), static_cast<const BlockQ4_K_R16*>(group), n_blocks,
-                   [](auto row, auto& g) { q4_k_blocks<false>(row, g); });
-  }
+  with_layout(type, cols, [&]<class Layout>() { to_rows<Layout>(group, rows, cols / Layout::kElems); });
 }
 
 void dequantize_interleaved(DType type, const void* data, int64_t rows, int64_t cols, float* out) {

@@ -10,7 +10,7 @@
 
 namespace tandem {
 
-// The interleaved format of `base`, if tandem has one (Q8_0, Q4_K).
+// The interleaved format of `base`, if tandem has one (Q8_0, Q5_0, Q4_K).
 bool has_interleaved_format(DType base);
 DType interleaved_format(DType base);
 

@@ -1,4 +1,4 @@
-// Matmuls of tandem's 16-row interleaved formats (Q8_0_R16, Q4_K_R16) on every instruction set,
+// Matmuls of tandem's 16-row interleaved formats (Q8_0_R16, Q5_0_R16, Q4_K_R16) on every instruction set,
 // precision, kernel choice and token count: against the scalar reference (the groups taken apart
 // and dequantized), and against the plain format's matmul on the same weights, which they match
 // bit for bit on every path except the AVX-512 Int16 group kernels (dot_r16_avx512.cpp), whose
@@ -87,10 +87,11 @@ double max_normalized_error(DType type, const std::vector<uint8_t>& weights, int
   return worst;
 }
 
-// The Int16 bounds of matmul_test.cpp for the base formats; Int8's for Int8.
+// The bounds of matmul_test.cpp for the base formats (32-element formats, k-quants).
 double error_bound(DType base, ActPrecision precision) {
-  if (precision == ActPrecision::Int16) return base == DType::Q8_0 ? 5e-5 : 3e-5;
-  return base == DType::Q8_0 ? 1e-2 : 8e-3;
+  const bool k_quant = dtype_info(base).block_elems == 256;
+  if (precision == ActPrecision::Int16) return k_quant ? 3e-5 : 5e-5;
+  return k_quant ? 8e-3 : 1e-2;
 }
 
 bool uses_row_dots(KernelChoice kernels, int64_t n_tokens) {
@@ -102,7 +103,7 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
   ThreadPool pool(3);
   const int64_t rows = 48;
   int group_kernel_cases = 0;
-  for (DType base : {DType::Q8_0, DType::Q4_K}) {
+  for (DType base : {DType::Q8_0, DType::Q5_0, DType::Q4_K}) {
     const DType type = interleaved_format(base);
     for (int64_t cols : {256, 512, 2048}) {
       const Weights w = make_weights(base, rows, cols, uint32_t(cols) + uint32_t(base));

@@ -1,5 +1,5 @@
-// AVX-512 Int16-precision kernels for tandem's 16-row interleaved formats (Q8_0_R16, Q4_K_R16;
-// layouts in core/blocks.h) against ActKind::Q16 activations: one call gives 16 rows' dot
+// AVX-512 Int16-precision kernels for tandem's 16-row interleaved formats (Q8_0_R16, Q5_0_R16,
+// Q4_K_R16; layouts in core/blocks.h) against ActKind::Q16 activations: one call gives 16 rows' dot
 // products with one token.
 //
 // Why: the one-row kernels (dot_q16_avx512.cpp) spend about four vector instructions per 32
@@ -127,10 +127,40 @@ void group_dot_q4_k(const void* w, const void* a, int64_t cols, float* out) {
   _mm512_storeu_ps(out, _mm512_sub_ps(acc, mins_acc));
 }
 
+// Q5_0_R16: as Q4_K_R16's nibbles, then q - 16 = nibble + 16 * bit - 16 with the fifth bits as
+// lane masks; per 32-column block out += float(sum) * (d_row * dx).
+void group_dot_q5_0(const void* w, const void* a, int64_t cols, float* out) {
+  const auto* blocks = static_cast<const BlockQ5_0_R16*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const __m512i low4 = _mm512_set1_epi16(15), sixteen = _mm512_set1_epi16(16);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const BlockQ5_0_R16& block = blocks[b];
+    prefetch_ahead(&block, sizeof(block));
+    __m512i sum[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+    for (int c = 0; c < 8; ++c) {
+      const __m512i q = widen_nibble_bytes(block.qs[c]);
+      const __m512i lo = _mm512_sub_epi16(_mm512_and_si512(q, low4), sixteen);
+      const __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(q, 4), sixteen);
+      const __m512i w_lo = _mm512_mask_add_epi16(lo, __mmask32(block.qh[c][0]), lo, sixteen);
+      const __m512i w_hi = _mm512_mask_add_epi16(hi, __mmask32(block.qh[c][1]), hi, sixteen);
+      sum[(2 * c) % 4] = _mm512_dpwssd_epi32(sum[(2 * c) % 4], w_lo, pair(x.q, 16 * b + 2 * c));
+      sum[(2 * c + 1) % 4] = _mm512_dpwssd_epi32(sum[(2 * c + 1) % 4], w_hi, pair(x.q, 16 * b + 2 * c + 1));
+    }
+    const __m512i total =
+        _mm512_add_epi32(_mm512_add_epi32(sum[0], sum[1]), _mm512_add_epi32(sum[2], sum[3]));
+    const __m512 scale = _mm512_mul_ps(half_to_float(block.d), _mm512_set1_ps(x.d[b]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), scale, acc);
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
 }  // namespace
 
 void fill_avx512_group_kernels(KernelTable& table) {
   table.group_dots[size_t(DType::Q8_0)] = group_dot_q8_0;
+  table.group_dots[size_t(DType::Q5_0)] = group_dot_q5_0;
   table.group_dots[size_t(DType::Q4_K)] = group_dot_q4_k;
 }
 

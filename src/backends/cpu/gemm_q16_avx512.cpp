@@ -283,6 +283,22 @@ void unpack_group_q4_k(const void* group, int64_t cols, UnpackedGroup out) {
   }
 }
 
+void unpack_group_q5_0(const void* group, int64_t cols, UnpackedGroup out) {
+  const auto* blocks = static_cast<const BlockQ5_0_R16*>(group);
+  const __m512i low4 = _mm512_set1_epi16(15), sixteen = _mm512_set1_epi16(16);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const BlockQ5_0_R16& block = blocks[b];
+    _mm512_storeu_ps(out.scale + 16 * b, halves_to_float(block.d));
+    for (int c = 0; c < 8; ++c) {
+      const __m512i q = _mm512_cvtepu8_epi16(load256(block.qs[c]));
+      const __m512i lo = _mm512_sub_epi16(_mm512_and_si512(q, low4), sixteen);
+      const __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(q, 4), sixteen);
+      store512(out.pairs + 32 * (16 * b + 2 * c), _mm512_mask_add_epi16(lo, __mmask32(block.qh[c][0]), lo, sixteen));
+      store512(out.pairs + 32 * (16 * b + 2 * c + 1), _mm512_mask_add_epi16(hi, __mmask32(block.qh[c][1]), hi, sixteen));
+    }
+  }
+}
+
 using UnpackGroupFn = void (*)(const void* group, int64_t cols, UnpackedGroup out);
 
 // Rows [first_row, last_row) (multiples of 16) of an interleaved matrix: each group unpacked
@@ -315,6 +331,7 @@ void fill_avx512_lanes_kernels(KernelTable& table) {
   for (DType type : kLanesFormats)
     table.lanes[size_t(type)] = lanes_kernel_for(row_unpacker(type).shape);
   table.group_lanes[size_t(DType::Q8_0)] = lanes_groups<unpack_group_q8_0, false>;
+  table.group_lanes[size_t(DType::Q5_0)] = lanes_groups<unpack_group_q5_0, false>;
   table.group_lanes[size_t(DType::Q4_K)] = lanes_groups<unpack_group_q4_k, true>;
 }
 

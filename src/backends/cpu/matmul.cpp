@@ -106,7 +106,7 @@ const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& a
   if (!matmul_supports(type))
     fail(
         "matmul on the CPU: weight format {} is not supported (supported: F32, F16, BF16, "
-        "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0_R16, Q4_K_R16)",
+        "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0_R16, Q5_0_R16, Q4_K_R16)",
         dtype_name(type));
   const DTypeInfo& info = dtype_info(type);
   if (args.cols % info.block_elems != 0)
@@ -350,6 +350,7 @@ bool matmul_supports(DType weight_type) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::Q8_0_R16:
+    case DType::Q5_0_R16:
     case DType::Q4_K_R16:
       return true;
     default:

@@ -47,7 +47,8 @@ struct MatmulArgs {
 constexpr int64_t kLanesMinTokens = 8;
 
 // Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-// and the 16-row interleaved Q8_0_R16 and Q4_K_R16 (`tandem repack`; rows a multiple of 16).
+// and the 16-row interleaved Q8_0_R16, Q5_0_R16, Q4_K_R16 (`tandem repack`; rows a multiple
+// of 16).
 // An interleaved matrix gives what its base format's rows would give with the same kernels,
 // except that the Int16 row dots on AVX-512 are replaced by kernels that take 16 rows at once
 // (dot_r16_avx512.cpp: about twice the decode speed; rounding differs, accuracy is the same).
