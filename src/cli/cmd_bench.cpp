@@ -159,7 +159,14 @@ void register_bench(CLI::App& app) {
     const double roofline = bandwidth / double(bytes_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads);
     const double decode_kernel = plan::measure_decode_kernel_bytes_per_s(threads, 0);
-    const double kernel_ceiling = decode_kernel / double(bytes_per_token);
+    // A repacked model's interleaved bytes go through the interleaved kernels: their own rate.
+    const uint64_t interleaved_per_token = inventory.interleaved_bytes_read_per_token();
+    const double interleaved_kernel =
+        interleaved_per_token > 0 ? plan::measure_decode_kernel_bytes_per_s(threads, 0, true) : 0;
+    const double kernel_seconds_per_token =
+        double(bytes_per_token - interleaved_per_token) / decode_kernel +
+        (interleaved_per_token > 0 ? double(interleaved_per_token) / interleaved_kernel : 0);
+    const double kernel_ceiling = 1 / kernel_seconds_per_token;
     // Active parameters per token: the weights a token reads, counted in elements.
     double active_params = 0;
     for (const gguf::TensorInfo& t : engine.file().tensors()) {
@@ -177,16 +184,21 @@ void register_bench(CLI::App& app) {
     hardware.host.bandwidth_bytes_per_s = bandwidth;
     hardware.host.flops_per_s = peak_flops;
     hardware.host.decode_kernel_bytes_per_s = decode_kernel;
+    hardware.host.interleaved_kernel_bytes_per_s = interleaved_kernel;
     hardware.host.bandwidth_source = "measured in this run";
     // A simulated device computes with one thread of its own (sim_backend.h).
     const std::vector<uint64_t> sim_budgets = parse_sim_devices(o->engine.devices);
     const double sim_kernel = sim_budgets.empty() ? 0 : plan::measure_decode_kernel_bytes_per_s(1, 0);
+    const double sim_interleaved_kernel = sim_budgets.empty() || interleaved_per_token == 0
+                                              ? 0
+                                              : plan::measure_decode_kernel_bytes_per_s(1, 0, true);
     for (uint64_t budget : sim_budgets) {
       const int32_t index = int32_t(hardware.gpus.size());
       hardware.gpus.push_back({.name = fmt::format("sim:{}", index), .kind = plan::DeviceKind::Sim,
                                .model = "simulated", .memory_bytes = budget,
                                .bandwidth_bytes_per_s = bandwidth, .flops_per_s = peak_flops / threads,
                                .decode_kernel_bytes_per_s = sim_kernel,
+                               .interleaved_kernel_bytes_per_s = sim_interleaved_kernel,
                                .bandwidth_source = "host bandwidth (simulated device)"});
     }
     const plan::Placement placement = plan::plan_placement(
@@ -203,7 +215,10 @@ void register_bench(CLI::App& app) {
           {"bandwidth_gb_per_s", bandwidth / 1e9}, {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
           {"bandwidth_after_gb_per_s", bandwidth_after / 1e9}, {"bytes_read_per_token", bytes_per_token},
           {"decode_roofline_tokens_per_s", roofline}, {"decode_fraction_of_roofline", tg.mean / roofline},
-          {"decode_kernel_gb_per_s", decode_kernel / 1e9}, {"decode_kernel_ceiling_tokens_per_s", kernel_ceiling},
+          {"decode_kernel_gb_per_s", decode_kernel / 1e9},
+          {"interleaved_kernel_gb_per_s", interleaved_kernel / 1e9},
+          {"interleaved_bytes_read_per_token", interleaved_per_token},
+          {"decode_kernel_ceiling_tokens_per_s", kernel_ceiling},
           {"kernel_peak_gflops", peak_flops / 1e9}, {"prefill_gflops", prefill_flops / 1e9},
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
@@ -229,9 +244,16 @@ void register_bench(CLI::App& app) {
                bandwidth_before / 1e9, bandwidth_after / 1e9);
     fmt::print("decode roofline: {:.1f} GB/s / {} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
                bandwidth / 1e9, format_bytes(bytes_per_token), roofline, 100.0 * tg.mean / roofline);
-    fmt::print("decode kernel (measured, Q4_K x 1 token, weights from DRAM): {:.1f} GB/s of weights = {:.2f} "
-               "tokens/s at most, whatever the bandwidth; measured decode = {:.0f}% of it\n",
-               decode_kernel / 1e9, kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
+    if (interleaved_per_token == 0)
+      fmt::print("decode kernel (measured, Q4_K x 1 token, weights from DRAM): {:.1f} GB/s of weights = {:.2f} "
+                 "tokens/s at most, whatever the bandwidth; measured decode = {:.0f}% of it\n",
+                 decode_kernel / 1e9, kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
+    else
+      fmt::print("decode kernels (measured, x 1 token, weights from DRAM): Q4_K {:.1f} GB/s for the {} of plain "
+                 "formats, Q4_K_R16 {:.1f} GB/s for the {} interleaved = {:.2f} tokens/s at most, whatever the "
+                 "bandwidth; measured decode = {:.0f}% of it\n",
+                 decode_kernel / 1e9, format_bytes(bytes_per_token - interleaved_per_token), interleaved_kernel / 1e9,
+                 format_bytes(interleaved_per_token), kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
     fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; prefill reaches "
                "{:.1f} GFLOP/s = {:.0f}% of it\n", peak_flops / 1e9, prefill_flops / 1e9, 100.0 * prefill_flops / peak_flops);
     fmt::print("cost model (predicted for --devices {}): prefill {:.2f} tokens/s ({:.2f}x measured), decode {:.2f} "

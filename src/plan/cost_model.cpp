@@ -144,18 +144,20 @@ class StepModel {
                                : 0;
           const double touched = 1.0 - std::pow(1.0 - p, double(s.batch));
           Part& part = ffn[size_t(dev)];
-          (where == kOnDisk ? part.disk_bytes : part.bytes) += touched * double(g.bytes);
+          if (where == kOnDisk) part.disk_bytes += touched * double(g.bytes);
+          else part.bytes += touched * kernel_bytes(g, dev);
           part.flops += flops * p * double(s.batch);
           part.ops = params_.ffn_ops;
         } else if (g.kind == WeightGroup::Attention || g.kind == WeightGroup::Router ||
                    g.kind == WeightGroup::Norms) {
           // Read on the layer's device; a group pinned elsewhere costs a round trip.
-          attn.bytes += double(g.bytes);
+          attn.bytes += kernel_bytes(g, owner);
           attn.flops += flops * double(s.batch);
           if (dev != owner) attn.extra_s += 2 * transfer_s(owner, dev, activation_bytes);
         } else {
           Part& part = ffn[size_t(dev)];
-          (where == kOnDisk ? part.disk_bytes : part.bytes) += double(g.bytes);
+          if (where == kOnDisk) part.disk_bytes += double(g.bytes);
+          else part.bytes += kernel_bytes(g, dev);
           part.flops += flops * double(s.batch);
           part.ops = params_.ffn_ops;
         }
@@ -196,7 +198,7 @@ class StepModel {
       const int32_t dev = compute_device(where);
       if (dev != prev)
         t.decode_seconds_transfer += transfer_s(prev, dev, double(s.logit_rows) * hp.n_embd * 4);
-      Part head{.bytes = where == kOnDisk ? 0 : double(g.bytes),
+      Part head{.bytes = where == kOnDisk ? 0 : kernel_bytes(g, dev),
                 .disk_bytes = where == kOnDisk ? double(g.bytes) : 0,
                 .flops = group_flops_per_token(hp, g) * double(s.logit_rows),
                 .ops = 2};
@@ -229,6 +231,16 @@ class StepModel {
     const double bw = spec(dev).bandwidth_bytes_per_s > 0 ? spec(dev).bandwidth_bytes_per_s
                                                           : k.fallback_bandwidth_bytes_per_s;
     return bw * k.bandwidth_efficiency;
+  }
+  // A group's bytes as the device's measured decode kernel sees them: bytes in interleaved
+  // formats stream faster (their own measured rate), so they count for less.
+  double kernel_bytes(const InventoryGroup& g, int32_t dev) const {
+    const DeviceSpec& d = spec(dev);
+    if (g.interleaved_bytes == 0 || d.decode_kernel_bytes_per_s <= 0 ||
+        d.interleaved_kernel_bytes_per_s <= 0)
+      return double(g.bytes);
+    return double(g.bytes - g.interleaved_bytes) +
+           double(g.interleaved_bytes) * d.decode_kernel_bytes_per_s / d.interleaved_kernel_bytes_per_s;
   }
   double flops(int32_t dev) const {
     const DeviceKindCost& k = params_.of(spec(dev).kind);

@@ -268,6 +268,7 @@ nlohmann::json read_cache(const std::filesystem::path& path) {
 struct HostRates {
   double bandwidth_bytes_per_s;
   double decode_kernel_bytes_per_s;
+  double interleaved_kernel_bytes_per_s;
   std::string source;
 };
 
@@ -275,8 +276,8 @@ struct HostRates {
 // model and thread count were measured before, otherwise measured now (~2 s) and written back (a
 // cache that cannot be written costs the measurement next time, nothing more).
 // Cached rates measured another way are measured again: 2 = buffers on huge pages, as the
-// weights have been since their mapping asks for them.
-constexpr int kRatesMethod = 2;
+// weights have been since their mapping asks for them; 3 = with the interleaved kernel's rate.
+constexpr int kRatesMethod = 3;
 
 HostRates host_rates(const std::string& cpu_model, int threads) {
   const auto path = bandwidth_cache_path();
@@ -288,14 +289,17 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
         continue;
       const double bytes_per_s = entry.value("bytes_per_s", 0.0);
       const double kernel_bytes_per_s = entry.value("decode_kernel_bytes_per_s", 0.0);
-      if (bytes_per_s > 0 && kernel_bytes_per_s > 0)
-        return {bytes_per_s, kernel_bytes_per_s,
+      const double interleaved_bytes_per_s = entry.value("interleaved_kernel_bytes_per_s", 0.0);
+      if (bytes_per_s > 0 && kernel_bytes_per_s > 0 && interleaved_bytes_per_s > 0)
+        return {bytes_per_s, kernel_bytes_per_s, interleaved_bytes_per_s,
                 fmt::format("measured {} (STREAM triad and decode kernel, {} threads; cached in {})",
                             entry.value("date", "?"), threads, path->string())};
     }
   }
   const double bytes_per_s = measure_triad_bandwidth(threads, available_ram_bytes());
   const double kernel_bytes_per_s = measure_decode_kernel_bytes_per_s(threads, available_ram_bytes());
+  const double interleaved_bytes_per_s =
+      measure_decode_kernel_bytes_per_s(threads, available_ram_bytes(), /*interleaved=*/true);
   const std::string date = today();
   if (path) {
     if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
@@ -306,7 +310,8 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
                ? entries.erase(it)
                : it + 1;
     entries.push_back({{"cpu", cpu_model}, {"threads", threads}, {"bytes_per_s", bytes_per_s},
-                       {"decode_kernel_bytes_per_s", kernel_bytes_per_s}, {"method", kRatesMethod},
+                       {"decode_kernel_bytes_per_s", kernel_bytes_per_s},
+                       {"interleaved_kernel_bytes_per_s", interleaved_bytes_per_s}, {"method", kRatesMethod},
                        {"date", date}});
     std::error_code ec;
     std::filesystem::create_directories(path->parent_path(), ec);
@@ -319,7 +324,7 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
     }
     if (ec || !out) std::filesystem::remove(temp, ec);
   }
-  return {bytes_per_s, kernel_bytes_per_s,
+  return {bytes_per_s, kernel_bytes_per_s, interleaved_bytes_per_s,
           fmt::format("measured {} (STREAM triad and decode kernel, {} threads)", date, threads)};
 }
 
@@ -339,6 +344,7 @@ Hardware detect_host(int32_t threads, bool measure_bandwidth) {
     const HostRates rates = host_rates(cpu, threads);
     hw.host.bandwidth_bytes_per_s = rates.bandwidth_bytes_per_s;
     hw.host.decode_kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
+    hw.host.interleaved_kernel_bytes_per_s = rates.interleaved_kernel_bytes_per_s;
     hw.host.bandwidth_source = rates.source;
   }
   return hw;

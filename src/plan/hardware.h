@@ -22,6 +22,8 @@ struct DeviceSpec {
   double int8_ops_per_s = 0;        // GPUs: dense INT8 tensor-core throughput, 0 where unknown
   double decode_kernel_bytes_per_s = 0;  // host: weights/s our one-token kernel streams from
                                          // DRAM (kernel_rate.h); 0 = unknown
+  double interleaved_kernel_bytes_per_s = 0;  // the same for the interleaved formats of
+                                              // `tandem repack`; 0 = unknown
   std::string bandwidth_source;     // "measured 2026-12-02", "default for RTX 4090", "given"
 };
 

@@ -22,6 +22,7 @@ struct TensorBytes {
   std::string_view name;
   const std::vector<uint64_t>* shape;
   uint64_t bytes;
+  bool interleaved = false;  // stored in one of tandem's interleaved formats
 };
 
 bool starts_with(std::string_view s, std::string_view prefix) {
@@ -66,6 +67,7 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
 
   // (sort position, rank in layer, expert) -> group; the embeddings sort first, the head last.
   std::map<std::tuple<int64_t, int, int32_t>, InventoryGroup> groups;
+  bool interleaved = false;  // of the tensor being added
   auto add = [&](WeightGroup kind, int32_t layer, int32_t expert, uint64_t bytes) {
     const int64_t position = kind == WeightGroup::Embedding    ? -1
                              : kind == WeightGroup::OutputHead ? int64_t(INT32_MAX)
@@ -73,9 +75,11 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
     InventoryGroup& group = groups[{position, rank_in_layer(kind), expert}];
     group.kind = kind, group.layer = layer, group.expert = expert;
     group.bytes += bytes;
+    group.interleaved_bytes += interleaved ? bytes : 0;
   };
 
   for (const TensorBytes& t : tensors) {
+    interleaved = t.interleaved;
     const TensorRole role = classify_tensor(t.name, inv.n_layers);
     const int32_t layer = role.layer ? int32_t(*role.layer) : -1;
     switch (role.group) {
@@ -188,22 +192,35 @@ uint64_t ModelInventory::total_weight_bytes() const {
   return total;
 }
 
-uint64_t ModelInventory::bytes_read_per_token() const {
+namespace {
+
+// Σ over the groups a decode token reads of `field` (bytes_read_per_token says which).
+uint64_t read_per_token(const ModelInventory& inv, uint64_t InventoryGroup::*field) {
   uint64_t bytes = 0;
   std::map<int32_t, std::pair<uint64_t, uint64_t>> experts;  // layer -> (bytes, count)
-  for (const InventoryGroup& group : groups) {
+  for (const InventoryGroup& group : inv.groups) {
     if (group.kind == WeightGroup::RoutedExperts) {
-      experts[group.layer].first += group.bytes;
+      experts[group.layer].first += group.*field;
       experts[group.layer].second += 1;
     } else if (group.kind == WeightGroup::Embedding) {
-      bytes += hparams.n_vocab > 0 ? group.bytes / hparams.n_vocab : group.bytes;
+      bytes += inv.hparams.n_vocab > 0 ? group.*field / inv.hparams.n_vocab : group.*field;
     } else {
-      bytes += group.bytes;
+      bytes += group.*field;
     }
   }
   for (const auto& [layer, sum] : experts)
-    bytes += sum.first / sum.second * std::min<uint64_t>(hparams.n_expert_used, sum.second);
+    bytes += sum.first / sum.second * std::min<uint64_t>(inv.hparams.n_expert_used, sum.second);
   return bytes;
+}
+
+}  // namespace
+
+uint64_t ModelInventory::bytes_read_per_token() const {
+  return read_per_token(*this, &InventoryGroup::bytes);
+}
+
+uint64_t ModelInventory::interleaved_bytes_read_per_token() const {
+  return read_per_token(*this, &InventoryGroup::interleaved_bytes);
 }
 
 // F32 activations of one layer for `n_tokens` tokens, all alive at once (an upper bound: the
@@ -238,7 +255,8 @@ ModelInventory inventory_from_file(const gguf::GgufFile& file) {
   const Deepseek2Hparams hp = read_deepseek2_hparams(file);
   std::vector<TensorBytes> tensors;
   tensors.reserve(file.tensors().size());
-  for (const gguf::TensorInfo& t : file.tensors()) tensors.push_back({t.name, &t.shape, t.n_bytes});
+  for (const gguf::TensorInfo& t : file.tensors())
+    tensors.push_back({t.name, &t.shape, t.n_bytes, is_interleaved(t.type)});
   return build_inventory(std::filesystem::path(file.name()).filename().string(), quant_mix_of(file),
                          hp, tensors);
 }

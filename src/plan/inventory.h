@@ -25,6 +25,7 @@ struct InventoryGroup {
   int32_t layer = -1;   // -1 outside the blocks
   int32_t expert = -1;  // routed experts: index within the layer
   uint64_t bytes = 0;
+  uint64_t interleaved_bytes = 0;  // of `bytes`, in tandem's interleaved formats (tandem repack)
 
   // "token_embd", "output", "blk.3.attention", "blk.3.router", "blk.3.shared_experts",
   // "blk.0.dense_ffn", "blk.3.expert.17".
@@ -48,6 +49,8 @@ struct ModelInventory {
   // actually uses (n_expert_used per MoE layer at the average expert size). The embedding table
   // counts one row: a lookup reads only that.
   uint64_t bytes_read_per_token() const;
+  // Of those, the bytes stored in interleaved formats (read by faster kernels).
+  uint64_t interleaved_bytes_read_per_token() const;
   // Activation buffers a device needs to run `n_tokens` tokens of one step.
   uint64_t work_buffer_bytes(int64_t n_tokens) const;
 };

@@ -9,14 +9,17 @@
 #include "backends/cpu/matmul.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
+#include "quant/interleave.h"
 #include "quant/quant.h"
 
 namespace tandem::plan {
 
-double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram_bytes) {
+double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram_bytes,
+                                         bool interleaved) {
   constexpr int64_t kRows = 1408, kCols = 2048;
-  constexpr DType kType = DType::Q4_K;  // the format of most weights in a Q4_K_M file
-  const size_t row = row_bytes(kType, kCols), matrix = row * kRows;
+  constexpr DType kPlain = DType::Q4_K;  // the format of most weights in a Q4_K_M file
+  const DType type = interleaved ? interleaved_format(kPlain) : kPlain;
+  const size_t row = row_bytes(type, kCols), matrix = row * kRows;
   uint64_t total = uint64_t(256) << 20;
   if (available_ram_bytes > 0) total = std::min(total, available_ram_bytes / 4);
   const size_t n_matrices = std::max<size_t>(8, size_t(total / matrix));
@@ -27,9 +30,18 @@ double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram
   std::normal_distribution<float> normal;
   std::vector<float> w(static_cast<size_t>(kCols)), x(static_cast<size_t>(kCols)), y(static_cast<size_t>(kRows));
   AlignedBuffer weights(matrix * n_matrices);
+  const size_t plain_row = row_bytes(kPlain, kCols);
+  std::vector<uint8_t> plain(plain_row * kRows);
   for (int64_t r = 0; r < kRows; ++r) {
     for (float& v : w) v = normal(rng);
-    quantize_row(kType, w.data(), weights.data() + size_t(r) * row, kCols);
+    quantize_row(kPlain, w.data(), plain.data() + size_t(r) * plain_row, kCols);
+  }
+  if (interleaved) {
+    for (int64_t g = 0; g < kRows / 16; ++g)
+      interleave_rows(type, plain.data() + size_t(g) * 16 * plain_row, kCols,
+                      weights.data() + size_t(g) * 16 * row);
+  } else {
+    std::memcpy(weights.data(), plain.data(), matrix);
   }
   for (size_t m = 1; m < n_matrices; ++m)
     std::memcpy(weights.data() + m * matrix, weights.data(), matrix);
@@ -38,7 +50,7 @@ double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram
   ThreadPool pool(threads);
   auto pass = [&] {
     for (size_t m = 0; m < n_matrices; ++m)
-      cpu::matmul({.weight_type = kType, .weights = weights.data() + m * matrix, .rows = kRows,
+      cpu::matmul({.weight_type = type, .weights = weights.data() + m * matrix, .rows = kRows,
                    .cols = kCols, .input = x.data(), .n_tokens = 1, .output = y.data()},
                   pool);
   };

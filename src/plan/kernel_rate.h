@@ -10,6 +10,8 @@ namespace tandem::plan {
 
 // About a second: matrices of 1408 x 2048 (a DeepSeek-V2-Lite expert's gate) cycled through
 // 256 MiB, or a quarter of the free RAM where that is less; the best of several passes.
-double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram_bytes);
+// `interleaved`: the same matrices as Q4_K_R16 (`tandem repack`), whose kernels are faster.
+double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram_bytes,
+                                         bool interleaved = false);
 
 }  // namespace tandem::plan
