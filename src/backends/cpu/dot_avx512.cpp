@@ -3,18 +3,7 @@
 // 4s into int32, no saturation) and vpdpwssd (the madd + add of AVX2 in one instruction).
 // On Zen 4 a 512-bit op costs two 256-bit ones, so the narrower form loses nothing there and
 // keeps the block layouts (32 or 64 elements per step) simple.
-// GCC 12's AVX-512 intrinsics start several results from an "undefined" vector that its own
-// -Wuninitialized then flags (GCC bug 105593, fixed in 13); the warnings point into the header,
-// so silencing them around the include hides nothing of ours.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "backends/cpu/avx512_intrinsics.h"
 
 #include <cstring>
 

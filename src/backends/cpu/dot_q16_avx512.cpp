@@ -9,17 +9,7 @@
 // scale, and the sub-block scale for the k-quants) in one FMA; the sum over blocks is in float.
 // The scales of 16 consecutive 32-element weight blocks are fetched with one gather and
 // converted together, so a block costs about four vector instructions.
-//
-// GCC 12's AVX-512 intrinsics trip its own -Wuninitialized (see dot_avx512.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "backends/cpu/avx512_intrinsics.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -10,17 +10,7 @@
 // columns is shared by 16 rows. The integer sums per 32 columns are exact, as in the one-row
 // kernels (|w| <= 128, |q| <= 32767, 32 products < 2^31); the float steps differ in order, so
 // the results differ from the one-row kernels by rounding only (same error bound in the tests).
-//
-// GCC 12's AVX-512 intrinsics trip its own -Wuninitialized (see dot_avx512.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "backends/cpu/avx512_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

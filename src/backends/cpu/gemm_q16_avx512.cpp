@@ -2,17 +2,7 @@
 // of 16 tokens, so each load of 16 tokens' activation pairs feeds four vpdpwssd, and each weight
 // pair is a broadcast memory operand. Bit for bit the portable version: the same exact integer
 // group sums, then the same float operations per lane in the same order.
-//
-// GCC 12's AVX-512 intrinsics trip its own -Wuninitialized (see dot_avx512.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "backends/cpu/avx512_intrinsics.h"
 
 #include <algorithm>
 #include <cstring>
