@@ -24,7 +24,8 @@ void register_repack(CLI::App& app) {
       "weights (Q4_K matrices 2.8% larger: scales stored as bytes); results equal the original's "
       "within rounding. The output is a GGUF "
       "that only tandem reads (other tools do not know these formats). Token embeddings and "
-      "other tables keep their format.");
+      "other tables keep their format. Only for CPUs with AVX-512 (VNNI): elsewhere a repacked "
+      "model runs slower than the original, whose file you should keep using there.");
   cmd->add_option("input", options->input_path, "model GGUF (first part of a split model)")
       ->required()
       ->check(CLI::ExistingFile);

@@ -12,8 +12,7 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "tandem: runs giant Mixture-of-Experts models (DeepSeek-V2/V3/R1 family) on CPUs and "
-      "GPUs.\nNot yet built: serve (the OpenAI-compatible server), repack, the CUDA backend (see "
-      "README.md)."};
+      "GPUs.\nNot yet built: the CUDA backend, NUMA placement (see README.md)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::register_commands(app);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/cpu_features.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
@@ -84,6 +85,17 @@ Engine::Engine(const EngineOptions& options) {
                    format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
+  // The interleaved formats of `tandem repack` have fast kernels on AVX-512 only; elsewhere each
+  // 16-row group is taken apart into plain rows at every use.
+  if (cpu::best_cpu_isa() != cpu::CpuIsa::Avx512) {
+    for (const gguf::TensorInfo& t : file_->tensors()) {
+      if (!is_interleaved(t.type)) continue;
+      std::fprintf(stderr, "tandem: note: this model was rewritten by `tandem repack` for AVX-512 CPUs; "
+                   "with the %s kernels of this CPU it runs slower than the file it was made from\n",
+                   std::string(cpu::cpu_isa_name(cpu::best_cpu_isa())).c_str());
+      break;
+    }
+  }
   if (!options.mlock) model_->start_reading_weights();  // a cold start reads while it computes
   const Deepseek2Hparams& hp = model_->hparams();
 
