@@ -225,7 +225,7 @@ void register_bench(CLI::App& app) {
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s}};
       for (const ColdStart& c : cold)
         out["cold_start"].push_back({{"prompt_tokens", c.prompt_tokens}, {"first_token_s", c.first_token_seconds},
-                                     {"load_s", c.load_seconds}, {"warm_first_token_s", c.warm_first_token_seconds},
+                                     {"load_s", c.load_seconds}, {"warm_first_token_s", c.warm_first_token_seconds > 0 ? nlohmann::json(c.warm_first_token_seconds) : nlohmann::json(nullptr)},
                                      {"touched_bytes", c.touched_bytes}, {"read_touched_s", c.read_seconds},
                                      {"ratio_to_read", c.first_token_seconds / c.read_seconds}});
       fmt::print("{}\n", out.dump(2));
@@ -266,11 +266,19 @@ void register_bench(CLI::App& app) {
                  "needed (read in file order into an empty cache) and against the same start warm\n");
       fmt::print("| prompt | cold: load + first token | of which load | warm | needed from the file | reading them alone | cold / reading |\n");
       fmt::print("|-------:|-------------------------:|-------------:|-----:|---------------------:|-------------------:|---------------:|\n");
-      for (const ColdStart& c : cold)
-        fmt::print("| {} | {:.2f} s | {:.2f} s | {:.2f} s | {} of {} | {:.2f} s ({:.2f} GB/s) | {:.2f}x |\n", c.prompt_tokens,
-                   c.first_token_seconds, c.load_seconds, c.warm_first_token_seconds, format_bytes(c.touched_bytes),
+      bool warm_skipped = false;
+      for (const ColdStart& c : cold) {
+        warm_skipped |= c.warm_first_token_seconds == 0;
+        const std::string warm =
+            c.warm_first_token_seconds > 0 ? fmt::format("{:.2f} s", c.warm_first_token_seconds) : "–";
+        fmt::print("| {} | {:.2f} s | {:.2f} s | {} | {} of {} | {:.2f} s ({:.2f} GB/s) | {:.2f}x |\n", c.prompt_tokens,
+                   c.first_token_seconds, c.load_seconds, warm, format_bytes(c.touched_bytes),
                    format_bytes(c.file_bytes), c.read_seconds, double(c.touched_bytes) / c.read_seconds / 1e9,
                    c.first_token_seconds / c.read_seconds);
+      }
+      if (warm_skipped)
+        fmt::print("–: the warm start was not measured: the model did not fit in 90% of the free memory then "
+                   "(other files in the page cache count as used)\n");
     }
   });
 }
