@@ -163,10 +163,6 @@ void register_bench(CLI::App& app) {
     const uint64_t interleaved_per_token = inventory.interleaved_bytes_read_per_token();
     const double interleaved_kernel =
         interleaved_per_token > 0 ? plan::measure_decode_kernel_bytes_per_s(threads, 0, true) : 0;
-    const double kernel_seconds_per_token =
-        double(bytes_per_token - interleaved_per_token) / decode_kernel +
-        (interleaved_per_token > 0 ? double(interleaved_per_token) / interleaved_kernel : 0);
-    const double kernel_ceiling = 1 / kernel_seconds_per_token;
     // Active parameters per token: the weights a token reads, counted in elements.
     double active_params = 0;
     for (const gguf::TensorInfo& t : engine.file().tensors()) {
@@ -186,6 +182,9 @@ void register_bench(CLI::App& app) {
     hardware.host.decode_kernel_bytes_per_s = decode_kernel;
     hardware.host.interleaved_kernel_bytes_per_s = interleaved_kernel;
     hardware.host.bandwidth_source = "measured in this run";
+    const double kernel_ceiling =
+        decode_kernel / plan::kernel_equivalent_bytes(hardware.host, double(bytes_per_token),
+                                                      double(interleaved_per_token));
     // A simulated device computes with one thread of its own (sim_backend.h).
     const std::vector<uint64_t> sim_budgets = parse_sim_devices(o->engine.devices);
     const double sim_kernel = sim_budgets.empty() ? 0 : plan::measure_decode_kernel_bytes_per_s(1, 0);

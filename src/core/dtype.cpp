@@ -59,6 +59,12 @@ const DTypeInfo& dtype_info(DType type) {
   check_failed("dtype_info: DType value outside the table", __FILE__, __LINE__);
 }
 
+std::optional<DType> interleaved_of(DType base) {
+  for (const DTypeInfo& info : kTable)
+    if (info.row_group > 1 && info.base == base) return info.type;
+  return std::nullopt;
+}
+
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const DTypeInfo& info : kTable)
     if (info.name == name) return info.type;

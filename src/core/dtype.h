@@ -57,6 +57,8 @@ std::optional<DType> dtype_from_name(std::string_view name);
 
 inline std::string_view dtype_name(DType type) { return dtype_info(type).name; }
 inline bool is_interleaved(DType type) { return dtype_info(type).row_group > 1; }
+// The interleaved format whose base is `base` (Q4_K -> Q4_K_R16), if the table has one.
+std::optional<DType> interleaved_of(DType base);
 
 // Bytes of one row of n elements; n must be a multiple of the block size. For an interleaved
 // format: a group's bytes divided by its rows.

@@ -57,8 +57,9 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
                                        "interleaved (*_R16) for the CPU decode kernels"));
   RepackSummary summary;
   uint64_t total_bytes = 0;
+  std::vector<bool> interleave_tensor;  // [tensor], decided once for the header and the data
   for (const gguf::TensorInfo& t : in.tensors()) {
-    const bool interleave = interleaves(t);
+    const bool interleave = interleave_tensor.emplace_back(interleaves(t));
     out.add_tensor(t.name, interleave ? interleaved_format(t.type) : t.type, t.shape);
     total_bytes += t.n_bytes;
     summary.n_tensors += 1;
@@ -69,8 +70,9 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
 
   Progress progress("repacking " + options.output_path, total_bytes, options.show_progress);
   std::vector<uint8_t> converted;
-  for (const gguf::TensorInfo& t : in.tensors()) {
-    if (!interleaves(t)) {
+  for (size_t i = 0; i < in.tensors().size(); ++i) {
+    const gguf::TensorInfo& t = in.tensors()[i];
+    if (!interleave_tensor[i]) {
       // Pieces of 64 MiB, so the progress line moves while a big tensor is copied.
       for (uint64_t done = 0; done < t.n_bytes;) {
         const uint64_t n = std::min<uint64_t>(t.n_bytes - done, uint64_t(64) << 20);

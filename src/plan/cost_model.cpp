@@ -232,15 +232,9 @@ class StepModel {
                                                           : k.fallback_bandwidth_bytes_per_s;
     return bw * k.bandwidth_efficiency;
   }
-  // A group's bytes as the device's measured decode kernel sees them: bytes in interleaved
-  // formats stream faster (their own measured rate), so they count for less.
+  // A group's bytes as the device's measured decode kernels see them (hardware.h).
   double kernel_bytes(const InventoryGroup& g, int32_t dev) const {
-    const DeviceSpec& d = spec(dev);
-    if (g.interleaved_bytes == 0 || d.decode_kernel_bytes_per_s <= 0 ||
-        d.interleaved_kernel_bytes_per_s <= 0)
-      return double(g.bytes);
-    return double(g.bytes - g.interleaved_bytes) +
-           double(g.interleaved_bytes) * d.decode_kernel_bytes_per_s / d.interleaved_kernel_bytes_per_s;
+    return kernel_equivalent_bytes(spec(dev), double(g.bytes), double(g.interleaved_bytes));
   }
   double flops(int32_t dev) const {
     const DeviceKindCost& k = params_.of(spec(dev).kind);

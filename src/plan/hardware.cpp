@@ -430,6 +430,13 @@ DeviceSpec parse_gpu(std::string_view text, int32_t index, DeviceKind kind) {
   return spec;
 }
 
+double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved) {
+  if (interleaved <= 0 || device.decode_kernel_bytes_per_s <= 0 || device.interleaved_kernel_bytes_per_s <= 0)
+    return bytes;
+  return bytes - interleaved +
+         interleaved * device.decode_kernel_bytes_per_s / device.interleaved_kernel_bytes_per_s;
+}
+
 Hardware detect_hardware(int32_t threads) {
   // GPUs are detected only in CUDA builds, and there are none yet: `gpus` stays empty here, and
   // plans for GPUs describe them (describe_hardware, `tandem plan --gpu`).

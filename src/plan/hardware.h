@@ -27,6 +27,11 @@ struct DeviceSpec {
   std::string bandwidth_source;     // "measured 2026-12-02", "default for RTX 4090", "given"
 };
 
+// `bytes` as a device's measured decode kernels see them: the `interleaved` part (tandem
+// repack's formats) streams at the interleaved kernel's rate, so it counts as fewer bytes at the
+// plain kernel's rate. Plain bytes where either rate is unknown.
+double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved);
+
 struct Hardware {
   DeviceSpec host;                  // kind Cpu: RAM and the CPU's bandwidth and compute
   std::vector<DeviceSpec> gpus;     // cuda:0.. or sim:0.., in order

@@ -27,7 +27,14 @@ inline void put_nibble(uint8_t& byte, int high, int v) {
 inline int pair_byte(int r, int e) { return 2 * r + e % 2; }
 inline int pair_high(int e) { return (e / 2) % 2; }
 
-struct Q8_0Layout {
+// Formats whose only per-row field is the f16 scale d (Q8_0, Q5_0).
+template <class PlainBlock, class MixedBlock>
+struct ScaleOnlyFields {
+  static void fields_to_group(const PlainBlock& b, MixedBlock& g, int r) { g.d[r] = b.d; }
+  static void fields_to_row(const MixedBlock& g, int r, PlainBlock& b) { b.d = g.d[r]; }
+};
+
+struct Q8_0Layout : ScaleOnlyFields<BlockQ8_0, BlockQ8_0_R16> {
   using Plain = BlockQ8_0;
   using Mixed = BlockQ8_0_R16;
   static constexpr int kElems = kQK8_0;
@@ -35,11 +42,9 @@ struct Q8_0Layout {
   static void set(Plain& b, int e, int v) { b.qs[e] = int8_t(v); }
   static int get(const Mixed& g, int r, int e) { return g.qs[32 * (e / 2) + pair_byte(r, e)]; }
   static void set(Mixed& g, int r, int e, int v) { g.qs[32 * (e / 2) + pair_byte(r, e)] = int8_t(v); }
-  static void fields_to_group(const Plain& b, Mixed& g, int r) { g.d[r] = b.d; }
-  static void fields_to_row(const Mixed& g, int r, Plain& b) { b.d = g.d[r]; }
 };
 
-struct Q5_0Layout {
+struct Q5_0Layout : ScaleOnlyFields<BlockQ5_0, BlockQ5_0_R16> {
   using Plain = BlockQ5_0;
   using Mixed = BlockQ5_0_R16;
   static constexpr int kElems = kQK5_0;
@@ -66,8 +71,6 @@ struct Q5_0Layout {
     uint32_t& qh = g.qh[c][pair_high(e)];
     qh = (qh & ~(1u << bit)) | uint32_t(v >> 4) << bit;
   }
-  static void fields_to_group(const Plain& b, Mixed& g, int r) { g.d[r] = b.d; }
-  static void fields_to_row(const Mixed& g, int r, Plain& b) { b.d = g.d[r]; }
 };
 
 struct Q4_KLayout {
@@ -149,21 +152,12 @@ void with_layout(DType type, int64_t cols, Fn fn) {
 }  // namespace
 
 bool has_interleaved_format(DType base) {
-  return base == DType::Q8_0 || base == DType::Q5_0 || base == DType::Q4_K;
+  return interleaved_of(base).has_value();
 }
 
 DType interleaved_format(DType base) {
-  switch (base) {
-    case DType::Q8_0:
-      return DType::Q8_0_R16;
-    case DType::Q5_0:
-      return DType::Q5_0_R16;
-    case DType::Q4_K:
-      return DType::Q4_K_R16;
-    default:
-      fail("{} has no interleaved format (tandem has Q8_0_R16, Q5_0_R16, Q4_K_R16)",
-           dtype_name(base));
-  }
+  if (const std::optional<DType> type = interleaved_of(base)) return *type;
+  fail("{} has no interleaved format (tandem has Q8_0_R16, Q5_0_R16, Q4_K_R16)", dtype_name(base));
 }
 
 void interleave_rows(DType type, const void* rows, int64_t cols, void* group) {
