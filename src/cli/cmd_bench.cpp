@@ -18,6 +18,7 @@
 #include "backends/cpu/matmul.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "core/background_reader.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
@@ -108,7 +109,8 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->add_flag("--cold", o->cold,
                 "first measure cold starts: drop the model from the page cache, load it and run a 1- and a "
-                "16-token prompt; compared with reading only the bytes they needed, and with the same start warm");
+                "16-token prompt, --repetitions times each; compared with reading only the bytes they needed "
+                "(alternating with them), and with the same start warm");
   add_device_options(cmd, o->engine);
   add_thread_options(cmd, o->engine);
   add_mlock_option(cmd, o->engine);
@@ -125,7 +127,7 @@ void register_bench(CLI::App& app) {
       for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + (i * 37) % 97);
       if (!o->json)
         fmt::print(stderr, "tandem: measuring a cold start with a {}-token prompt (dropping the model from the page cache)\n", n_tokens);
-      cold.push_back(measure_cold_start(o->engine, prompt));
+      cold.push_back(measure_cold_start(o->engine, prompt, o->repetitions));
     }
 
     const double bandwidth_before = plan::measure_memory_bandwidth(threads);
@@ -222,11 +224,14 @@ void register_bench(CLI::App& app) {
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s}};
-      for (const ColdStart& c : cold)
-        out["cold_start"].push_back({{"prompt_tokens", c.prompt_tokens}, {"first_token_s", c.first_token_seconds},
-                                     {"load_s", c.load_seconds}, {"warm_first_token_s", c.warm_first_token_seconds > 0 ? nlohmann::json(c.warm_first_token_seconds) : nlohmann::json(nullptr)},
-                                     {"touched_bytes", c.touched_bytes}, {"read_touched_s", c.read_seconds},
-                                     {"ratio_to_read", c.first_token_seconds / c.read_seconds}});
+      for (const ColdStart& c : cold) {
+        const Stat first = stats(c.first_token_seconds), load = stats(c.load_seconds), read = stats(c.read_seconds);
+        out["cold_start"].push_back({{"prompt_tokens", c.prompt_tokens}, {"first_token_s", first.mean},
+                                     {"first_token_s_sd", first.sd}, {"load_s", load.mean},
+                                     {"warm_first_token_s", c.warm_first_token_seconds > 0 ? nlohmann::json(c.warm_first_token_seconds) : nlohmann::json(nullptr)},
+                                     {"touched_bytes", c.touched_bytes}, {"read_touched_s", read.mean},
+                                     {"read_touched_s_sd", read.sd}, {"ratio_to_read", first.mean / read.mean}});
+      }
       fmt::print("{}\n", out.dump(2));
       return;
     }
@@ -255,14 +260,19 @@ void register_bench(CLI::App& app) {
                  format_bytes(interleaved_per_token), kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
     fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; prefill reaches "
                "{:.1f} GFLOP/s = {:.0f}% of it\n", peak_flops / 1e9, prefill_flops / 1e9, 100.0 * prefill_flops / peak_flops);
-    fmt::print("cost model (predicted for --devices {}): prefill {:.2f} tokens/s ({:.2f}x measured), decode {:.2f} "
-               "tokens/s ({:.2f}x measured)\n", o->engine.devices, placement.predicted.prefill_tokens_per_s,
-               pp.mean > 0 ? placement.predicted.prefill_tokens_per_s / pp.mean : 0.0,
+    // A skipped test (-p 0 or -n 0) has nothing to compare with.
+    auto versus_measured = [](double predicted, double measured) {
+      return measured > 0 ? fmt::format("{:.2f}x measured", predicted / measured) : std::string("not measured");
+    };
+    fmt::print("cost model (predicted for --devices {}): prefill {:.2f} tokens/s ({}), decode {:.2f} tokens/s ({})\n",
+               o->engine.devices, placement.predicted.prefill_tokens_per_s,
+               versus_measured(placement.predicted.prefill_tokens_per_s, pp.mean),
                placement.predicted.decode_tokens_per_s,
-               tg.mean > 0 ? placement.predicted.decode_tokens_per_s / tg.mean : 0.0);
+               versus_measured(placement.predicted.decode_tokens_per_s, tg.mean));
     if (!cold.empty()) {
       fmt::print("\ncold start: load + first token from an emptied page cache, against reading only the bytes it "
-                 "needed (read in file order into an empty cache) and against the same start warm\n");
+                 "needed (in file order into an empty cache, as the engine reads: {} threads), mean ± sd of {}, "
+                 "and against the same start warm\n", BackgroundReader::kThreads, o->repetitions);
       fmt::print("| prompt | cold: load + first token | of which load | warm | needed from the file | reading them alone | cold / reading |\n");
       fmt::print("|-------:|-------------------------:|-------------:|-----:|---------------------:|-------------------:|---------------:|\n");
       bool warm_skipped = false;
@@ -270,10 +280,11 @@ void register_bench(CLI::App& app) {
         warm_skipped |= c.warm_first_token_seconds == 0;
         const std::string warm =
             c.warm_first_token_seconds > 0 ? fmt::format("{:.2f} s", c.warm_first_token_seconds) : "–";
-        fmt::print("| {} | {:.2f} s | {:.2f} s | {} | {} of {} | {:.2f} s ({:.2f} GB/s) | {:.2f}x |\n", c.prompt_tokens,
-                   c.first_token_seconds, c.load_seconds, warm, format_bytes(c.touched_bytes),
-                   format_bytes(c.file_bytes), c.read_seconds, double(c.touched_bytes) / c.read_seconds / 1e9,
-                   c.first_token_seconds / c.read_seconds);
+        const Stat first = stats(c.first_token_seconds), load = stats(c.load_seconds), read = stats(c.read_seconds);
+        fmt::print("| {} | {:.2f} ± {:.2f} s | {:.2f} s | {} | {} of {} | {:.2f} ± {:.2f} s ({:.2f} GB/s) | {:.2f}x |\n",
+                   c.prompt_tokens, first.mean, first.sd, load.mean, warm, format_bytes(c.touched_bytes),
+                   format_bytes(c.file_bytes), read.mean, read.sd, double(c.touched_bytes) / read.mean / 1e9,
+                   first.mean / read.mean);
       }
       if (warm_skipped)
         fmt::print("–: the warm start was not measured: the model did not fit in 90% of the free memory then "

@@ -4,15 +4,17 @@
 
 namespace tandem {
 
-BackgroundReader::BackgroundReader() : thread_([this] { run(); }) {}
+BackgroundReader::BackgroundReader() {
+  for (int i = 0; i < kThreads; ++i) threads_.emplace_back([this] { run(); });
+}
 
 BackgroundReader::~BackgroundReader() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  wake_.notify_one();
-  thread_.join();
+  wake_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 void BackgroundReader::start_reading(const MappedFile& map, size_t offset, size_t bytes, bool urgent) {
@@ -21,6 +23,11 @@ void BackgroundReader::start_reading(const MappedFile& map, size_t offset, size_
     (urgent ? urgent_ : later_).push_back({&map, offset, bytes});
   }
   wake_.notify_one();
+}
+
+void BackgroundReader::wait_until_done() {
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [&] { return urgent_.empty() && later_.empty() && reading_ == 0; });
 }
 
 void BackgroundReader::run() {
@@ -35,9 +42,11 @@ void BackgroundReader::run() {
     front.offset += piece.bytes;
     front.bytes -= piece.bytes;
     if (front.bytes == 0) queue.pop_front();
+    ++reading_;
     lock.unlock();
     piece.map->read_into_memory(piece.offset, piece.bytes);
     lock.lock();
+    if (--reading_ == 0 && urgent_.empty() && later_.empty()) done_.notify_all();
   }
 }
 

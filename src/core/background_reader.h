@@ -1,5 +1,5 @@
 #pragma once
-// A thread that reads parts of mapped files into the page cache and the page tables ahead of
+// Threads that read parts of mapped files into the page cache and the page tables ahead of
 // use (MappedFile::read_into_memory), so that the threads that compute find weights in memory
 // instead of faulting them in. Reads marked urgent (what the current step needs) go before those
 // that are not (guesses, weights of later layers).
@@ -15,6 +15,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/mapped_file.h"
 
@@ -28,8 +29,18 @@ class BackgroundReader {
   BackgroundReader(const BackgroundReader&) = delete;
   BackgroundReader& operator=(const BackgroundReader&) = delete;
 
-  // MappedFile::read_into_memory(offset, bytes) on the reader's thread; `map` must outlive it.
+  // MappedFile::read_into_memory(offset, bytes) on a reader thread; `map` must outlive it.
   void start_reading(const MappedFile& map, size_t offset, size_t bytes, bool urgent);
+  // Blocks until every read started so far is done.
+  void wait_until_done();
+
+  // Reads run on this many threads, a piece of at most kPieceBytes at a time: several requests
+  // in flight read scattered experts faster than one (measured on this project's VM: 2 MiB
+  // pieces 2.5 GB/s on one thread, 4.0 on four; a cold start's first token 0.70-0.93 s on one
+  // thread and 0.64-0.66 s on four, lite model, 1-token prompt), and reading is I/O waiting, not
+  // computing.
+  static constexpr int kThreads = 4;
+  static constexpr size_t kPieceBytes = size_t(16) << 20;
 
  private:
   struct Read {
@@ -38,13 +49,12 @@ class BackgroundReader {
   };
   void run();
 
-  static constexpr size_t kPieceBytes = size_t(16) << 20;
-
   std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_, done_;
   std::deque<Read> urgent_, later_;
+  int reading_ = 0;  // pieces being read now
   bool stopping_ = false;
-  std::thread thread_;  // last: starts once the members above exist
+  std::vector<std::thread> threads_;  // last: start once the members above exist
 };
 
 }  // namespace tandem

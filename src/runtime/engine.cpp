@@ -45,7 +45,6 @@ Engine::Engine(const EngineOptions& options) {
     fail("{}: architecture '{}' is not supported; tandem runs: {}", file_->name(), arch,
          supported_architectures());
 
-  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
   const Deepseek2Hparams file_hp = read_deepseek2_hparams(*file_);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_hp.n_ctx_train);
@@ -62,28 +61,6 @@ Engine::Engine(const EngineOptions& options) {
     devices = setup.plan;
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", options.devices.c_str(), setup.summary.c_str());
   }
-  if (options.mlock) {
-    // As llama.cpp: a lock that fails is a warning, the run goes on from the page cache.
-    if (std::string error = file_->lock_in_memory(/*show_progress=*/true); !error.empty())
-      std::fprintf(stderr, "tandem: warning: --mlock: cannot lock the model in RAM (%s); it may be "
-                   "paged out under memory pressure. Raise the limit (`ulimit -l unlimited`, or "
-                   "LimitMEMLOCK=infinity for a systemd service) or run without --mlock\n", error.c_str());
-  } else {
-    const size_t mapped = file_->map_cached_pages();
-    const size_t huge = file_->huge_mapped_bytes();
-    if (options.verbose)
-      std::fprintf(stderr, "tandem: %s of the model already in the page cache mapped up front, %s of it on "
-                   "2 MiB pages\n", format_bytes(mapped).c_str(), format_bytes(huge).c_str());
-    // The page cache keeps a file's pages in the sizes it first read them in. Cached in 4 KiB
-    // pieces (read before tandem asked for large pages, or broken up by memory pressure), the
-    // weights cost a page-table entry per 4 KiB: measured 11 instead of 16-18 tokens/s on the
-    // lite model on a VM. Re-reading the file fixes it; say how.
-    if (mapped >= (size_t(1) << 30) && huge > 0 && huge < mapped / 2)
-      std::fprintf(stderr, "tandem: note: only %s of the %s of this model in the page cache is on 2 MiB "
-                   "pages; decode can be up to 1.5x slower. To re-read it in large pages: stop tandem, "
-                   "run `dd if=%s iflag=nocache count=0` (drops it from the cache), then start again\n",
-                   format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
-  }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
   // The interleaved formats of `tandem repack` have fast kernels on AVX-512 only; elsewhere each
   // 16-row group is taken apart into plain rows at every use.
@@ -96,7 +73,33 @@ Engine::Engine(const EngineOptions& options) {
       break;
     }
   }
-  if (!options.mlock) model_->start_reading_weights();  // a cold start reads while it computes
+  if (options.mlock) {
+    // As llama.cpp: a lock that fails is a warning, the run goes on from the page cache.
+    if (std::string error = file_->lock_in_memory(/*show_progress=*/true); !error.empty())
+      std::fprintf(stderr, "tandem: warning: --mlock: cannot lock the model in RAM (%s); it may be "
+                   "paged out under memory pressure. Raise the limit (`ulimit -l unlimited`, or "
+                   "LimitMEMLOCK=infinity for a systemd service) or run without --mlock\n", error.c_str());
+  } else {
+    // A cold start reads while it computes; the reading starts before anything else that takes
+    // time (mapping the cached pages, building the tokenizer: 55 ms of a cold start of the lite
+    // model), so the disk works during those too.
+    model_->start_reading_weights();
+    const size_t mapped = file_->map_cached_pages();
+    const size_t huge = file_->huge_mapped_bytes();
+    if (options.verbose)
+      std::fprintf(stderr, "tandem: %s of the model in the page cache mapped up front, %s of it on "
+                   "2 MiB pages\n", format_bytes(mapped).c_str(), format_bytes(huge).c_str());
+    // The page cache keeps a file's pages in the sizes it first read them in. Cached in 4 KiB
+    // pieces (read before tandem asked for large pages, or broken up by memory pressure), the
+    // weights cost a page-table entry per 4 KiB: measured 11 instead of 16-18 tokens/s on the
+    // lite model on a VM. Re-reading the file fixes it; say how.
+    if (mapped >= (size_t(1) << 30) && huge > 0 && huge < mapped / 2)
+      std::fprintf(stderr, "tandem: note: only %s of the %s of this model in the page cache is on 2 MiB "
+                   "pages; decode can be up to 1.5x slower. To re-read it in large pages: stop tandem, "
+                   "run `dd if=%s iflag=nocache count=0` (drops it from the cache), then start again\n",
+                   format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
+  }
+  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
   const Deepseek2Hparams& hp = model_->hparams();
 
   const uint64_t per_token = KvCache::bytes_per_token(model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim);
