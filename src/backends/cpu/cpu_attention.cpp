@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/few_query_attention.h"
 #include "backends/cpu/matmul.h"
 #include "core/error.h"
 
@@ -115,41 +116,50 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
           std::copy_n(op.q + (t * H + h) * q_stride + nope, rope, qrow + lora);
         }
       }
+      // A few queries (decode: one token's heads) take the kernels made for them
+      // (few_query_attention.h); a prompt chunk's take F32 matmuls.
+      const bool few_queries = n_queries < kMinQueriesForMatmul;
       float* scores = grow(scratch_d_, size_t(n_queries * n_keys));
-      cpu::matmul({.weight_type = DType::F32,
-                   .weights = cache,
-                   .rows = n_keys,
-                   .cols = row,
-                   .input = queries,
-                   .n_tokens = n_queries,
-                   .output = scores},
-                  pool_);
-      // Weighted sums of the latent rows: a few queries (decode) add the rows straight from the
-      // cache; a prompt chunk multiplies its probabilities by the transposed latents as one more
-      // F32 matmul (the transpose is 1/n_queries of the work).
-      const bool sums_as_matmul = n_queries >= kMinQueriesForMatmul;
+      if (few_queries)
+        cpu::key_scores({.x = queries, .x_stride = row, .n_queries = n_queries, .keys = cache, .key_stride = row,
+                         .n_keys = n_keys, .cols = row, .scores = scores, .score_stride = n_keys},
+                        pool_);
+      else
+        cpu::matmul({.weight_type = DType::F32,
+                     .weights = cache,
+                     .rows = n_keys,
+                     .cols = row,
+                     .input = queries,
+                     .n_tokens = n_queries,
+                     .output = scores},
+                    pool_);
+      // Softmax per (token, head), normalized in place; keys after a token's position get 0.
       pool_.parallel_for(n_queries, [&](int64_t query, int) {
-        const int64_t t = first + query / H, h = query % H;
-        const int64_t keys = op.positions[t] + 1;
+        const int64_t keys = op.positions[first + query / H] + 1;
         float* s = scores + query * n_keys;
         float max_score = -INFINITY;
         for (int64_t j = 0; j < keys; ++j) max_score = std::max(max_score, s[j] *= op.scale);
         float sum = 0;
         for (int64_t j = 0; j < keys; ++j) sum += s[j] = std::exp(s[j] - max_score);
-        if (sums_as_matmul) {
-          for (int64_t j = 0; j < keys; ++j) s[j] /= sum;
-          std::fill(s + keys, s + n_keys, 0.0f);  // keys after this token's position
-          return;
-        }
-        float* out = o_lat + (h * T + t) * lora;
-        std::fill(out, out + lora, 0.0f);
-        for (int64_t j = 0; j < keys; ++j) {
-          const float w = s[j] / sum;
-          const float* latent = cache + j * row;
-          for (int64_t i = 0; i < lora; ++i) out[i] += w * latent[i];
-        }
+        for (int64_t j = 0; j < keys; ++j) s[j] /= sum;
+        std::fill(s + keys, s + n_keys, 0.0f);
       });
-      if (sums_as_matmul) {
+      // Weighted sums of the latent rows: a few queries read them from the cache, each token's
+      // heads together; a prompt chunk multiplies its probabilities by the transposed latents
+      // as one more F32 matmul (the transpose is 1/n_queries of the work).
+      if (few_queries) {
+        for (int64_t t = first; t < last; ++t)
+          cpu::weighted_sums({.p = scores + (t - first) * H * n_keys,
+                              .p_stride = n_keys,
+                              .n_queries = H,
+                              .rows = cache,
+                              .row_stride = row,
+                              .keys = op.positions[t] + 1,
+                              .n = lora,
+                              .out = o_lat + t * lora,
+                              .out_stride = T * lora},
+                             pool_);
+      } else {
         float* latent_t = grow(latent_t_, size_t(lora * n_keys));  // [lora, n_keys]
         pool_.parallel_for((lora + 63) / 64, [&](int64_t part, int) {
           for (int64_t i = part * 64; i < std::min(lora, (part + 1) * 64); ++i)

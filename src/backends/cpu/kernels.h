@@ -68,6 +68,15 @@ using LanesRowsFn = void (*)(const LanesMatmul& m, int64_t first_row, int64_t la
 // prepared activations: out[r] = row r · x for r < 16.
 using GroupDotFn = void (*)(const void* group, const void* act_row, int64_t cols, float* out);
 
+// few_query_attention.h's kernels. key_scores: scores[q * score_stride + j] = Σ_c
+// x_t[16 c + q] · keys[j * key_stride + c] for q < n_queries (1 to 16; x_t holds 16 queries
+// transposed), j < n_keys, c < cols. weighted_sums: out[q][c] = Σ_{j < keys} p[q][j] ·
+// rows[j * row_stride + c] for c < cols (1 to 64) and q < n_queries (1 to 4).
+using KeyScores16Fn = void (*)(const float* x_t, int n_queries, const float* keys, int64_t key_stride,
+                               int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);
+using WeightedSums64Fn = void (*)(const float* const* p, int n_queries, const float* rows,
+                                  int64_t row_stride, int64_t keys, int cols, float* const* out);
+
 struct KernelTable {
   FormatKernel formats[kActPrecisions][kDTypeSlots];  // [ActPrecision][DType]
   PrepareActFn prepare[kActKinds] = {};               // F32 has none: x is read in place
@@ -79,6 +88,8 @@ struct KernelTable {
   // Int16 only, indexed like group_dots: the token-lanes path reading interleaved groups (rows a
   // multiple of 16); nullptr: groups are taken apart for the plain lanes path.
   LanesRowsFn group_lanes[kDTypeSlots] = {};
+  KeyScores16Fn key_scores_16 = nullptr;        // every level has these two
+  WeightedSums64Fn weighted_sums_64 = nullptr;
 };
 
 // Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
@@ -100,6 +111,12 @@ void fill_portable_lanes_kernels(KernelTable& table);
 void fill_avx512_lanes_kernels(KernelTable& table);
 // Interleaved-format kernels (dot_r16_avx512.cpp).
 void fill_avx512_group_kernels(KernelTable& table);
+// few_query_attention.h's kernels (few_query_attention.cpp and its _avx512 file).
+void key_scores_16_portable(const float* x_t, int n_queries, const float* keys, int64_t key_stride,
+                            int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);
+void weighted_sums_64_portable(const float* const* p, int n_queries, const float* rows,
+                               int64_t row_stride, int64_t keys, int cols, float* const* out);
+void fill_avx512_few_query_attention(KernelTable& table);
 
 // The tile of prepared tokens [first, first + n) (n <= 16), in gemm_q16.h's layout.
 void build_lanes_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,

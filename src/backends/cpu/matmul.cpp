@@ -17,6 +17,8 @@ KernelTable build_table(CpuIsa isa) {
   KernelTable table;
   fill_portable_kernels(table);
   fill_portable_q16_kernels(table);
+  table.key_scores_16 = key_scores_16_portable;
+  table.weighted_sums_64 = weighted_sums_64_portable;
   if (int(isa) >= int(CpuIsa::Avx2)) {
     fill_avx2_kernels(table);
     fill_avx2_q16_kernels(table);
@@ -25,6 +27,7 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_kernels(table);
     fill_avx512_q16_kernels(table);
     fill_avx512_group_kernels(table);
+    fill_avx512_few_query_attention(table);
   }
   // The token-lanes path where it beats the row dots: AVX-512 VNNI, and the portable level (its
   // only other kernels are scalar too). AVX2 keeps its row dots.

@@ -1,0 +1,58 @@
+#pragma once
+// Attention's two products for a few queries (decode: one token's heads), against a sequence's
+// KV cache rows:
+//   key_scores:    s[q][j] = Σ_c x[q][c] · keys[j][c]     (every query against every key)
+//   weighted_sums: out[q][c] = Σ_{j < keys} p[q][j] · rows[j][c]
+//
+// Why not F32 matmuls and per-query loops (as before, and as prefill still does): with 16 to
+// 128 queries and thousands of keys they were bound by loads and by re-reading the cache. The
+// per-query weighted sum read all the rows once per query, from L3 or DRAM once the context is
+// long; the scores' row dots load both operands for every multiply and reduce each dot across
+// lanes. Decode at 1.9k tokens of context spent 56% of its time in the two. Here:
+//   key_scores transposes the queries once (16 per vector, one vector per column) and runs
+//     eight keys at a time down the columns: per column one load, eight broadcasts, eight FMAs;
+//   weighted_sums cuts the columns into slices of 64 and runs four queries at a time down the
+//     keys of a slice (which stays in L2 while all the queries pass): per key four loads, four
+//     broadcasts, sixteen FMAs.
+// Each result adds its terms in order with one accumulator (fma on AVX-512, a multiply and an
+// add on the portable level), so it depends only on its own query, keys and weights — never on
+// how many queries or keys share the call.
+#include <cstdint>
+
+#include "backends/cpu/cpu_features.h"
+#include "core/thread_pool.h"
+
+namespace tandem::cpu {
+
+struct KeyScoresArgs {
+  const float* x = nullptr;  // [n_queries, x_stride]: the queries, columns 0 .. cols-1
+  int64_t x_stride = 0;
+  int64_t n_queries = 0;
+  const float* keys = nullptr;  // [n_keys, key_stride]: columns 0 .. cols-1 used
+  int64_t key_stride = 0;
+  int64_t n_keys = 0;
+  int64_t cols = 0;
+  float* scores = nullptr;  // [n_queries, score_stride], columns 0 .. n_keys-1 written
+  int64_t score_stride = 0;
+};
+
+struct WeightedSumsArgs {
+  const float* p = nullptr;  // [n_queries, p_stride]: each query's weights of rows 0 .. keys-1
+  int64_t p_stride = 0;
+  int64_t n_queries = 0;
+  const float* rows = nullptr;  // [keys, row_stride]: the rows summed; columns 0 .. n-1 used
+  int64_t row_stride = 0;
+  int64_t keys = 0;
+  int64_t n = 0;  // columns, at most row_stride
+  float* out = nullptr;  // [n_queries, out_stride], columns 0 .. n-1 written
+  int64_t out_stride = 0;
+};
+
+// One parallel job each, with the kernels of best_cpu_isa().
+void key_scores(const KeyScoresArgs& args, ThreadPool& pool);
+void weighted_sums(const WeightedSumsArgs& args, ThreadPool& pool);
+// The same with a chosen instruction set (tests); throw tandem::Error when the CPU lacks it.
+void key_scores_with_isa(CpuIsa isa, const KeyScoresArgs& args, ThreadPool& pool);
+void weighted_sums_with_isa(CpuIsa isa, const WeightedSumsArgs& args, ThreadPool& pool);
+
+}  // namespace tandem::cpu
