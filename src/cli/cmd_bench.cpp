@@ -30,6 +30,7 @@
 #include "quant/quant.h"
 #include "runtime/cold_start.h"
 #include "runtime/engine.h"
+#include "runtime/kv_cache.h"
 #include "runtime/device_setup.h"
 
 namespace tandem::cli {
@@ -92,7 +93,7 @@ const std::vector<size_t> kColdPromptTokens = {1, 16};
 void register_bench(CLI::App& app) {
   struct Options {
     EngineOptions engine;
-    int64_t prompt = 512, generate = 128;
+    int64_t prompt = 512, generate = 128, depth = 0;
     int repetitions = 3;
     bool json = false;
     bool cold = false;
@@ -104,6 +105,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("model", o->engine.model_path, "GGUF model")->required();
   cmd->add_option("-p,--n-prompt", o->prompt, "prompt tokens per prefill test (0 = skip)")->capture_default_str();
   cmd->add_option("-n,--n-gen", o->generate, "tokens per decode test (0 = skip)")->capture_default_str();
+  cmd->add_option("-d,--n-depth", o->depth,
+                  "tokens already in the context before each prefill and decode test (as llama-bench's -d); "
+                  "decode then also reads a KV cache that long")
+      ->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", o->engine.n_threads, "CPU threads (default: physical cores)");
   cmd->add_flag("--json", o->json, "print one JSON object");
@@ -116,9 +121,10 @@ void register_bench(CLI::App& app) {
   add_mlock_option(cmd, o->engine);
   cmd->callback([o] {
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
+    if (o->depth < 0) fail("--n-depth must be 0 or more");
     const int threads = o->engine.n_threads > 0 ? o->engine.n_threads : physical_core_count();
     o->engine.n_threads = threads;
-    o->engine.n_ctx = std::max<int64_t>({o->prompt, o->generate, int64_t(kColdPromptTokens.back())}) + 1;
+    o->engine.n_ctx = std::max<int64_t>({o->prompt, o->generate, int64_t(kColdPromptTokens.back())}) + o->depth + 1;
 
     std::vector<ColdStart> cold;
     for (size_t n_tokens : o->cold ? kColdPromptTokens : std::vector<size_t>{}) {
@@ -138,19 +144,30 @@ void register_bench(CLI::App& app) {
     std::uniform_int_distribution<int32_t> token(3, int32_t(std::min<int64_t>(n_vocab, 4096)) - 1);
     std::vector<float> logits;
 
+    auto random_tokens = [&](int64_t n) {
+      std::vector<int32_t> tokens(static_cast<size_t>(n));
+      for (int32_t& t : tokens) t = token(rng);
+      return tokens;
+    };
+    // --n-depth: the context before each test, not timed.
+    auto fill_context = [&] {
+      if (o->depth > 0) engine.evaluate(random_tokens(o->depth), 0, 0, false, logits);
+    };
+    const int32_t depth = int32_t(o->depth);
     std::vector<double> prefill_tps, decode_tps;
     for (int rep = 0; rep < o->repetitions && o->prompt > 0; ++rep) {
-      std::vector<int32_t> tokens(size_t(o->prompt));
-      for (int32_t& t : tokens) t = token(rng);
+      fill_context();
+      const std::vector<int32_t> tokens = random_tokens(o->prompt);
       const auto start = std::chrono::steady_clock::now();
-      engine.evaluate(tokens, 0, 0, false, logits);
+      engine.evaluate(tokens, depth, 0, false, logits);
       prefill_tps.push_back(double(o->prompt) / seconds_since(start));
     }
     for (int rep = 0; rep < o->repetitions && o->generate > 0; ++rep) {
+      fill_context();
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < o->generate; ++i) {
         const int32_t t = token(rng);
-        engine.evaluate(std::span<const int32_t>(&t, 1), int32_t(i), 0, false, logits);
+        engine.evaluate(std::span<const int32_t>(&t, 1), depth + int32_t(i), 0, false, logits);
       }
       decode_tps.push_back(double(o->generate) / seconds_since(start));
     }
@@ -158,7 +175,13 @@ void register_bench(CLI::App& app) {
 
     const double bandwidth = (bandwidth_before + bandwidth_after) / 2;
     const uint64_t bytes_per_token = inventory.bytes_read_per_token();
-    const double roofline = bandwidth / double(bytes_per_token);
+    // A decode step also reads its sequence's KV cache: on average depth + (n_gen - 1) / 2 rows.
+    const Deepseek2Hparams& hp = engine.hparams();
+    const uint64_t cache_per_token =
+        o->generate > 0 ? KvCache::bytes_per_token(hp.n_layer - hp.n_nextn_layers, hp.kv_lora_rank, hp.qk_rope_dim) *
+                              uint64_t(o->depth + (o->generate - 1) / 2)
+                        : 0;
+    const double roofline = bandwidth / double(bytes_per_token + cache_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads);
     const double decode_kernel = plan::measure_decode_kernel_bytes_per_s(threads, 0);
     // A repacked model's interleaved bytes go through the interleaved kernels: their own rate.
@@ -210,11 +233,12 @@ void register_bench(CLI::App& app) {
     if (o->json) {
       nlohmann::ordered_json out = {
           {"model", name}, {"threads", threads}, {"devices", o->engine.devices},
-          {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"repetitions", o->repetitions},
+          {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"n_depth", o->depth}, {"repetitions", o->repetitions},
           {"prefill_tokens_per_s", pp.mean}, {"prefill_tokens_per_s_sd", pp.sd},
           {"decode_tokens_per_s", tg.mean}, {"decode_tokens_per_s_sd", tg.sd},
           {"bandwidth_gb_per_s", bandwidth / 1e9}, {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
           {"bandwidth_after_gb_per_s", bandwidth_after / 1e9}, {"bytes_read_per_token", bytes_per_token},
+          {"kv_cache_bytes_read_per_token", cache_per_token},
           {"decode_roofline_tokens_per_s", roofline}, {"decode_fraction_of_roofline", tg.mean / roofline},
           {"decode_kernel_gb_per_s", decode_kernel / 1e9},
           {"interleaved_kernel_gb_per_s", interleaved_kernel / 1e9},
@@ -235,19 +259,22 @@ void register_bench(CLI::App& app) {
       fmt::print("{}\n", out.dump(2));
       return;
     }
-    fmt::print("| {:<28} | {:>10} | {:>7} | {:>7} | {:>16} |\n", "model", "size", "threads", "test", "t/s (measured)");
-    fmt::print("|{:-<30}|{:-<12}|{:-<9}|{:-<9}|{:-<18}|\n", "", "", "", "", "");
+    // Test names as llama-bench writes them: pp512, tg128, tg128 @ d4096.
+    const std::string at_depth = o->depth > 0 ? fmt::format(" @ d{}", o->depth) : "";
+    fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", "model", "size", "threads", "test", "t/s (measured)");
+    fmt::print("|{:-<30}|{:-<12}|{:-<9}|{:-<16}|{:-<18}|\n", "", "", "", "", "");
     const std::string size = format_bytes(inventory.total_weight_bytes());
     if (!prefill_tps.empty())
-      fmt::print("| {:<28} | {:>10} | {:>7} | {:>7} | {:>16} |\n", name, size, threads, fmt::format("pp{}", o->prompt),
-                 fmt::format("{:.2f} ± {:.2f}", pp.mean, pp.sd));
+      fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", name, size, threads,
+                 fmt::format("pp{}{}", o->prompt, at_depth), fmt::format("{:.2f} ± {:.2f}", pp.mean, pp.sd));
     if (!decode_tps.empty())
-      fmt::print("| {:<28} | {:>10} | {:>7} | {:>7} | {:>16} |\n", name, size, threads, fmt::format("tg{}", o->generate),
-                 fmt::format("{:.2f} ± {:.2f}", tg.mean, tg.sd));
+      fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", name, size, threads,
+                 fmt::format("tg{}{}", o->generate, at_depth), fmt::format("{:.2f} ± {:.2f}", tg.mean, tg.sd));
     fmt::print("\nmemory bandwidth (measured, triad on {} threads): {:.1f} GB/s before, {:.1f} GB/s after\n", threads,
                bandwidth_before / 1e9, bandwidth_after / 1e9);
-    fmt::print("decode roofline: {:.1f} GB/s / {} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
-               bandwidth / 1e9, format_bytes(bytes_per_token), roofline, 100.0 * tg.mean / roofline);
+    const std::string cache_read = cache_per_token > 0 ? fmt::format(" + {} of KV cache", format_bytes(cache_per_token)) : "";
+    fmt::print("decode roofline: {:.1f} GB/s / {}{} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
+               bandwidth / 1e9, format_bytes(bytes_per_token), cache_read, roofline, 100.0 * tg.mean / roofline);
     if (interleaved_per_token == 0)
       fmt::print("decode kernel (measured, Q4_K x 1 token, weights from DRAM): {:.1f} GB/s of weights = {:.2f} "
                  "tokens/s at most, whatever the bandwidth; measured decode = {:.0f}% of it\n",
@@ -258,8 +285,10 @@ void register_bench(CLI::App& app) {
                  "bandwidth; measured decode = {:.0f}% of it\n",
                  decode_kernel / 1e9, format_bytes(bytes_per_token - interleaved_per_token), interleaved_kernel / 1e9,
                  format_bytes(interleaved_per_token), kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
-    fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; prefill reaches "
-               "{:.1f} GFLOP/s = {:.0f}% of it\n", peak_flops / 1e9, prefill_flops / 1e9, 100.0 * prefill_flops / peak_flops);
+    fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; {}\n", peak_flops / 1e9,
+               pp.mean > 0 ? fmt::format("prefill reaches {:.1f} GFLOP/s = {:.0f}% of it", prefill_flops / 1e9,
+                                         100.0 * prefill_flops / peak_flops)
+                           : std::string("prefill not measured"));
     // A skipped test (-p 0 or -n 0) has nothing to compare with.
     auto versus_measured = [](double predicted, double measured) {
       return measured > 0 ? fmt::format("{:.2f}x measured", predicted / measured) : std::string("not measured");

@@ -27,6 +27,28 @@ TEST(Bench, JsonHasTheMeasuredSpeedsAndTheirBounds) {
   EXPECT_FALSE(j.contains("cold_start"));
 }
 
+// --n-depth: the tests run after that many tokens of context, the name says so as llama-bench
+// writes it, and the roofline counts the KV cache a decode step reads on top of the weights.
+TEST(Bench, DepthPutsContextBeforeEachTest) {
+  const std::string model = test::fixture("micro-v3-F32.gguf").string();
+  const CliResult r = run_tandem("bench " + model + " -p 8 -n 4 -d 40 -r 1 -t 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = json_in(r.output);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  EXPECT_EQ(j["n_depth"], 40);
+  EXPECT_GT(j.value("decode_tokens_per_s", 0.0), 0.0);
+  EXPECT_GT(j["kv_cache_bytes_read_per_token"].get<uint64_t>(), 0u);
+  const CliResult table = run_tandem("bench " + model + " -p 8 -n 4 -d 40 -r 1 -t 2");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("tg4 @ d40"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("of KV cache per token"), std::string::npos) << table.output;
+  // Without context the decode test reads only its own few rows (1.5 on average here).
+  const CliResult none = run_tandem("bench " + model + " -p 8 -n 4 -r 1 -t 2 --json");
+  EXPECT_EQ(json_in(none.output)["kv_cache_bytes_read_per_token"].get<uint64_t>() * 41,
+            j["kv_cache_bytes_read_per_token"].get<uint64_t>())
+      << none.output;
+}
+
 // A cold start needs the model's pages dropped from the page cache; where the filesystem keeps
 // them (tmpfs, another process mapping the file) the command must say so, not report nonsense.
 TEST(Bench, ColdStartsReportTheBytesTheyNeeded) {
