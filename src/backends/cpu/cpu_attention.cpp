@@ -86,11 +86,10 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
   }
   cpu::matmul_many(matmul_args_, pool_);
 
-  // Scores of every (token, head) query against the keys of its sequence as one F32 matmul per
-  // chunk of tokens: the cache rows [latent | rope key] are the matrix, the queries
-  // [q_lat | q_rope] the tokens, so each key is read once for all the heads and tokens of the
-  // chunk by the vectorized kernels. Then per (token, head): causal softmax and the weighted sum
-  // of latent rows.
+  // Per chunk of a sequence's tokens: the scores of every (token, head) query [q_lat | q_rope]
+  // against the cache rows [latent | rope key] (few_query_attention.h: each result summed in
+  // order on its own, so a token gets the same scores in a prompt chunk and alone), the causal
+  // softmax, and the weighted sums of the latent rows.
   float* o_lat = grow(scratch_c_, size_t(H * T * lora));
   for (int64_t run_start = 0; run_start < T;) {
     int64_t run_end = run_start + 1;
@@ -99,9 +98,8 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
     int64_t run_keys = 0;
     for (int64_t t = run_start; t < run_end; ++t)
       run_keys = std::max<int64_t>(run_keys, op.positions[t] + 1);
-    // The queries of a chunk stay in L2 (at most 256 rows, ~600 KB) while the keys stream past
-    // them, and its scores stay under ~64 MiB however long the context.
-    constexpr int64_t kMaxQueries = 256, kMaxScores = int64_t(1) << 24, kMinQueriesForMatmul = 64;
+    // A chunk's scores stay under ~64 MiB however long the context.
+    constexpr int64_t kMaxQueries = 256, kMaxScores = int64_t(1) << 24;
     const int64_t chunk = std::clamp<int64_t>(
         std::min(kMaxQueries / H, kMaxScores / (H * run_keys)), 1, run_end - run_start);
     for (int64_t first = run_start; first < run_end; first += chunk) {
@@ -116,24 +114,11 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
           std::copy_n(op.q + (t * H + h) * q_stride + nope, rope, qrow + lora);
         }
       }
-      // A few queries (decode: one token's heads) take the kernels made for them
-      // (few_query_attention.h); a prompt chunk's take F32 matmuls.
-      const bool few_queries = n_queries < kMinQueriesForMatmul;
       float* scores = grow(scratch_d_, size_t(n_queries * n_keys));
-      if (few_queries)
-        cpu::key_scores({.x = queries, .x_stride = row, .n_queries = n_queries, .keys = cache, .key_stride = row,
-                         .n_keys = n_keys, .cols = row, .scores = scores, .score_stride = n_keys},
-                        pool_);
-      else
-        cpu::matmul({.weight_type = DType::F32,
-                     .weights = cache,
-                     .rows = n_keys,
-                     .cols = row,
-                     .input = queries,
-                     .n_tokens = n_queries,
-                     .output = scores},
-                    pool_);
-      // Softmax per (token, head), normalized in place; keys after a token's position get 0.
+      cpu::key_scores({.x = queries, .x_stride = row, .n_queries = n_queries, .keys = cache, .key_stride = row,
+                       .n_keys = n_keys, .cols = row, .scores = scores, .score_stride = n_keys},
+                      pool_);
+      // Softmax per (token, head), normalized in place.
       pool_.parallel_for(n_queries, [&](int64_t query, int) {
         const int64_t keys = op.positions[first + query / H] + 1;
         float* s = scores + query * n_keys;
@@ -142,42 +127,19 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
         float sum = 0;
         for (int64_t j = 0; j < keys; ++j) sum += s[j] = std::exp(s[j] - max_score);
         for (int64_t j = 0; j < keys; ++j) s[j] /= sum;
-        std::fill(s + keys, s + n_keys, 0.0f);
       });
-      // Weighted sums of the latent rows: a few queries read them from the cache, each token's
-      // heads together; a prompt chunk multiplies its probabilities by the transposed latents
-      // as one more F32 matmul (the transpose is 1/n_queries of the work).
-      if (few_queries) {
-        for (int64_t t = first; t < last; ++t)
-          cpu::weighted_sums({.p = scores + (t - first) * H * n_keys,
-                              .p_stride = n_keys,
-                              .n_queries = H,
-                              .rows = cache,
-                              .row_stride = row,
-                              .keys = op.positions[t] + 1,
-                              .n = lora,
-                              .out = o_lat + t * lora,
-                              .out_stride = T * lora},
-                             pool_);
-      } else {
-        float* latent_t = grow(latent_t_, size_t(lora * n_keys));  // [lora, n_keys]
-        pool_.parallel_for((lora + 63) / 64, [&](int64_t part, int) {
-          for (int64_t i = part * 64; i < std::min(lora, (part + 1) * 64); ++i)
-            for (int64_t j = 0; j < n_keys; ++j) latent_t[i * n_keys + j] = cache[j * row + i];
-        });
-        float* sums = grow(weighted_sums_, size_t(n_queries * lora));
-        cpu::matmul({.weight_type = DType::F32,
-                     .weights = latent_t,
-                     .rows = lora,
-                     .cols = n_keys,
-                     .input = scores,
-                     .n_tokens = n_queries,
-                     .output = sums},
-                    pool_);
-        for (int64_t query = 0; query < n_queries; ++query)
-          std::copy_n(sums + query * lora, lora,
-                      o_lat + ((query % H) * T + first + query / H) * lora);
-      }
+      // Weighted sums of the latent rows, each token's heads together over its own keys.
+      for (int64_t t = first; t < last; ++t)
+        cpu::weighted_sums({.p = scores + (t - first) * H * n_keys,
+                            .p_stride = n_keys,
+                            .n_queries = H,
+                            .rows = cache,
+                            .row_stride = row,
+                            .keys = op.positions[t] + 1,
+                            .n = lora,
+                            .out = o_lat + t * lora,
+                            .out_stride = T * lora},
+                           pool_);
     }
     run_start = run_end;
   }

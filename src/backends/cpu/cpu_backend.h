@@ -52,7 +52,6 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   // Scratch that only grows: ops allocate nothing once the largest batch has been seen.
   std::vector<float> scratch_a_, scratch_b_, scratch_c_, scratch_d_;
-  std::vector<float> latent_t_, weighted_sums_;  // mla_attention of prompt chunks
   std::vector<int32_t> index_scratch_;
   std::vector<int32_t> expert_fill_;
   std::vector<MatmulArgs> matmul_args_;
