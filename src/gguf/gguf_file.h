@@ -24,6 +24,9 @@
 namespace tandem::gguf {
 
 inline constexpr uint64_t kDefaultAlignment = 32;
+// The largest alignment read or written. Files use 32 to 4096; a larger one is a corrupt field
+// (accepting up to 2^30 let a 60-byte file make a rewrite pad 1 GiB in memory: the fuzzer).
+inline constexpr uint64_t kMaxAlignment = uint64_t(1) << 20;
 // n_dims above this is rejected (ggml tensors have at most 4 dimensions).
 inline constexpr uint32_t kMaxDims = 4;
 // Arrays of arrays deeper than this are rejected; real files nest at most 2 levels.

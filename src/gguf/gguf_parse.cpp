@@ -21,7 +21,6 @@ constexpr uint64_t kMinMetadataEntryBytes = 8 + 4 + 1;   // key length, type, 1-
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // name length, n_dims, type, offset
 constexpr uint64_t kMinStringBytes = 8;                  // the length field of an empty string
 constexpr uint64_t kMinArrayBytes = 4 + 8;               // element type and count
-constexpr uint64_t kMaxAlignment = uint64_t(1) << 30;
 
 std::string known_dtype_names() {
   std::string names;
@@ -267,7 +266,7 @@ class Parser {
     if (*alignment == 0 || !std::has_single_bit(*alignment) || *alignment > kMaxAlignment)
       fail(
           "{}: metadata key 'general.alignment' is {}; it must be a power of two between 1 "
-          "and 2^30 (GGUF's default is 32); the file is corrupt",
+          "and 2^20 (GGUF's default is 32); the file is corrupt",
           file_, *alignment);
     part_.alignment = *alignment;
   }

@@ -20,9 +20,8 @@ constexpr std::string_view kAlignmentKey = "general.alignment";
 constexpr size_t kFileBufferBytes = size_t(1) << 20;
 
 void check_alignment(const std::string& path, uint64_t alignment) {
-  if (alignment == 0 || !std::has_single_bit(alignment) ||
-      alignment > std::numeric_limits<uint32_t>::max())
-    fail("{}: alignment {} is not a power of two that fits in u32", path, alignment);
+  if (alignment == 0 || !std::has_single_bit(alignment) || alignment > kMaxAlignment)
+    fail("{}: alignment {} is not a power of two up to 2^20", path, alignment);
 }
 
 // Removes what we created, but only a regular file: a writer pointed at a device (/dev/null,

@@ -140,6 +140,8 @@ TEST(GgufCorrupt, alignment_not_a_power_of_two_is_refused) {
   expect_contains(parse_error(b.b), {"'general.alignment' is 48", "power of two"});
   Bytes zero = Bytes().header(0, 1).kv_u32("general.alignment", 0);
   expect_contains(parse_error(zero.b), {"'general.alignment' is 0", "power of two"});
+  Bytes huge = Bytes().header(0, 1).kv_u32("general.alignment", uint32_t(1) << 30);
+  expect_contains(parse_error(huge.b), {"'general.alignment' is 1073741824", "between 1 and 2^20"});
   Bytes text = Bytes().header(0, 1).kv_str("general.alignment", "32");
   expect_contains(parse_error(text.b), {"'general.alignment'", "of type string"});
 }

@@ -217,6 +217,9 @@ TEST(GgufWriterErrors, bad_declarations_are_refused) {
                   {"item 1 has type i8, but the array holds u8"});
   expect_contains(error_of([&] { GgufWriter w(&out, 48); }),
                   {"alignment 48 is not a power of two"});
+  // No larger than the reader accepts.
+  expect_contains(error_of([&] { GgufWriter w(&out, uint64_t(1) << 21); }),
+                  {"alignment 2097152 is not a power of two up to 2^20"});
 }
 
 TEST(GgufWriterErrors, file_that_cannot_be_created_names_the_path) {
