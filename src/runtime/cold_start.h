@@ -1,9 +1,9 @@
 #pragma once
 // A cold start measured against the disk it waits on: the model is dropped from the page cache,
 // loaded, and run to its first token; then exactly the bytes that start needed are read again
-// from an empty cache, in file order, with as many threads as the engine reads with. The ratio of the two times says
-// how much loading adds to the unavoidable reading (issue: "within 1.2x of reading the touched
-// bytes").
+// from an empty cache, in file order, the way the engine reads (BackgroundReader). The ratio of
+// the two times says how much loading adds to the unavoidable reading (issue: "within 1.2x of
+// reading the touched bytes").
 #include <cstdint>
 #include <span>
 #include <vector>

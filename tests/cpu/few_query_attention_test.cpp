@@ -20,22 +20,19 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float low, float h
   return v;
 }
 
-std::vector<CpuIsa> isas_here() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx2, CpuIsa::Avx512})
-    if (cpu_supports(isa)) isas.push_back(isa);
-  return isas;
-}
-
-// |float sum - exact| <= n * eps * Σ|terms|: the bound of adding n products in order.
-void expect_near_sum(double got, double exact, double abs_terms, int64_t n, const std::string& where) {
+// |float sum - exact| <= n * eps * Σ|terms|: the bound of adding n products in order; the exact
+// sum of term(0) .. term(n - 1) in double.
+template <class Term>
+void expect_near_sum(double got, int64_t n, Term term, const std::string& where) {
+  double exact = 0, abs_terms = 0;
+  for (int64_t i = 0; i < n; ++i) exact += term(i), abs_terms += std::abs(term(i));
   EXPECT_LE(std::abs(got - exact), double(n + 1) * 1.2e-7 * abs_terms + 1e-30) << where;
 }
 
 TEST(FewQueryAttention, KeyScoresMatchDoubleSums) {
   std::mt19937 rng(7);
   ThreadPool pool(3);
-  for (CpuIsa isa : isas_here()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     for (int64_t n_queries : {1, 5, 16, 21}) {
       for (int64_t n_keys : {0, 1, 7, 8, 67, 130}) {
         for (int64_t cols : {1, 24, 72}) {
@@ -48,16 +45,12 @@ TEST(FewQueryAttention, KeyScoresMatchDoubleSums) {
                                     .scores = scores.data(), .score_stride = score_stride},
                               pool);
           for (int64_t q = 0; q < n_queries; ++q) {
-            for (int64_t j = 0; j < n_keys; ++j) {
-              double exact = 0, abs_terms = 0;
-              for (int64_t c = 0; c < cols; ++c) {
-                const double term = double(x[q * x_stride + c]) * keys[j * key_stride + c];
-                exact += term, abs_terms += std::abs(term);
-              }
-              expect_near_sum(scores[q * score_stride + j], exact, abs_terms, cols,
-                              std::string(cpu_isa_name(isa)) + " q " + std::to_string(q) + " key " +
-                                  std::to_string(j) + " of " + std::to_string(n_keys) + " cols " + std::to_string(cols));
-            }
+            for (int64_t j = 0; j < n_keys; ++j)
+              expect_near_sum(
+                  scores[q * score_stride + j], cols,
+                  [&](int64_t c) { return double(x[q * x_stride + c]) * keys[j * key_stride + c]; },
+                  std::string(cpu_isa_name(isa)) + " q " + std::to_string(q) + " key " + std::to_string(j) + " of " +
+                      std::to_string(n_keys) + " cols " + std::to_string(cols));
             for (int64_t j = n_keys; j < score_stride; ++j) EXPECT_EQ(scores[q * score_stride + j], -7.0f);  // untouched
           }
         }
@@ -69,7 +62,7 @@ TEST(FewQueryAttention, KeyScoresMatchDoubleSums) {
 TEST(FewQueryAttention, WeightedSumsMatchDoubleSums) {
   std::mt19937 rng(11);
   ThreadPool pool(2);
-  for (CpuIsa isa : isas_here()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     for (int64_t n_queries : {1, 3, 4, 16, 18}) {
       for (int64_t keys : {0, 1, 9, 100}) {
         for (int64_t n : {5, 64, 100, 512}) {
@@ -82,15 +75,11 @@ TEST(FewQueryAttention, WeightedSumsMatchDoubleSums) {
                                        .out_stride = out_stride},
                                  pool);
           for (int64_t q = 0; q < n_queries; ++q) {
-            for (int64_t c = 0; c < n; ++c) {
-              double exact = 0, abs_terms = 0;
-              for (int64_t j = 0; j < keys; ++j) {
-                const double term = double(p[q * p_stride + j]) * rows[j * row_stride + c];
-                exact += term, abs_terms += std::abs(term);
-              }
-              expect_near_sum(out[q * out_stride + c], exact, abs_terms, keys,
-                              std::string(cpu_isa_name(isa)) + " q " + std::to_string(q) + " col " + std::to_string(c));
-            }
+            for (int64_t c = 0; c < n; ++c)
+              expect_near_sum(
+                  out[q * out_stride + c], keys,
+                  [&](int64_t j) { return double(p[q * p_stride + j]) * rows[j * row_stride + c]; },
+                  std::string(cpu_isa_name(isa)) + " q " + std::to_string(q) + " col " + std::to_string(c));
             for (int64_t c = n; c < out_stride; ++c) EXPECT_EQ(out[q * out_stride + c], -7.0f);  // untouched
           }
         }
@@ -108,7 +97,7 @@ TEST(FewQueryAttention, AQuerysResultsDoNotDependOnItsCallMates) {
   const std::vector<float> x = random_floats(size_t(n_queries * cols), rng, -1, 1);
   const std::vector<float> keys = random_floats(size_t(n_keys * cols), rng, -1, 1);
   const std::vector<float> p = random_floats(size_t(n_queries * n_keys), rng, 0, 1);
-  for (CpuIsa isa : isas_here()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     std::vector<float> all_scores(size_t(n_queries * n_keys)), all_sums(size_t(n_queries * cols));
     key_scores_with_isa(isa, {.x = x.data(), .x_stride = cols, .n_queries = n_queries, .keys = keys.data(),
                               .key_stride = cols, .n_keys = n_keys, .cols = cols, .scores = all_scores.data(),

@@ -77,13 +77,11 @@ void weighted_sums_64_portable(const float* const* p, int n_queries, const float
 }
 
 void key_scores(const KeyScoresArgs& args, ThreadPool& pool) {
-  static const KernelTable& table = kernel_table(best_cpu_isa());
-  run_key_scores(table, args, pool);
+  run_key_scores(best_kernel_table(), args, pool);
 }
 
 void weighted_sums(const WeightedSumsArgs& args, ThreadPool& pool) {
-  static const KernelTable& table = kernel_table(best_cpu_isa());
-  run_weighted_sums(table, args, pool);
+  run_weighted_sums(best_kernel_table(), args, pool);
 }
 
 void key_scores_with_isa(CpuIsa isa, const KeyScoresArgs& args, ThreadPool& pool) {

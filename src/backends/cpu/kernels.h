@@ -97,6 +97,8 @@ size_t act_row_bytes(ActKind kind, int64_t cols);
 
 // The table of one level, built on first use; throws tandem::Error if the CPU lacks `isa`.
 const KernelTable& kernel_table(CpuIsa isa);
+// kernel_table(best_cpu_isa()), looked up once.
+const KernelTable& best_kernel_table();
 
 // Each fills both precisions' float formats and the Int8 quantized ones; the *_q16 files fill
 // the Int16 quantized ones.

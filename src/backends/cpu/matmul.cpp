@@ -361,9 +361,13 @@ bool matmul_supports(DType weight_type) {
   }
 }
 
-void matmul(const MatmulArgs& args, ThreadPool& pool) {
+const KernelTable& best_kernel_table() {
   static const KernelTable& table = kernel_table(best_cpu_isa());
-  run_matmul(table, args, pool);
+  return table;
+}
+
+void matmul(const MatmulArgs& args, ThreadPool& pool) {
+  run_matmul(best_kernel_table(), args, pool);
 }
 
 void matmul_with_isa(CpuIsa isa, const MatmulArgs& args, ThreadPool& pool) {
@@ -371,8 +375,7 @@ void matmul_with_isa(CpuIsa isa, const MatmulArgs& args, ThreadPool& pool) {
 }
 
 void matmul_many(std::span<const MatmulArgs> args, ThreadPool& pool) {
-  static const KernelTable& table = kernel_table(best_cpu_isa());
-  run_matmul_many(table, args, pool);
+  run_matmul_many(best_kernel_table(), args, pool);
 }
 
 void matmul_many_with_isa(CpuIsa isa, std::span<const MatmulArgs> args, ThreadPool& pool) {
