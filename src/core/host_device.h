@@ -1,0 +1,76 @@
+#pragma once
+// Functions that both the host and CUDA kernels call: the per-block arithmetic of the weight
+// formats (quant/block_decode.h), expert routing and rotary angles (backends/). Written once,
+// tested on the host against the scalar references, compiled a second time by nvcc for the GPU.
+//
+// TANDEM_HD marks such a function: __host__ __device__ under nvcc, plain inline elsewhere.
+// Float arithmetic whose rounding must match the host bit for bit goes through mul_rn/add_rn/
+// sub_rn: nvcc fuses a * b - c into one FMA by default (one rounding instead of two), g++ in ISO
+// C++ mode does not.
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define TANDEM_HD __host__ __device__ __forceinline__
+#else
+#define TANDEM_HD inline
+#endif
+
+namespace tandem::hd {
+
+TANDEM_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+TANDEM_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+TANDEM_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+TANDEM_HD float bits_to_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// Little-endian loads from byte pointers: block fields sit at any byte offset (Q4_0 blocks are
+// 18 bytes), so they are never read through wider pointers.
+TANDEM_HD uint16_t load_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+TANDEM_HD uint32_t load_u32(const uint8_t* p) {
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+// IEEE half and bfloat16 to float, exact (as core/half.h, which the device cannot call).
+TANDEM_HD float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  const uint32_t mantissa = h & 0x3ff;
+  if (exponent == 0x1f) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent != 0) return bits_to_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  if (mantissa == 0) return bits_to_float(sign);
+  const float magnitude = mul_rn(float(mantissa), 0x1p-24f);  // subnormal: exact
+  return sign ? -magnitude : magnitude;
+}
+
+TANDEM_HD float bf16_to_f32(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+
+}  // namespace tandem::hd
