@@ -3,16 +3,18 @@
 //
 // Operations are coarse — matmul, rms_norm, rope, MLA attention, MoE, add — so the executor stays
 // simple and each backend can fuse inside an op. Every pointer an op takes lives in memory the
-// backend can reach: host memory for `cpu`, device memory for `cuda:N` and `sim:N`; arrays marked
-// "host memory" are read on the host and must stay valid until the op has run. Ops are submitted
+// backend can reach: host memory for `cpu`, device memory for `cuda:N` and `sim:N` — the small
+// index arrays too (positions, sequence ids, expert ids and weights), so that no op needs the host
+// mid-step and a decode step can be captured once and replayed (CUDA graphs). Ops are submitted
 // in order to one stream per backend and may run asynchronously (a CUDA stream, a sim worker
 // thread); events order work across backends, `synchronize()` waits for all of it, and
-// `copy_to_host` is the one way results come back. The CPU backend executes each op before
-// returning.
+// `copy_to_host` / `copy_to_host_async` are the ways results come back. The CPU backend executes
+// each op before returning.
 //
 // Shapes are written [outer, ..., inner]: the last dimension is contiguous.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,7 +97,7 @@ struct RmsNormOp {
 
 struct RopeOp {
   float* data;               // [n_tokens, n_heads, head_stride]: rotated in place
-  const int32_t* positions;  // [n_tokens] (host memory)
+  const int32_t* positions;  // [n_tokens]
   int64_t n_tokens, n_heads;
   int64_t head_stride;       // floats from one head to the next
   int64_t token_stride;      // floats from one token to the next
@@ -122,8 +124,8 @@ struct MlaAttentionOp {
   WeightView k_b;            // [n_heads] x [kv_lora rows, nope cols]
   WeightView v_b;            // [n_heads] x [v_head rows, kv_lora cols]
   KvLayerView cache;
-  const int32_t* positions;  // [n_tokens] (host memory)
-  const int32_t* seq_ids;    // [n_tokens] (host memory)
+  const int32_t* positions;  // [n_tokens]
+  const int32_t* seq_ids;    // [n_tokens]
   int64_t n_tokens, n_heads, nope_dims, v_head_dims;
   float scale;
   float* output;             // [n_tokens, n_heads, v_head]
@@ -134,8 +136,8 @@ struct MlaAttentionOp {
 struct KvStoreOp {
   const float* rows;         // [n_tokens, kv_lora + rope]
   KvLayerView cache;
-  const int32_t* positions;  // [n_tokens] (host memory)
-  const int32_t* seq_ids;    // [n_tokens] (host memory)
+  const int32_t* positions;  // [n_tokens]
+  const int32_t* seq_ids;    // [n_tokens]
   int64_t n_tokens;
 };
 
@@ -149,8 +151,9 @@ struct MoeRouteOp {
   int64_t n_groups, n_groups_used;  // group-limited selection; 1/1 = off
   bool normalize;            // divide the chosen weights by their sum
   float scale;               // then multiply by this
-  int32_t* expert_ids;       // [n_tokens, top_k] (host memory)
-  float* expert_weights;     // [n_tokens, top_k] (host memory)
+  int32_t* expert_ids;       // [n_tokens, top_k]
+  float* expert_weights;     // [n_tokens, top_k]
+  uint64_t* counts = nullptr;  // [n_expert]: += 1 per choice (the routing profile), or null
 };
 
 // down_k(silu(gate_k·x) ⊙ up_k·x) for each (token, k) slot whose expert this device holds,
@@ -162,7 +165,7 @@ struct MoeOp {
   const float* input;           // [n_tokens, dim]
   WeightView gate, up;          // [held experts] x [ffn rows, dim cols]
   WeightView down;              // [held experts] x [dim rows, ffn cols]
-  const int32_t* expert_ids;    // [n_tokens, top_k] global expert ids (host memory)
+  const int32_t* expert_ids;    // [n_tokens, top_k] global expert ids
   const int32_t* local_index;   // [n_expert] matrix in the stacks, -1 if not held; null = identity
   int64_t n_expert;             // experts of the layer (length of local_index)
   int64_t n_tokens, top_k, dim, ffn_dims;
@@ -173,7 +176,7 @@ struct MoeOp {
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.
 struct MoeReduceOp {
   const float* slots;           // [n_tokens, top_k, dim]
-  const float* weights;         // [n_tokens, top_k] (host memory)
+  const float* weights;         // [n_tokens, top_k]
   int64_t n_tokens, top_k, dim;
   float* output;                // [n_tokens, dim]
 };
@@ -184,6 +187,14 @@ class Event {
   virtual ~Event() = default;
   // Blocks the calling thread until every op submitted before the event has finished.
   virtual void wait() = 0;
+};
+
+// A captured sequence of ops (begin_capture .. end_capture) that replay() submits again as a
+// whole: a CUDA graph. Its ops keep the pointers and sizes they were captured with; what changes
+// between replays is the contents of the buffers they read.
+class Graph {
+ public:
+  virtual ~Graph() = default;
 };
 
 class Backend {
@@ -201,6 +212,21 @@ class Backend {
   // Copies between host memory and this backend's memory (plain memcpy on the CPU).
   virtual void copy_from_host(void* device_dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  // Host memory that copy_*_async can use without blocking (page-locked for CUDA, on 2 MiB
+  // pages); plain host memory elsewhere.
+  virtual std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) = 0;
+  // Copies in stream order: they run when the stream reaches them, and the host memory (from
+  // allocate_host) must stay as it is until an event recorded after the copy has completed.
+  virtual void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) = 0;
+  // Runs `task` on a host thread once every op submitted before it has finished, without
+  // holding up the ops submitted after it; the event completes when the task has returned.
+  // Tasks of one backend run one at a time, in order. Under capture the task is part of the
+  // graph and runs again at every replay. This is how the CPU computes its share of a step that
+  // a device runs: a task may run another backend that uses host memory (the CPU's experts)
+  // while this one goes on (cudaLaunchHostFunc on a side stream). A task must not submit to this
+  // backend. An exception thrown by the task is rethrown by synchronize().
+  virtual std::shared_ptr<Event> host_task(std::function<void()> task) = 0;
   // Waits until every submitted op has finished.
   virtual void synchronize() = 0;
   // Marks the current end of the stream; later ops on other backends can wait for it.
@@ -209,6 +235,18 @@ class Backend {
   virtual void wait_for(std::shared_ptr<Event> event) = 0;
   // Bytes this backend may still allocate (SIZE_MAX when unbounded).
   virtual size_t free_bytes() const = 0;
+  // Whether matmul, moe and mla_attention take weights stored as `type` (get_rows reads every
+  // format matmul takes, except the interleaved ones).
+  virtual bool can_multiply(DType type) const = 0;
+
+  // Capture: between begin_capture() and end_capture() ops are recorded instead of run, and
+  // replay() submits the recording again. While capturing, nothing may wait on the host for this
+  // backend (synchronize, the blocking copies, Event::wait on its events) or allocate from it.
+  // Backends without graphs say so with can_capture() == false.
+  virtual bool can_capture() const { return false; }
+  virtual void begin_capture();
+  virtual std::unique_ptr<Graph> end_capture();
+  virtual void replay(Graph& graph);
 
   // Rows of an embedding table (any format) to F32: output[i] = dequantize(table row ids[i]).
   virtual void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) = 0;

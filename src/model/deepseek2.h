@@ -43,8 +43,17 @@ class Deepseek2Model {
   uint32_t n_layers() const { return n_layers_; }
   uint64_t weight_bytes() const { return binder_.bound_bytes(); }
   // How often each routed expert was chosen since load: [layer][expert] (empty rows for dense
-  // layers). This is what `tandem profile` saves and the planner reads.
-  const std::vector<std::vector<uint64_t>>& routing_counts() const { return routing_counts_; }
+  // layers). This is what `tandem profile` saves and the planner reads. The counts live on the
+  // devices that route (so a captured step counts too) and are copied back here: call it
+  // between forward passes, not during one.
+  std::vector<std::vector<uint64_t>> routing_counts() const;
+  // Decode steps as graphs (core/backend.h): when every layer and the output head run on one
+  // device that can capture, with routed experts there or on the host, a step of up to
+  // kMaxGraphTokens tokens is captured the second time its shape is seen and replayed after
+  // that. On by default; off runs every step op by op (the same results).
+  void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
+  bool captures_steps() const { return graphs_enabled_ && graph_device_ != nullptr; }
+  static constexpr int64_t kMaxGraphTokens = 64;
   // Starts reading from disk, in the background, the weights used in place that every token
   // needs (all but the routed experts and the embedding table) and that the page cache does
   // not hold yet, so a cold start streams them with large reads while it computes. Routed
@@ -66,21 +75,38 @@ class Deepseek2Model {
   struct Layer;
   struct ExpertShard;
   struct Workspace;
+  struct StepInputs;
+  struct GraphEntry;
   void bind_attention(Layer& layer, uint32_t il, Backend& on);
   void bind_experts(Layer& layer, uint32_t il);
+  void bind_routing_counts();
   // True for tensors whose bytes are needed only in part: routed expert stacks used in place,
   // and the embedding table when the LM head does not share it.
   bool read_on_demand(const WeightBinder::Bound& bound) const;
   Workspace& workspace(Backend& on);
-  // Moves `n` floats from one device's buffer to another's (through the host when they differ).
-  void transfer(Backend& from, const float* src, Backend& to, float* dst, int64_t n);
+  // The device every step can be captured on (see set_graphs_enabled), or null.
+  Backend* find_graph_device() const;
+  // Positions and sequence ids of the batch in the memory of each device that runs layers, and
+  // the constant routing of dense FFNs; uploaded before a step (outside any capture).
+  const StepInputs& step_inputs(Backend& on) const;
+  void prepare_step(const Batch& batch);
+  // Layers and output head for the residual stream `x` on `at`; the logits land in `logits`
+  // (host memory), or in the head device's host buffer when `capturing` (read after replay).
+  void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,
+                  float* logits, bool capturing);
+  // Moves `bytes` from one device's buffer to another's (through the host when they differ).
+  void transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes);
   // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
   // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
   // model has them) to `shared_out`.
   void routed_experts(const Layer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
                       float* out, float* shared_out);
   void route(const Layer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
-             std::vector<int32_t>& ids, std::vector<float>& weights);
+             int32_t* ids, float* weights, uint64_t* counts);
+  // After routing on the host: starts reading the chosen experts not read before, and guesses
+  // the next layer's (cold starts).
+  void read_ahead_on_host(const Layer& layer, const float* h, const int32_t* ids,
+                          int64_t n_tokens, KernelChoice kernels);
   // Starts reading expert `e` of `layer` from disk where it is used in place and not cached
   // (GgufFile::start_reading); true if some of it was not.
   bool start_reading_expert(const Layer& layer, int32_t e, bool urgent) const;
@@ -93,23 +119,21 @@ class Deepseek2Model {
   uint32_t n_layers_ = 0;
   std::vector<Layer> layers_;
   std::vector<std::pair<Backend*, std::unique_ptr<Workspace>>> workspaces_;
-  std::vector<float> staging_;  // host bounce buffer for transfers between devices
-  // Routing of the current MoE layer, and the trivial routing of dense FFNs (host memory).
-  std::vector<int32_t> expert_ids_, dense_ids_;
-  std::vector<float> expert_weights_, dense_weights_;
-  std::vector<int32_t> guessed_ids_;  // the next layer's routing guessed from this one's input
-  std::vector<float> guessed_weights_;
+  std::vector<uint8_t> staging_;  // host bounce buffer for transfers between devices
   std::vector<uint8_t> guessing_;     // [layer]: guess its experts ahead (MoE layers, cold cache)
-  std::vector<std::vector<uint64_t>> routing_counts_;
-  // The expert shards with work in the current MoE layer; slots == nullptr: on the layer's own
-  // device. A member so the decode loop allocates nothing.
-  struct ShardWork {
-    const ExpertShard* shard;
-    float* slots;
-  };
-  std::vector<ShardWork> shard_work_;
+  // [layer][expert]: chosen at least once, for the routed experts used in place on the host
+  // (read ahead at first use; what a cold start read). Written by the thread that runs them.
+  std::vector<std::vector<uint8_t>> expert_seen_;
+  // Per device that routes: [n_layers, n_expert] choice counts in its memory.
+  std::vector<std::pair<Backend*, std::shared_ptr<DeviceBuffer>>> count_buffers_;
   RopeParams rope_;
   float attention_scale_ = 1.0f;
+  // Graphs of decode steps (set_graphs_enabled).
+  Backend* graph_device_ = nullptr;
+  bool graphs_enabled_ = true;
+  std::vector<GraphEntry> graphs_;
+  // Bumped whenever a workspace buffer is allocated anew: captured graphs hold its pointers.
+  uint64_t buffer_generation_ = 0;
 };
 
 }  // namespace tandem

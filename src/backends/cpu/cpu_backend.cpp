@@ -66,6 +66,25 @@ void CpuBackend::copy_to_host(void* host_dst, const void* device_src, size_t byt
   std::memcpy(host_dst, device_src, bytes);
 }
 
+std::shared_ptr<DeviceBuffer> CpuBackend::allocate_host(size_t bytes, const std::string& what) {
+  return allocate(bytes, what);
+}
+
+void CpuBackend::copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
+  std::memcpy(host_dst, device_src, bytes);
+}
+
+void CpuBackend::copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) {
+  std::memcpy(device_dst, host_src, bytes);
+}
+
+std::shared_ptr<Event> CpuBackend::host_task(std::function<void()> task) {
+  task();
+  return std::make_shared<DoneEvent>();
+}
+
+bool CpuBackend::can_multiply(DType type) const { return matmul_supports(type); }
+
 void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
   if (is_interleaved(table.type))
     fail("{}: a table stored as {} (16 rows interleaved) cannot be read row by row; `tandem "

@@ -25,10 +25,16 @@ class CpuBackend final : public Backend {
   std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override;
   void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
+  void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
+  void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
+  // The task runs before the call returns, like every op here.
+  std::shared_ptr<Event> host_task(std::function<void()> task) override;
   void synchronize() override {}
   std::shared_ptr<Event> record_event() override;
   void wait_for(std::shared_ptr<Event> event) override;
   size_t free_bytes() const override;
+  bool can_multiply(DType type) const override;
 
   void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
   void matmul(const MatmulOp& op) override;

@@ -83,6 +83,8 @@ void CpuBackend::moe_route(const MoeRouteOp& op) {
     for (int64_t k = 0; k < K; ++k)
       weights[k] = (op.normalize ? weights[k] / sum : weights[k]) * op.scale;
   }
+  if (op.counts)
+    for (int64_t i = 0; i < op.n_tokens * K; ++i) ++op.counts[op.expert_ids[i]];
 }
 
 void CpuBackend::moe(const MoeOp& op) {

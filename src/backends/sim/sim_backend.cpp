@@ -32,32 +32,50 @@ class SimBuffer final : public DeviceBuffer {
   std::function<void(size_t)> release_;
 };
 
-class SimEvent final : public Event {
+class SimGraph final : public Graph {
  public:
+  std::vector<std::function<void()>> ops;
+  std::vector<std::shared_ptr<void>> events;  // SimBackend::SimEvent, reset before each replay
+};
+
+}  // namespace
+
+// Completed by its stream (or host task) when reached. An event recorded during a capture is
+// not armed until its graph is replayed: waiting on it before then would wait forever on a real
+// GPU, so it fails here instead.
+class SimBackend::SimEvent final : public Event {
+ public:
+  explicit SimEvent(bool armed) : armed_(armed) {}
   void complete() {
     std::lock_guard lock(mutex_);
     done_ = true;
     cv_.notify_all();
   }
+  void rearm() {
+    std::lock_guard lock(mutex_);
+    armed_ = true;
+    done_ = false;
+  }
   void wait() override {
     std::unique_lock lock(mutex_);
+    TANDEM_CHECK(armed_ && "waited on the host for an event recorded during a capture");
     cv_.wait(lock, [&] { return done_; });
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
+  bool armed_;
   bool done_ = false;
 };
-
-}  // namespace
 
 SimBackend::SimBackend(int index, size_t memory_bytes, int n_threads)
     : name_(fmt::format("sim:{}", index)),
       memory_bytes_(memory_bytes),
       budget_(std::make_shared<Budget>()),
       compute_(n_threads, name_) {
-  worker_ = std::thread([this] { worker_loop(); });
+  stream_.thread = std::thread([this] { run_lane(stream_); });
+  host_tasks_.thread = std::thread([this] { run_lane(host_tasks_); });
 }
 
 SimBackend::~SimBackend() {
@@ -66,7 +84,8 @@ SimBackend::~SimBackend() {
     stopping_ = true;
   }
   work_ready_.notify_all();
-  worker_.join();
+  stream_.thread.join();
+  host_tasks_.thread.join();
 }
 
 size_t SimBackend::used_bytes() const {
@@ -76,7 +95,17 @@ size_t SimBackend::used_bytes() const {
 
 size_t SimBackend::free_bytes() const { return memory_bytes_ - used_bytes(); }
 
+bool SimBackend::can_multiply(DType type) const { return cpu::matmul_supports(type); }
+
+void SimBackend::check_not_capturing(const char* what) const {
+  if (capturing_)
+    fail("{}: {} while capturing a graph (a CUDA stream refuses it: \"operation not permitted "
+         "when stream is capturing\")",
+         name_, what);
+}
+
 std::shared_ptr<DeviceBuffer> SimBackend::allocate(size_t bytes, const std::string& what) {
+  check_not_capturing("allocate");
   {
     std::lock_guard lock(budget_->mutex);
     if (budget_->used + bytes > memory_bytes_)
@@ -91,46 +120,70 @@ std::shared_ptr<DeviceBuffer> SimBackend::allocate(size_t bytes, const std::stri
   });
 }
 
+// Host memory is not the device's: it costs nothing from the budget.
+std::shared_ptr<DeviceBuffer> SimBackend::allocate_host(size_t bytes, const std::string&) {
+  return std::make_shared<SimBuffer>(bytes, [](size_t) {});
+}
+
 void SimBackend::submit(std::function<void()> work) {
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(work));
+    if (capturing_) {
+      captured_.push_back(std::move(work));
+      return;
+    }
+    stream_.queue.push_back(std::move(work));
   }
-  work_ready_.notify_one();
+  work_ready_.notify_all();
 }
 
-void SimBackend::worker_loop() {
+void SimBackend::run_lane(Lane& lane) {
   for (;;) {
     std::function<void()> work;
     {
       std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything submitted has run
-      work = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      work_ready_.wait(lock, [&] { return stopping_ || !lane.queue.empty(); });
+      if (lane.queue.empty()) return;  // stopping, and everything submitted has run
+      work = std::move(lane.queue.front());
+      lane.queue.pop_front();
+      lane.busy = true;
+    }
+    bool failed_before;
+    {
+      std::lock_guard lock(mutex_);
+      failed_before = error_ != nullptr;
     }
     try {
-      if (!error_) work();
+      if (!failed_before) work();  // after a failure later ops are skipped; synchronize() reports it
     } catch (...) {
-      error_ = std::current_exception();  // later ops are skipped; synchronize() reports it
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
     }
     {
       std::lock_guard lock(mutex_);
-      busy_ = false;
+      lane.busy = false;
     }
     work_done_.notify_all();
   }
 }
 
 void SimBackend::synchronize() {
+  check_not_capturing("synchronize");
   std::unique_lock lock(mutex_);
-  work_done_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  work_done_.wait(lock, [&] {
+    return stream_.queue.empty() && !stream_.busy && host_tasks_.queue.empty() && !host_tasks_.busy;
+  });
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
+std::shared_ptr<SimBackend::SimEvent> SimBackend::new_event() {
+  auto event = std::make_shared<SimEvent>(/*armed=*/!capturing_);
+  if (capturing_) captured_events_.push_back(event);
+  return event;
+}
+
 std::shared_ptr<Event> SimBackend::record_event() {
-  auto event = std::make_shared<SimEvent>();
+  auto event = new_event();
   submit([event] { event->complete(); });
   return event;
 }
@@ -139,16 +192,76 @@ void SimBackend::wait_for(std::shared_ptr<Event> event) {
   submit([event] { event->wait(); });
 }
 
+// The stream hands the task to the host-task thread and goes on; the event completes when the
+// task has run (also when it threw: the error waits for synchronize()).
+std::shared_ptr<Event> SimBackend::host_task(std::function<void()> task) {
+  auto event = new_event();
+  submit([this, task = std::move(task), event] {
+    {
+      std::lock_guard lock(mutex_);
+      host_tasks_.queue.push_back([task, event] {
+        struct Complete {
+          SimEvent& event;
+          ~Complete() { event.complete(); }
+        } complete{*event};
+        task();
+      });
+    }
+    work_ready_.notify_all();
+  });
+  return event;
+}
+
+void SimBackend::begin_capture() {
+  check_not_capturing("begin_capture");
+  std::lock_guard lock(mutex_);
+  capturing_ = true;
+  captured_.clear();
+  captured_events_.clear();
+}
+
+std::unique_ptr<Graph> SimBackend::end_capture() {
+  std::lock_guard lock(mutex_);
+  TANDEM_CHECK(capturing_);
+  capturing_ = false;
+  auto graph = std::make_unique<SimGraph>();
+  graph->ops = std::move(captured_);
+  graph->events.assign(captured_events_.begin(), captured_events_.end());
+  captured_.clear();
+  captured_events_.clear();
+  return graph;
+}
+
+// The previous replay has finished before the events are re-armed (a real GPU needs no such
+// wait; here it keeps a late waiter of the last replay from seeing the event reset).
+void SimBackend::replay(Graph& graph) {
+  check_not_capturing("replay");
+  auto& sim_graph = dynamic_cast<SimGraph&>(graph);
+  synchronize();
+  for (const std::shared_ptr<void>& event : sim_graph.events) static_cast<SimEvent*>(event.get())->rearm();
+  for (const std::function<void()>& op : sim_graph.ops) submit(op);
+}
+
 // Copies are synchronous for the caller, like a plain cudaMemcpy: the host buffer may be reused
 // as soon as they return.
 void SimBackend::copy_from_host(void* device_dst, const void* host_src, size_t bytes) {
+  check_not_capturing("copy_from_host");
   submit([=] { std::memcpy(device_dst, host_src, bytes); });
   synchronize();
 }
 
 void SimBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  check_not_capturing("copy_to_host");
   submit([=] { std::memcpy(host_dst, device_src, bytes); });
   synchronize();
+}
+
+void SimBackend::copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
+  submit([=] { std::memcpy(host_dst, device_src, bytes); });
+}
+
+void SimBackend::copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) {
+  submit([=] { std::memcpy(device_dst, host_src, bytes); });
 }
 
 void SimBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {

@@ -2,8 +2,12 @@
 // A simulated device computed on the CPU. It behaves like a GPU where that matters for the
 // executor: its own memory budget (allocations beyond it fail like an out-of-memory GPU),
 // its own stream (a worker thread that runs ops in submission order while the host goes on),
-// and explicit copies in and out. Multi-device plans run on machines without GPUs this way, and
-// must give results bit-identical to a single-CPU run.
+// explicit copies in and out, host tasks on a thread of their own (as cudaLaunchHostFunc on a
+// side stream), and graphs: a captured step is a list of the submitted ops, replayed as a
+// whole, so host code that ran at capture time does not run again — exactly the mistake a CUDA
+// graph punishes. Waiting on the host while capturing fails loudly instead of hanging.
+// Multi-device plans run on machines without GPUs this way, and must give results
+// bit-identical to a single-CPU run.
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -13,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/backend.h"
@@ -33,10 +38,21 @@ class SimBackend final : public Backend {
   std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override;
   void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
+  void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
+  void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
+  std::shared_ptr<Event> host_task(std::function<void()> task) override;
+  // Waits for the stream and the host tasks.
   void synchronize() override;
   std::shared_ptr<Event> record_event() override;
   void wait_for(std::shared_ptr<Event> event) override;
   size_t free_bytes() const override;
+  bool can_multiply(DType type) const override;
+
+  bool can_capture() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<Graph> end_capture() override;
+  void replay(Graph& graph) override;
 
   void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
   void matmul(const MatmulOp& op) override;
@@ -54,8 +70,17 @@ class SimBackend final : public Backend {
 
  private:
   struct Budget;
+  class SimEvent;
+  // A queue drained in order by one thread: the stream's worker, or the host-task thread.
+  struct Lane {
+    std::deque<std::function<void()>> queue;
+    bool busy = false;
+    std::thread thread;
+  };
   void submit(std::function<void()> work);
-  void worker_loop();
+  void run_lane(Lane& lane);
+  void check_not_capturing(const char* what) const;
+  std::shared_ptr<SimEvent> new_event();
 
   std::string name_;
   size_t memory_bytes_;
@@ -64,10 +89,13 @@ class SimBackend final : public Backend {
 
   std::mutex mutex_;
   std::condition_variable work_ready_, work_done_;
-  std::deque<std::function<void()>> queue_;
-  bool busy_ = false, stopping_ = false;
-  std::exception_ptr error_;  // first failure of an op, rethrown by synchronize()
-  std::thread worker_;
+  Lane stream_, host_tasks_;
+  bool stopping_ = false;
+  std::exception_ptr error_;  // first failure of an op or task, rethrown by synchronize()
+  // Capture: submitted ops are recorded instead of run, with the events they complete.
+  bool capturing_ = false;
+  std::vector<std::function<void()>> captured_;
+  std::vector<std::shared_ptr<SimEvent>> captured_events_;
 };
 
 }  // namespace tandem::sim
