@@ -7,6 +7,7 @@
 // Float arithmetic whose rounding must match the host bit for bit goes through mul_rn/add_rn/
 // sub_rn: nvcc fuses a * b - c into one FMA by default (one rounding instead of two), g++ in ISO
 // C++ mode does not.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -51,6 +52,48 @@ TANDEM_HD float bits_to_float(uint32_t bits) {
   return f;
 #endif
 }
+
+// The math library: std:: on the host, exactly what the CPU backend has always called (glibc's
+// float functions), CUDA's expf/powf/cosf/sinf on the device (never the __expf intrinsics). Neither
+// side rounds them correctly, so a device result may differ from the host's in the last bit or
+// two: kernels share the logic, not these bits.
+TANDEM_HD float exp_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+
+TANDEM_HD float pow_f(float base, float exponent) {
+#if defined(__CUDA_ARCH__)
+  return powf(base, exponent);
+#else
+  return std::pow(base, exponent);
+#endif
+}
+
+TANDEM_HD float cos_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return cosf(x);
+#else
+  return std::cos(x);
+#endif
+}
+
+TANDEM_HD float sin_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return sinf(x);
+#else
+  return std::sin(x);
+#endif
+}
+
+// std::min and std::max (constexpr host functions: device code may not call them without
+// --expt-relaxed-constexpr) with their exact rule: the first argument when neither is smaller
+// (ties, and a NaN on either side).
+TANDEM_HD float min_f(float a, float b) { return b < a ? b : a; }
+TANDEM_HD float max_f(float a, float b) { return a < b ? b : a; }
 
 // Little-endian loads from byte pointers: block fields sit at any byte offset (Q4_0 blocks are
 // 18 bytes), so they are never read through wider pointers.

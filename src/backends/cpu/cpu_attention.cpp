@@ -1,55 +1,25 @@
-// RoPE (with YaRN) and multi-head latent attention on the CPU.
+// RoPE (angles from backends/rope_angles.h) and multi-head latent attention on the CPU.
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/few_query_attention.h"
 #include "backends/cpu/matmul.h"
+#include "backends/rope_angles.h"
 #include "core/error.h"
 
 namespace tandem::cpu {
-namespace {
-
-// The dimension index at which a rotation makes `n_rot` turns over the original context; YaRN
-// extrapolates below the beta_fast one and interpolates above the beta_slow one.
-float yarn_correction_dim(int64_t n_dims, int64_t original_ctx, float n_rot, float base) {
-  return float(n_dims) *
-         std::log(float(original_ctx) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
-         (2.0f * std::log(base));
-}
-
-}  // namespace
 
 void CpuBackend::rope(const RopeOp& op) {
   const RopeParams& p = op.params;
   TANDEM_CHECK(p.rope_dims % 2 == 0);
   const int64_t half = p.rope_dims / 2;
-  // Per rotated pair i: the ramp between extrapolation (1) and interpolation (0).
-  float low = 0, high = 0;
-  if (p.ext_factor != 0.0f) {
-    low = std::max(0.0f, std::floor(yarn_correction_dim(p.rope_dims, p.original_ctx, p.beta_fast,
-                                                        p.freq_base)));
-    high = std::min(
-        float(p.rope_dims - 1),
-        std::ceil(yarn_correction_dim(p.rope_dims, p.original_ctx, p.beta_slow, p.freq_base)));
-  }
+  const YarnRamp ramp = yarn_ramp(p);
   float* cos_sin = grow(scratch_d_, size_t(2 * half));
   for (int64_t t = 0; t < op.n_tokens; ++t) {
     const float pos = float(op.positions[t]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float theta_extrap = pos * std::pow(p.freq_base, -2.0f * float(i) / float(p.rope_dims));
-      float theta = p.freq_scale * theta_extrap;
-      if (p.ext_factor != 0.0f) {
-        const float y = (float(i) - low) / std::max(0.001f, high - low);
-        const float mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
-        theta = theta * (1.0f - mix) + theta_extrap * mix;
-      }
-      // YaRN's magnitude correction is folded into the attention scale by the caller, so the
-      // rotation itself stays unscaled.
-      cos_sin[2 * i] = std::cos(theta);
-      cos_sin[2 * i + 1] = std::sin(theta);
-    }
+    for (int64_t i = 0; i < half; ++i)
+      rope_cos_sin(p, ramp.low, ramp.high, pos, i, &cos_sin[2 * i], &cos_sin[2 * i + 1]);
     for (int64_t h = 0; h < op.n_heads; ++h) {
       float* x = op.data + t * op.token_stride + h * op.head_stride + op.offset;
       for (int64_t i = 0; i < half; ++i) {

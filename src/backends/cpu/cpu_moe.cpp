@@ -1,23 +1,14 @@
-// Expert routing and the mixture-of-experts FFN on the CPU.
+// Expert routing (backends/moe_routing.h, per token) and the mixture-of-experts FFN on the CPU.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/matmul.h"
+#include "backends/moe_routing.h"
 #include "core/error.h"
 
 namespace tandem::cpu {
 namespace {
-
-// Indices of the k largest values, largest first; ties go to the lower index.
-void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out, int32_t* order) {
-  std::iota(order, order + n, 0);
-  std::partial_sort(order, order + k, order + n, [&](int32_t a, int32_t b) {
-    return values[a] > values[b] || (values[a] == values[b] && a < b);
-  });
-  std::copy(order, order + k, out);
-}
 
 float silu(float x) {
   return x / (1.0f + std::exp(-x));
@@ -26,65 +17,17 @@ float silu(float x) {
 }  // namespace
 
 void CpuBackend::moe_route(const MoeRouteOp& op) {
-  const int64_t E = op.n_expert, K = op.top_k;
-  TANDEM_CHECK(K >= 1 && K <= E && op.n_groups >= 1 && E % op.n_groups == 0);
-  float* probs = grow(scratch_a_, size_t(E));
-  float* selection = grow(scratch_b_, size_t(E));
-  float* group_scores = grow(scratch_c_, size_t(op.n_groups));
-  if (index_scratch_.size() < size_t(E + op.n_groups))
-    index_scratch_.resize(size_t(E + op.n_groups));
-  int32_t* order = index_scratch_.data();
-  int32_t* kept_groups = order + E;
-  const int64_t per_group = E / op.n_groups;
-
-  for (int64_t t = 0; t < op.n_tokens; ++t) {
-    const float* logits = op.logits + t * E;
-    if (op.gating == MoeGating::Softmax) {
-      const float max_logit = *std::max_element(logits, logits + E);
-      float sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(logits[e] - max_logit);
-      for (int64_t e = 0; e < E; ++e) probs[e] /= sum;
-    } else {
-      for (int64_t e = 0; e < E; ++e) probs[e] = 1.0f / (1.0f + std::exp(-logits[e]));
-    }
-    // The bias steers which experts are chosen, never how much they weigh (DeepSeek-V3).
-    for (int64_t e = 0; e < E; ++e) selection[e] = probs[e] + (op.bias ? op.bias[e] : 0.0f);
-
-    if (op.n_groups > 1 && op.n_groups_used < op.n_groups) {
-      // Group score: V3 (sigmoid) sums each group's two best experts; V2 (softmax) takes the
-      // best one, as each model was trained.
-      for (int64_t g = 0; g < op.n_groups; ++g) {
-        const float* s = selection + g * per_group;
-        float best = -INFINITY, second = -INFINITY;
-        for (int64_t i = 0; i < per_group; ++i) {
-          if (s[i] > best)
-            second = best, best = s[i];
-          else if (s[i] > second)
-            second = s[i];
-        }
-        group_scores[g] = op.gating == MoeGating::Sigmoid && per_group > 1 ? best + second : best;
-      }
-      top_k_indices(group_scores, op.n_groups, op.n_groups_used, kept_groups, order);
-      std::sort(kept_groups, kept_groups + op.n_groups_used);
-      for (int64_t g = 0, next_kept = 0; g < op.n_groups; ++g) {
-        if (next_kept < op.n_groups_used && kept_groups[next_kept] == g) {
-          ++next_kept;
-          continue;
-        }
-        std::fill(selection + g * per_group, selection + (g + 1) * per_group, -INFINITY);
-      }
-    }
-
-    int32_t* ids = op.expert_ids + t * K;
-    float* weights = op.expert_weights + t * K;
-    top_k_indices(selection, E, K, ids, order);
-    float sum = 0;
-    for (int64_t k = 0; k < K; ++k) sum += weights[k] = probs[ids[k]];
-    for (int64_t k = 0; k < K; ++k)
-      weights[k] = (op.normalize ? weights[k] / sum : weights[k]) * op.scale;
-  }
+  const RouteParams p = route_params(op);
+  TANDEM_CHECK(p.top_k >= 1 && p.top_k <= p.n_expert && p.n_groups >= 1 &&
+               p.n_expert % p.n_groups == 0);
+  float* probs = grow(scratch_a_, size_t(p.n_expert));
+  float* selection = grow(scratch_b_, size_t(p.n_expert));
+  float* group_scores = grow(scratch_c_, size_t(p.n_groups));
+  for (int64_t t = 0; t < op.n_tokens; ++t)
+    route_token(p, op.logits + t * p.n_expert, op.bias, probs, selection, group_scores,
+                op.expert_ids + t * p.top_k, op.expert_weights + t * p.top_k);
   if (op.counts)
-    for (int64_t i = 0; i < op.n_tokens * K; ++i) ++op.counts[op.expert_ids[i]];
+    for (int64_t i = 0; i < op.n_tokens * p.top_k; ++i) ++op.counts[op.expert_ids[i]];
 }
 
 void CpuBackend::moe(const MoeOp& op) {
