@@ -2,6 +2,7 @@
 // while the model loads), then serves through the continuous-batching scheduler; SIGINT or
 // SIGTERM stop admitting, end running requests with a final event, and exit 0.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <pthread.h>
 
 #include <atomic>
@@ -83,9 +84,11 @@ void register_serve(CLI::App& app) {
     try {
       engine = std::make_unique<Engine>(o->engine);
       scheduler = std::make_unique<BatchScheduler>(*engine, o->server.max_queued);
+      const std::vector<std::string> devices = engine->device_names();
       const std::string placement =
-          o->engine.devices == "cpu" ? fmt::format("all on the CPU ({} threads)", engine->n_threads())
-                                     : fmt::format("{} (planned by tandem)", o->engine.devices);
+          devices.size() == 1 ? fmt::format("all on the CPU ({} threads)", engine->n_threads())
+                              : fmt::format("CPU ({} threads) and {} (planned by tandem)", engine->n_threads(),
+                                            fmt::join(devices.begin() + 1, devices.end(), ", "));
       http.attach({.engine = *engine, .scheduler = *scheduler,
                    .chat_template = choose_chat_template(*engine, o->chat_template), .placement = placement});
     } catch (...) {

@@ -33,9 +33,13 @@ void add_mlock_option(CLI::App* cmd, EngineOptions& options) {
 
 void add_device_options(CLI::App* cmd, EngineOptions& options) {
   cmd->add_option("--devices", options.devices,
-                  "where to run: cpu, or the CPU plus simulated devices that stand in for GPUs "
-                  "(sim:2x200MiB, sim:200MiB,sim:1GiB); the planner places the model")
+                  "where to run, besides the CPU: auto (every GPU found; the CPU alone without "
+                  "one), cpu, cuda (every GPU), cuda:0,cuda:1, or simulated devices that stand in "
+                  "for GPUs (sim:2x200MiB, sim:200MiB,sim:1GiB); the planner places the model")
       ->capture_default_str();
+  cmd->add_flag("!--no-graphs", options.graphs,
+                "run every decode step op by op instead of replaying it as a captured graph "
+                "(CUDA graphs; simulated devices capture too): for debugging, same results");
   cmd->add_option("--rules", options.rules, "rule file (YAML) pinning weight groups to devices");
   cmd->add_option("--profile", options.profile,
                   "routing profile from `tandem profile`: the most-used experts are placed on the "

@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "backends/cuda/cuda_devices.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -33,6 +34,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // tandem allocates anything (~0.5 GiB of context on current drivers, plus headroom), so a plan
 // that fills `memory_bytes` still loads. Simulated devices get their budget exactly.
 constexpr uint64_t kGpuRuntimeReserveBytes = uint64_t(0.75 * kGiB);
+// A detected GPU's free memory already excludes the context; what tandem's kernels take beyond
+// the planner's buffers (scratch, allocator rounding) is kept free (cuda_backend.cpp).
+constexpr uint64_t kGpuScratchReserveBytes = uint64_t(0.5 * kGiB);
 
 // Bandwidth assumed for a GPU described only by its memory size: between a 4090 and an A6000,
 // what most 24-48 GiB cards people pair with a CPU reach.
@@ -265,6 +269,20 @@ nlohmann::json read_cache(const std::filesystem::path& path) {
   return cache;
 }
 
+// Written beside and renamed, so a concurrent reader sees the old file or the new one. A cache
+// that cannot be written costs the measurement next time, nothing more.
+void write_cache(const std::filesystem::path& path, const nlohmann::json& cache) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const std::filesystem::path temp = path.string() + fmt::format(".{}.tmp", ::getpid());
+  std::ofstream out(temp);
+  if (out << cache.dump(2) << '\n') {
+    out.close();
+    std::filesystem::rename(temp, path, ec);
+  }
+  if (ec || !out) std::filesystem::remove(temp, ec);
+}
+
 struct HostRates {
   double bandwidth_bytes_per_s;
   double decode_kernel_bytes_per_s;
@@ -313,19 +331,47 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
                        {"decode_kernel_bytes_per_s", kernel_bytes_per_s},
                        {"interleaved_kernel_bytes_per_s", interleaved_bytes_per_s}, {"method", kRatesMethod},
                        {"date", date}});
-    std::error_code ec;
-    std::filesystem::create_directories(path->parent_path(), ec);
-    // Written beside and renamed, so a concurrent reader sees the old file or the new one.
-    const std::filesystem::path temp = path->string() + fmt::format(".{}.tmp", ::getpid());
-    std::ofstream out(temp);
-    if (out << cache.dump(2) << '\n') {
-      out.close();
-      std::filesystem::rename(temp, *path, ec);
-    }
-    if (ec || !out) std::filesystem::remove(temp, ec);
+    write_cache(*path, cache);
   }
   return {bytes_per_s, kernel_bytes_per_s, interleaved_bytes_per_s,
           fmt::format("measured {} (STREAM triad and decode kernel, {} threads)", date, threads)};
+}
+
+// A GPU's copy bandwidth and decode kernel rate: from the cache when this GPU model was measured
+// before, otherwise measured now on device `index` (~1 s) and written back.
+struct GpuRates {
+  double copy_bytes_per_s;
+  double decode_kernel_bytes_per_s;
+  std::string source;
+};
+constexpr int kGpuRatesMethod = 1;
+
+GpuRates gpu_rates(const std::string& gpu_model, int index) {
+  const auto path = bandwidth_cache_path();
+  nlohmann::json cache = path ? read_cache(*path) : nlohmann::json::object();
+  if (cache.contains("entries"))
+    for (const nlohmann::json& entry : cache["entries"]) {
+      if (entry.value("gpu", "") != gpu_model || entry.value("method", 0) != kGpuRatesMethod) continue;
+      const double copy = entry.value("copy_bytes_per_s", 0.0), kernel = entry.value("decode_kernel_bytes_per_s", 0.0);
+      if (copy > 0 && kernel > 0)
+        return {copy, kernel,
+                fmt::format("measured {} (device copy and decode kernel; cached in {})", entry.value("date", "?"),
+                            path->string())};
+    }
+  const cuda::GpuRates measured = cuda::measure_gpu_rates(index);
+  const std::string date = today();
+  if (path) {
+    if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
+    auto& entries = cache["entries"];
+    for (auto it = entries.begin(); it != entries.end();)
+      it = it->value("gpu", "") == gpu_model ? entries.erase(it) : it + 1;
+    entries.push_back({{"gpu", gpu_model}, {"copy_bytes_per_s", measured.copy_bytes_per_s},
+                       {"decode_kernel_bytes_per_s", measured.decode_kernel_bytes_per_s},
+                       {"method", kGpuRatesMethod}, {"date", date}});
+    write_cache(*path, cache);
+  }
+  return {measured.copy_bytes_per_s, measured.decode_kernel_bytes_per_s,
+          fmt::format("measured {} (device copy and decode kernel)", date)};
 }
 
 Hardware detect_host(int32_t threads, bool measure_bandwidth) {
@@ -438,9 +484,34 @@ double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double in
 }
 
 Hardware detect_hardware(int32_t threads) {
-  // GPUs are detected only in CUDA builds, and there are none yet: `gpus` stays empty here, and
-  // plans for GPUs describe them (describe_hardware, `tandem plan --gpu`).
-  return detect_host(threads, /*measure_bandwidth=*/true);
+  Hardware hw = detect_host(threads, /*measure_bandwidth=*/true);
+  hw.gpus = detect_gpus();
+  return hw;
+}
+
+std::vector<DeviceSpec> detect_gpus(bool measure) {
+  std::vector<DeviceSpec> specs;
+  for (const cuda::GpuInfo& gpu : cuda::list_gpus()) {
+    DeviceSpec spec{.name = fmt::format("cuda:{}", gpu.index), .kind = DeviceKind::Cuda, .model = gpu.name};
+    // The free memory already excludes the context this process and others hold; what tandem's
+    // kernels add on top (scratch, allocator rounding) stays free.
+    spec.memory_bytes = gpu.free_bytes > kGpuScratchReserveBytes ? gpu.free_bytes - kGpuScratchReserveBytes : 0;
+    const KnownGpu* known = find_gpu(gpu.name);
+    spec.flops_per_s = known ? known->fp16_tflops * 1e12 : kDefaultGpuFlops;
+    spec.int8_ops_per_s = known ? known->int8_tops * 1e12 : 2 * kDefaultGpuFlops;
+    spec.bandwidth_bytes_per_s = gpu.peak_bandwidth_bytes_per_s > 0 ? gpu.peak_bandwidth_bytes_per_s
+                                 : known                           ? known->bandwidth_gb_per_s * 1e9
+                                                                   : kDefaultGpuBandwidth;
+    spec.bandwidth_source = "peak reported by the driver";
+    if (measure) {
+      const GpuRates rates = gpu_rates(gpu.name, gpu.index);
+      spec.bandwidth_bytes_per_s = rates.copy_bytes_per_s;
+      spec.decode_kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
+      spec.bandwidth_source = rates.source;
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
 }
 
 Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_view ram,

@@ -57,6 +57,12 @@ double measure_memory_bandwidth(int32_t threads);
 // model and thread count, so only the first call takes ~1 s). GPUs when built with CUDA.
 Hardware detect_hardware(int32_t threads);
 
+// The GPUs of this machine (none without a CUDA build or a driver), named cuda:0, cuda:1 ...:
+// the free memory now less what the CUDA context and kernels' scratch take, and the copy
+// bandwidth and decode kernel rate measured on each (cached per GPU model beside the host's,
+// about a second per model the first time). `measure` false: datasheet or default rates.
+std::vector<DeviceSpec> detect_gpus(bool measure = true);
+
 // The same host with RAM and GPUs replaced by a description (what `tandem plan --gpu --ram`
 // gives); host bandwidth stays measured unless `host_bandwidth` is given.
 Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_view ram,

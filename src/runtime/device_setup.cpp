@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <optional>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_devices.h"
 #include "backends/sim/sim_backend.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -18,7 +20,8 @@
 namespace tandem {
 namespace {
 
-constexpr std::string_view kDeviceForms = "use cpu, sim:2x200MiB or sim:200MiB,sim:1GiB";
+constexpr std::string_view kDeviceForms =
+    "use cpu, auto, cuda, cuda:0,cuda:1, sim:2x200MiB or sim:200MiB,sim:1GiB (comma-separated)";
 
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
@@ -32,11 +35,37 @@ std::vector<std::string_view> split(std::string_view text, char sep) {
 
 }  // namespace
 
-std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
-  std::vector<uint64_t> budgets;
-  if (spec.empty() || spec == "cpu") return budgets;
+std::vector<DeviceRequest> parse_devices(std::string_view spec, int gpus_found) {
+  std::vector<DeviceRequest> requests;
+  if (spec.empty() || spec == "cpu") return requests;
+  auto add_gpu = [&](int index) {
+    for (const DeviceRequest& r : requests)
+      if (r.cuda && r.cuda_index == index) fail("--devices '{}': cuda:{} is named twice", spec, index);
+    requests.push_back({.cuda = true, .cuda_index = index});
+  };
   for (std::string_view entry : split(spec, ',')) {
     if (entry == "cpu") continue;
+    if (entry == "auto" || entry == "cuda") {
+      if (entry == "cuda" && gpus_found == 0)
+        fail("--devices '{}': no CUDA GPU found ({}); use --devices cpu", spec,
+             cuda::built_with_cuda() ? "the driver shows none; check `nvidia-smi`"
+                                     : "this tandem was built without CUDA");
+      for (int i = 0; i < gpus_found; ++i) add_gpu(i);
+      continue;
+    }
+    if (entry.substr(0, 5) == "cuda:") {
+      int index = -1;
+      const std::string_view digits = entry.substr(5);
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+      if (ec != std::errc() || end != digits.data() + digits.size() || index < 0)
+        fail("--devices '{}': bad GPU index in '{}'; {}", spec, entry, kDeviceForms);
+      if (index >= gpus_found)
+        fail("--devices '{}': there is no {}: {} found{}", spec, entry,
+             gpus_found == 0 ? "no GPU" : fmt::format("{} GPU{}", gpus_found, gpus_found == 1 ? "" : "s"),
+             cuda::built_with_cuda() ? "" : " (this tandem was built without CUDA)");
+      add_gpu(index);
+      continue;
+    }
     if (entry.substr(0, 4) != "sim:") fail("--devices '{}': unknown device '{}'; {}", spec, entry, kDeviceForms);
     std::string_view size = entry.substr(4);
     uint32_t count = 1;
@@ -47,28 +76,54 @@ std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
       size = size.substr(x + 1);
     }
     const uint64_t bytes = plan::parse_bytes(size);
-    budgets.insert(budgets.end(), count, bytes);
+    requests.insert(requests.end(), count, DeviceRequest{.sim_bytes = bytes});
   }
+  return requests;
+}
+
+std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
+  std::vector<uint64_t> budgets;
+  for (std::string_view entry : split(spec, ','))
+    if (entry.substr(0, 4) == "sim:")
+      for (const DeviceRequest& r : parse_devices(entry, 0)) budgets.push_back(r.sim_bytes);
   return budgets;
 }
 
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads) {
-  const std::vector<uint64_t> budgets = parse_sim_devices(devices);
+  // Only a text that names GPUs looks for them (a CUDA context per GPU is not free).
+  const bool names_gpus = devices.find("cuda") != std::string_view::npos || devices.find("auto") != std::string_view::npos;
+  const int gpus_found = names_gpus ? int(cuda::list_gpus().size()) : 0;
+  const std::vector<DeviceRequest> requests = parse_devices(devices, gpus_found);
+  const bool any_gpu = std::any_of(requests.begin(), requests.end(), [](const DeviceRequest& r) { return r.cuda; });
+  const std::vector<plan::DeviceSpec> gpus = any_gpu ? plan::detect_gpus(/*measure=*/true) : std::vector<plan::DeviceSpec>{};
   const plan::ModelInventory inventory = plan::inventory_from_file(file);
 
   // The host as the planner should see it: everything a CPU run can hold (the weights stay in
-  // the page cache through the mmap), and simulated devices with their budgets.
+  // the page cache through the mmap). With GPUs its rates are measured (cached), since they
+  // decide what the GPUs should hold; simulated runs assume fixed ones.
   plan::Hardware hardware;
-  hardware.host = {.name = "cpu", .kind = plan::DeviceKind::Cpu, .model = "host CPU",
-                   .memory_bytes = uint64_t(1) << 50, .bandwidth_bytes_per_s = 20e9,
-                   .flops_per_s = 0.2e12, .bandwidth_source = "assumed for simulated runs"};
-  for (size_t i = 0; i < budgets.size(); ++i)
-    hardware.gpus.push_back({.name = fmt::format("sim:{}", i), .kind = plan::DeviceKind::Sim,
-                             .model = "simulated", .memory_bytes = budgets[i],
+  if (any_gpu) {
+    hardware = plan::detect_hardware(n_threads);
+    hardware.gpus.clear();
+  } else {
+    hardware.host = {.name = "cpu", .kind = plan::DeviceKind::Cpu, .model = "host CPU",
+                     .bandwidth_bytes_per_s = 20e9, .flops_per_s = 0.2e12,
+                     .bandwidth_source = "assumed for simulated runs"};
+  }
+  hardware.host.memory_bytes = uint64_t(1) << 50;
+  int n_sims = 0;
+  for (const DeviceRequest& r : requests) {
+    if (r.cuda) {
+      hardware.gpus.push_back(gpus.at(size_t(r.cuda_index)));
+      continue;
+    }
+    hardware.gpus.push_back({.name = fmt::format("sim:{}", n_sims++), .kind = plan::DeviceKind::Sim,
+                             .model = "simulated", .memory_bytes = r.sim_bytes,
                              .bandwidth_bytes_per_s = 20e9, .flops_per_s = 0.2e12,
                              .bandwidth_source = "assumed for simulated devices"});
+  }
   const plan::Rules rules = rules_path.empty() ? plan::Rules{} : plan::load_rules(rules_path);
   std::optional<plan::RoutingProfile> profile;
   if (!profile_path.empty()) {
@@ -85,8 +140,13 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
   }
 
   setup.backends.push_back(std::make_unique<cpu::CpuBackend>(n_threads, "cpu", pin_threads));
-  for (size_t i = 0; i < budgets.size(); ++i)
-    setup.backends.push_back(std::make_unique<sim::SimBackend>(int(i), budgets[i]));
+  n_sims = 0;
+  for (const DeviceRequest& r : requests) {
+    if (r.cuda)
+      setup.backends.push_back(cuda::make_cuda_backend(r.cuda_index));
+    else
+      setup.backends.push_back(std::make_unique<sim::SimBackend>(n_sims++, r.sim_bytes));
+  }
   auto backend = [&](int32_t device) -> Backend* {
     return setup.backends[device == plan::kOnDisk ? 0 : size_t(device)].get();  // disk = mmap on the host
   };

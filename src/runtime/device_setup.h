@@ -1,7 +1,8 @@
 #pragma once
 // From a `--devices` description to running backends and a DevicePlan: the CPU is always
-// there (it holds what the plan leaves on the host); `sim:N` devices stand in for GPUs. The
-// planner decides what goes where, within each device's budget and any rule-file pins.
+// there (it holds what the plan leaves on the host), then GPUs (`cuda:N`) and simulated devices
+// that stand in for GPUs (`sim:N`). The planner decides what goes where, within each device's
+// budget and any rule-file pins.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,18 +18,29 @@ namespace gguf {
 class GgufFile;
 }
 
-// "cpu" (or empty): the host only. "sim:2x200MiB": two simulated devices of 200 MiB each.
-// "sim:200MiB,sim:1GiB": one per entry. Throws tandem::Error naming the text and the forms.
+// One device besides the CPU, in the order given.
+struct DeviceRequest {
+  bool cuda = false;
+  int cuda_index = 0;       // cuda: the GPU's index
+  uint64_t sim_bytes = 0;   // sim: its memory budget
+};
+
+// A comma-separated list: "cpu" (the host only; it is always there), "auto" (every GPU found,
+// none on a machine without), "cuda" (every GPU, at least one), "cuda:1" (that GPU),
+// "sim:2x200MiB" (two simulated devices of 200 MiB), "sim:1GiB". `gpus_found`: how many GPUs the
+// driver shows. Throws tandem::Error naming the text and the accepted forms.
+std::vector<DeviceRequest> parse_devices(std::string_view spec, int gpus_found);
+// The simulated devices' budgets of a --devices text (its other entries ignored).
 std::vector<uint64_t> parse_sim_devices(std::string_view spec);
 
 struct DeviceSetup {
-  std::vector<std::unique_ptr<Backend>> backends;  // [0] = cpu, then sim:0, sim:1, ...
+  std::vector<std::unique_ptr<Backend>> backends;  // [0] = cpu, then the requests in order
   plan::Placement placement;
   DevicePlan plan;
   std::string summary;  // a few lines: where everything went
 };
 
-// Plans `file` onto the CPU plus the described sim devices and creates the backends.
+// Plans `file` onto the CPU plus the requested devices and creates the backends.
 // `rules_path` and `profile_path` may be empty. Throws when the plan does not fit, with the
 // planner's problems.
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,

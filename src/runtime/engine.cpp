@@ -10,6 +10,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_features.h"
+#include "backends/cuda/cuda_devices.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
@@ -49,19 +50,22 @@ Engine::Engine(const EngineOptions& options) {
   const Deepseek2Hparams file_hp = read_deepseek2_hparams(*file_);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_hp.n_ctx_train);
   DevicePlan devices;
-  if (options.devices.empty() || options.devices == "cpu") {
+  // "auto" on a machine without GPUs is a CPU run, without planning.
+  const std::string device_spec = options.devices == "auto" && cuda::list_gpus().empty() ? "cpu" : options.devices;
+  if (device_spec.empty() || device_spec == "cpu") {
     backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_, "cpu", options.pin_threads));
     devices = DevicePlan::single(*backends_[0], file_hp.n_layer - file_hp.n_nextn_layers, file_hp.n_expert);
   } else {
     // Devices with budgets need a real context length to plan the KV cache.
     if (options.n_ctx <= 0) n_ctx = std::min<int64_t>(n_ctx, 4096);
-    DeviceSetup setup = setup_devices(*file_, options.devices, options.rules, options.profile, n_threads_,
+    DeviceSetup setup = setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_,
                                       n_ctx, options.n_seq, options.pin_threads);
     backends_ = std::move(setup.backends);
     devices = setup.plan;
-    if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", options.devices.c_str(), setup.summary.c_str());
+    if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(), setup.summary.c_str());
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
+  model_->set_graphs_enabled(options.graphs);
   // The interleaved formats of `tandem repack` have fast kernels on AVX-512 only; elsewhere each
   // 16-row group is taken apart into plain rows at every use.
   if (cpu::best_cpu_isa() != cpu::CpuIsa::Avx512) {
@@ -140,6 +144,12 @@ std::vector<std::pair<std::string, uint64_t>> Engine::routing_counts_by_device()
       for (size_t b = 0; b < backends_.size(); ++b)
         if (backends_[b].get() == plan.experts[layer][e]) totals[b].second += counts[layer][e];
   return totals;
+}
+
+std::vector<std::string> Engine::device_names() const {
+  std::vector<std::string> names;
+  for (const auto& backend : backends_) names.push_back(backend->name());
+  return names;
 }
 
 std::vector<gguf::FileRange> Engine::touched_file_ranges() const { return model_->touched_file_ranges(); }

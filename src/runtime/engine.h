@@ -1,6 +1,6 @@
 #pragma once
 // The public entry of the engine: load a model file onto the devices and evaluate tokens.
-// Today: the CPU, optionally with simulated devices placed by the planner; one architecture
+// The CPU, with GPUs (CUDA builds) or simulated devices placed by the planner; one architecture
 // (deepseek2). Sessions (runtime/session.h) generate text on top of it.
 #include <cstdint>
 #include <memory>
@@ -26,7 +26,10 @@ struct EngineOptions {
   int64_t n_ctx = 0;     // 0: the model's training context, capped by free memory
   int64_t n_seq = 1;     // sequences that can be in flight at once
   bool verbose = false;  // load details on stderr
-  std::string devices = "cpu";  // "cpu", or simulated devices: "sim:2x200MiB" (see device_setup.h)
+  // "auto" (the CPU and every GPU found), "cpu", "cuda:0,cuda:1", simulated devices
+  // "sim:2x200MiB" (see device_setup.h).
+  std::string devices = "auto";
+  bool graphs = true;           // decode steps replayed as graphs where the plan allows
   std::string rules;            // rule file pinning weight groups to devices (with --devices)
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
   bool mlock = false;           // lock the model file in RAM so it is never paged out
@@ -46,6 +49,8 @@ class Engine {
   uint64_t kv_cache_bytes() const;
   uint64_t weight_bytes() const;
   int n_threads() const { return n_threads_; }
+  // The devices the model runs on: "cpu", then "cuda:0" or "sim:0" ... when the plan uses them.
+  std::vector<std::string> device_names() const;
   double load_seconds() const { return load_seconds_; }
   // Expert choices counted since load, as a routing profile for `plan` and `--profile`.
   plan::RoutingProfile routing_profile() const;

@@ -1,0 +1,95 @@
+#pragma once
+// An NVIDIA GPU as a Backend (core/backend.h): ops are kernels enqueued on one stream of the
+// device (the launchers in kernels.h), weights live in device memory in their GGUF formats,
+// events are CUDA events, host tasks are cudaLaunchHostFunc on a second stream (so the CPU's
+// share of a step runs while this stream goes on), and graphs are CUDA graphs captured from the
+// stream. Built only with a CUDA toolkit; the rest of tandem reaches it through cuda_devices.h.
+#include <cuda_runtime_api.h>
+
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace tandem::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws tandem::Error when the device cannot be used (index out of range, no driver).
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return name_; }
+  bool uses_host_memory() const override { return false; }
+  int device() const { return device_; }
+
+  std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override;
+  // Large copies go through two page-locked staging buffers in turn, so that reading the source
+  // (pages of the mmap'd model coming from disk) overlaps the DMA of the previous piece.
+  void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
+  void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
+  void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
+  std::shared_ptr<Event> host_task(std::function<void()> task) override;
+  void synchronize() override;
+  std::shared_ptr<Event> record_event() override;
+  void wait_for(std::shared_ptr<Event> event) override;
+  size_t free_bytes() const override;
+  bool can_multiply(DType type) const override;
+
+  bool can_capture() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<Graph> end_capture() override;
+  void replay(Graph& graph) override;
+
+  void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
+  void matmul(const MatmulOp& op) override;
+  void rms_norm(const RmsNormOp& op) override;
+  void rope(const RopeOp& op) override;
+  void kv_store(const KvStoreOp& op) override;
+  void mla_attention(const MlaAttentionOp& op) override;
+  void moe_route(const MoeRouteOp& op) override;
+  void moe(const MoeOp& op) override;
+  void moe_reduce(const MoeReduceOp& op) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void zero(float* y, int64_t n) override;
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                 int64_t n_rows, int64_t row_len) override;
+
+  // Called by a host task that threw; synchronize() rethrows the first.
+  void record_task_error(std::exception_ptr error);
+
+ private:
+  struct HostTask;
+  // Kernels' own scratch, grown on demand and never inside a capture (the executor runs a
+  // step's shape once op by op before capturing it).
+  enum Scratch { kRoute, kQueryLatent, kOutputLatent, kOrder, kExpertOf, kCounters, kTileFirst,
+                 kTileCount, kGate, kUp, kAct, kScratchCount };
+  void* scratch(Scratch which, size_t bytes);
+  void activate() const;  // makes this device current for the calling thread
+  void check_not_capturing(const char* what) const;
+  void synchronous_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+
+  int device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;  // every op
+  cudaStream_t side_ = nullptr;    // host tasks, forked from and joined back into stream_
+  bool capturing_ = false;
+  std::shared_ptr<DeviceBuffer> scratch_[kScratchCount];
+  // Host tasks submitted since the last synchronize (freed there) or during a capture (owned by
+  // the graph: its host nodes call them at every replay).
+  std::vector<std::unique_ptr<HostTask>> pending_tasks_, captured_tasks_;
+  std::mutex error_mutex_;
+  std::exception_ptr task_error_;
+  // copy_from_host's staging: two page-locked buffers and the events of their last copies.
+  std::shared_ptr<DeviceBuffer> staging_[2];
+  cudaEvent_t staging_done_[2] = {nullptr, nullptr};
+};
+
+}  // namespace tandem::cuda

@@ -1,0 +1,40 @@
+#pragma once
+// The GPUs of this machine as the rest of tandem sees them, without any CUDA header: the list
+// of devices, a backend for one, and rates measured on it for the cost model. A build without a
+// CUDA toolkit links cuda_absent.cpp instead, which finds no GPU and says how to get one.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace tandem::cuda {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;            // "NVIDIA H200"
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;     // now, before tandem allocates
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+  double peak_bandwidth_bytes_per_s = 0;  // from the memory clock and bus width the driver reports
+};
+
+// Whether this build has the CUDA backend.
+bool built_with_cuda();
+// The GPUs the driver shows (empty without a driver, a device, or a CUDA build; never throws).
+std::vector<GpuInfo> list_gpus();
+// A backend for GPU `index`; throws tandem::Error naming the problem without one.
+std::unique_ptr<Backend> make_cuda_backend(int index);
+
+// Measured on GPU `index` in about a second: a device-to-device copy (bytes read plus bytes
+// written per second) and our one-token decode kernel streaming Q4_K expert-sized matrices that
+// do not fit in L2 (weight bytes per second), as the CPU's rates are measured (plan/kernel_rate.h).
+struct GpuRates {
+  double copy_bytes_per_s = 0;
+  double decode_kernel_bytes_per_s = 0;
+};
+GpuRates measure_gpu_rates(int index);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,106 @@
+// The small ops on the GPU: RMSNorm, residual adds, fills, strided row copies, and embedding
+// lookups (any weight format, decoded by quant/block_decode.h). Each is a pass over memory; their
+// launches, not their bytes, are what costs at decode, which is why decode steps are graphs.
+#include <cstdint>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels.h"
+#include "quant/block_decode.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+
+unsigned blocks_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+// One block per row. The sum of squares in double, as the CPU (each thread's share in order,
+// then a fixed tree), and y = x * scale * w with the CPU's two roundings.
+__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormOp op) {
+  __shared__ double partial[kNormThreads];
+  const int64_t r = blockIdx.x;
+  const float* x = op.input + r * op.input_stride;
+  float* y = op.output + r * op.output_stride;
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads) sum += double(x[i]) * double(x[i]);
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int width = kNormThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  const float scale = float(1.0 / sqrt(partial[0] / double(op.dim) + double(op.eps)));
+  for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads)
+    y[i] = __fmul_rn(__fmul_rn(x[i], scale), op.weight[i]);
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __fadd_rn(y[i], x[i]);
+}
+
+__global__ void fill_kernel(float* y, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = value;
+}
+
+__global__ void copy_rows_kernel(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                                 int64_t n_rows, int64_t row_len) {
+  const int64_t n = n_rows * row_len;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / row_len, c = i % row_len;
+    dst[r * dst_stride + c] = src[r * src_stride + c];
+  }
+}
+
+template <class Dec>
+__global__ void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_t cols, const int32_t* ids,
+                                float* output) {
+  constexpr int kGroupsPerBlock = Dec::kElems / 8;
+  const int64_t i = blockIdx.x;
+  const uint8_t* row = table + uint64_t(ids[i]) * row_bytes;
+  for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x) {
+    float v[8];
+    Dec::decode8(row + (g / kGroupsPerBlock) * Dec::kBytes, int(g % kGroupsPerBlock), v);
+    for (int k = 0; k < 8; ++k) output[i * cols + 8 * g + k] = v[k];
+  }
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormOp& op, cudaStream_t stream) {
+  rms_norm_kernel<<<unsigned(op.n_rows), kNormThreads, 0, stream>>>(op);
+  TANDEM_CUDA_CHECK_LAUNCH(rms_norm_kernel);
+}
+
+void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+  TANDEM_CUDA_CHECK_LAUNCH(add_kernel);
+}
+
+void fill(float* y, float value, int64_t n, cudaStream_t stream) {
+  fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, value, n);
+  TANDEM_CUDA_CHECK_LAUNCH(fill_kernel);
+}
+
+void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
+               int64_t row_len, cudaStream_t stream) {
+  copy_rows_kernel<<<blocks_for(n_rows * row_len, 256), 256, 0, stream>>>(dst, dst_stride, src, src_stride,
+                                                                          n_rows, row_len);
+  TANDEM_CUDA_CHECK_LAUNCH(copy_rows_kernel);
+}
+
+void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output, cudaStream_t stream) {
+  const bool known = blocks::visit_decoder(table.type, [&](auto dec) {
+    using Dec = decltype(dec);
+    get_rows_kernel<Dec><<<unsigned(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table.data), table.row_bytes,
+                                                          table.cols, ids, output);
+    TANDEM_CUDA_CHECK_LAUNCH(get_rows_kernel);
+  });
+  if (!known) cuda_failed(cudaErrorInvalidValue, "an embedding format without a GPU decoder", __FILE__, __LINE__);
+}
+
+}  // namespace tandem::cuda

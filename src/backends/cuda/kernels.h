@@ -1,0 +1,109 @@
+#pragma once
+// Internal to the CUDA backend: the kernel launchers that cuda_backend.cpp calls, one file of
+// kernels per concern as in backends/cpu/ (matmul.cu, cuda_attention.cu, cuda_moe.cu,
+// elementwise.cu). Every launcher enqueues on `stream` and returns at once; none allocates or
+// synchronizes, so each can run inside a graph capture. Pointers are device memory unless a
+// comment says otherwise. Shapes are [outer, ..., inner], the last dimension contiguous.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend.h"
+#include "core/dtype.h"
+
+namespace tandem::cuda {
+
+// ---- matmul.cu ----
+
+// y[m][t] = W_m · x[m][t] for n_mats matrices W_m of [rows, cols] stored as GGUF stores them
+// (a block decoder of quant/block_decode.h per format: no conversion at load), F32 activations.
+// Matrix m's weights start mat_bytes after matrix m-1's; its inputs and outputs input_mat_stride
+// and output_mat_stride floats after m-1's (the heads of MLA's per-head projections).
+struct MatmulLaunch {
+  DType type = DType::F32;
+  const void* weights = nullptr;
+  int64_t rows = 0, cols = 0;  // cols a multiple of the format's block (8 for F32/F16/BF16)
+  uint64_t row_bytes = 0, mat_bytes = 0;
+  const float* input = nullptr;
+  int64_t input_stride = 0, input_mat_stride = 0;  // floats between tokens, between matrices
+  float* output = nullptr;
+  int64_t output_stride = 0, output_mat_stride = 0;
+  int64_t n_tokens = 0, n_mats = 1;
+};
+
+// Whether the kernels read `type` (the formats with a block decoder).
+bool matmul_supports(DType type);
+// One warp per weight row, up to 8 tokens sharing each weight load; a token's result is summed
+// in the same order whatever the token count, so it is the per-token kernel (KernelChoice
+// PerToken) and the decode kernel.
+void matmul_rows(const MatmulLaunch& m, cudaStream_t stream);
+// Tiles of 64 rows x 64 tokens through the tensor cores (WMMA, TF32 in three products: F32
+// accuracy), each weight tile decoded once into shared memory for 64 tokens; a token's result
+// does not depend on its tile mates. Prompts and expert batches.
+void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream);
+
+// The expert products of a MoE op over slots sorted by local expert (cuda_moe.cu builds the
+// order). Sorted entry i is slot order[i] = token * top_k + k of local expert expert_of[i]; the
+// first n_active[0] entries are real (n_active is device memory, read by the kernels).
+struct ExpertSlots {
+  const int32_t* order = nullptr;      // [max_slots]
+  const int32_t* expert_of = nullptr;  // [max_slots]
+  const int32_t* n_active = nullptr;   // [1]
+  // Tiles of at most 64 sorted entries of one expert: first entry and count, n_tiles[0] of them.
+  const int32_t* tile_first = nullptr;  // [max_tiles]
+  const int32_t* tile_count = nullptr;  // [max_tiles]
+  const int32_t* n_tiles = nullptr;     // [1]
+  int64_t max_slots = 0, max_tiles = 0, top_k = 1;
+};
+// act[i] = silu(gate_e · x_t) * (up_e · x_t) for sorted entry i (expert e, token t), [max_slots,
+// ffn]: `tiled` picks the tensor-core tiles, else one warp per row and entry.
+void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
+                    uint64_t row_bytes, uint64_t mat_bytes, const float* input, const ExpertSlots& s,
+                    float* gate_out, float* up_out, float* act, bool tiled, cudaStream_t stream);
+// slots[order[i]] = down_e · act[i], [*, dim].
+void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                 uint64_t mat_bytes, const float* act, const ExpertSlots& s, float* slots,
+                 bool tiled, cudaStream_t stream);
+
+// ---- cuda_moe.cu ----
+
+// Routing per token (backends/moe_routing.h, one thread per token); counts += 1 per choice.
+// `scratch`: moe_route_scratch_floats(op) floats.
+int64_t moe_route_scratch_floats(const MoeRouteOp& op);
+void moe_route(const MoeRouteOp& op, float* scratch, cudaStream_t stream);
+// Sorts the slots of held experts by local expert (stable: by slot within an expert) and cuts
+// them into tiles: fills ExpertSlots' arrays.
+void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots,
+              int64_t held, int32_t* order, int32_t* expert_of, int32_t* n_active,
+              int32_t* tile_first, int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles,
+              cudaStream_t stream);
+// output[t] = Σ_k weights[t, k] · slots[t, k], k in order.
+void moe_reduce(const MoeReduceOp& op, cudaStream_t stream);
+
+// ---- cuda_attention.cu ----
+
+void rope(const RopeOp& op, cudaStream_t stream);
+void kv_store(const KvStoreOp& op, cudaStream_t stream);
+// The part of MLA between the two per-head projections: for each (token, head) the scores of
+// [q_lat | q_rope] against the cache rows of the token's sequence up to its position, softmax,
+// and o_lat = Σ p_j · latent_j. q_lat [T, H, kv_lora]; q (for the rope part) [T, H, q_stride];
+// o_lat [T, H, kv_lora]. One block per (token, head), keys in tiles with a running softmax:
+// each result summed in one fixed order, the same in a prompt and alone.
+void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
+                             const KvLayerView& cache, const int32_t* positions,
+                             const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads,
+                             float scale, float* o_lat, cudaStream_t stream);
+
+// ---- elementwise.cu ----
+
+void rms_norm(const RmsNormOp& op, cudaStream_t stream);
+void add(float* y, const float* x, int64_t n, cudaStream_t stream);
+void fill(float* y, float value, int64_t n, cudaStream_t stream);
+void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+               int64_t n_rows, int64_t row_len, cudaStream_t stream);
+// output[i] = dequantize(table row ids[i]).
+void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output,
+              cudaStream_t stream);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,395 @@
+// Matrix products on the GPU straight from the GGUF blocks: every format's weights are decoded
+// eight at a time by quant/block_decode.h (the same code the host tests check bit for bit against
+// src/quant), and multiplied with F32 activations. Two kernel families, as on the CPU:
+//
+// - Rows (decode, and KernelChoice::PerToken): one warp per weight row, each lane decoding every
+//   32nd group of 8 weights and multiplying it with up to 8 tokens, then a shuffle tree across the
+//   warp. Decode is bound by reading the weights once (about 0.56 bytes a weight in Q4_K against
+//   4 for the F32 activations, which stay in L1/L2 and are shared by the 4 rows of a block). A
+//   token's terms are added in the same order whatever the token count, so its result is the
+//   same alone or beside others (batch invariance).
+// - Tiled (prompts, expert batches): 64 rows x 64 tokens per block of 4 warps; each 64 x 32 tile
+//   of weights is decoded once into shared memory and multiplied by the tensor cores (WMMA
+//   m16n16k8 in TF32). TF32 keeps 10 mantissa bits, so each operand is split into a high and a
+//   low TF32 part and three products are summed (hi·hi + hi·lo + lo·hi): F32 accuracy, because
+//   the fixtures' V3 routing flips on bf16-sized errors (DESIGN.md, precision per op). A token's
+//   column is computed from its own activations in a fixed order, so its result does not depend
+//   on its tile mates.
+//
+// Not yet measured on a GPU: the occupancy, bytes per thread and roofline fractions these
+// choices buy are for the first tools/gpu-check.sh run to establish.
+#include <mma.h>
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels.h"
+#include "quant/block_decode.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kRowsPerBlock = 4;     // one warp per row
+constexpr int kMaxRowTokens = 8;     // tokens sharing one pass over the weights
+constexpr int kTile = 64;            // tiled kernel: rows and tokens per block
+constexpr int kTileK = 32;           // columns per shared-memory step
+constexpr int kLd = kTileK + 4;      // padded row of a shared tile (WMMA wants a multiple of 4)
+constexpr int kLdOut = kTile + 4;    // padded row of the output tile
+
+__device__ __forceinline__ float warp_sum(float v) {
+  // A butterfly: every lane ends with the same bits (a + b == b + a), in a fixed order.
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ void load8(const float* x, bool aligned, float out[8]) {
+  if (aligned) {
+    const float4 a = *reinterpret_cast<const float4*>(x);
+    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    for (int i = 0; i < 8; ++i) out[i] = x[i];
+  }
+}
+
+// acc[t] += row · x[t] over `cols` for this lane's groups (every 32nd group of 8 from `lane`).
+template <class Dec, int NT>
+__device__ __forceinline__ void lane_dots(const uint8_t* row, int64_t cols, const float* const* x,
+                                          bool aligned, int lane, float acc[NT]) {
+  constexpr int kGroupsPerBlock = Dec::kElems / 8;
+  const int64_t n_groups = cols / 8;
+  for (int64_t g = lane; g < n_groups; g += kWarpSize) {
+    float w[8];
+    Dec::decode8(row + (g / kGroupsPerBlock) * Dec::kBytes, int(g % kGroupsPerBlock), w);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float v[8];
+      load8(x[t] + 8 * g, aligned, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[t] = fmaf(w[i], v[i], acc[t]);
+    }
+  }
+}
+
+// ---- rows: plain matmul, batched over matrices ----
+
+template <class Dec, int NT>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    rows_kernel(MatmulLaunch m, int64_t token0, bool aligned) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t mat = blockIdx.y;
+  if (row >= m.rows) return;
+  const uint8_t* w = static_cast<const uint8_t*>(m.weights) + uint64_t(mat) * m.mat_bytes + uint64_t(row) * m.row_bytes;
+  const float* x[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) x[t] = m.input + mat * m.input_mat_stride + (token0 + t) * m.input_stride;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  lane_dots<Dec, NT>(w, m.cols, x, aligned, lane, acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = warp_sum(acc[t]);
+  if (lane == 0) {
+    float* y = m.output + mat * m.output_mat_stride + token0 * m.output_stride + row;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) y[t * m.output_stride] = acc[t];
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <class Dec, int NT>
+void launch_rows(const MatmulLaunch& m, int64_t token0, cudaStream_t stream) {
+  const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0 && m.input_mat_stride % 4 == 0;
+  const dim3 grid(unsigned((m.rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(m.n_mats));
+  rows_kernel<Dec, NT><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(m, token0, aligned);
+  TANDEM_CUDA_CHECK_LAUNCH(rows_kernel);
+}
+
+// ---- tiled: tensor-core tiles with rows and tokens mapped by a Map ----
+
+// Where a tile's weights, inputs and outputs are. Plain: token tile blockIdx.y of matrix
+// blockIdx.z. Experts: tile blockIdx.y of the sorted slots (its expert's matrix).
+struct PlainMap {
+  MatmulLaunch m;
+  // Sets the weights of this block and the rows of its tile's tokens; returns their count.
+  __device__ int setup(const uint8_t** weights, const float** in, float** out) const {
+    const int64_t mat = blockIdx.z, first = int64_t(blockIdx.y) * kTile;
+    *weights = static_cast<const uint8_t*>(m.weights) + uint64_t(mat) * m.mat_bytes;
+    const int n = int(m.n_tokens - first < kTile ? m.n_tokens - first : kTile);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      in[j] = m.input + mat * m.input_mat_stride + (first + j) * m.input_stride;
+      out[j] = m.output + mat * m.output_mat_stride + (first + j) * m.output_stride;
+    }
+    return n;
+  }
+};
+
+// Sorted expert entries. gate/up: input row = the entry's token, output row = the entry.
+// down: input row = the entry, output row = the entry's slot.
+struct ExpertMap {
+  const uint8_t* stack;
+  uint64_t mat_bytes;
+  ExpertSlots s;
+  const float* input;
+  int64_t input_stride;
+  float* output;
+  int64_t output_stride;
+  bool down;
+  __device__ int setup(const uint8_t** weights, const float** in, float** out) const {
+    const int tile = blockIdx.y;
+    if (tile >= s.n_tiles[0]) return 0;
+    const int first = s.tile_first[tile], n = s.tile_count[tile];
+    *weights = stack + uint64_t(s.expert_of[first]) * mat_bytes;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const int entry = first + j, slot = s.order[entry];
+      in[j] = input + (down ? entry : slot / s.top_k) * input_stride;
+      out[j] = output + (down ? slot : entry) * output_stride;
+    }
+    return n;
+  }
+};
+
+using namespace nvcuda;
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+
+// v = hi + lo with both parts exact in TF32 (lo holds the next 11 bits).
+template <class Frag>
+__device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float v = hi.x[i];
+    const float h = wmma::__float_to_tf32(v);
+    hi.x[i] = h;
+    lo.x[i] = wmma::__float_to_tf32(v - h);
+  }
+}
+
+template <class Dec, class Map>
+__global__ void __launch_bounds__(128) tiled_kernel(Map map, int64_t rows, int64_t cols, uint64_t row_bytes) {
+  __shared__ __align__(128) float smem[2 * kTile * kLd];  // weights | tokens; then the output
+  __shared__ const float* in_rows[kTile];
+  __shared__ float* out_rows[kTile];
+  __shared__ const uint8_t* weights;
+  __shared__ int n_tokens;
+  float* w_tile = smem;               // [64 rows][kLd]
+  float* x_tile = smem + kTile * kLd;  // [64 tokens][kLd]
+  const int tid = threadIdx.x, warp = tid / kWarpSize;
+  const int64_t row0 = int64_t(blockIdx.x) * kTile;
+  {
+    const uint8_t* w = nullptr;
+    const int n = map.setup(&w, in_rows, out_rows);
+    if (tid == 0) n_tokens = n, weights = w;
+  }
+  __syncthreads();
+  const int n = n_tokens;
+  if (n == 0) return;
+
+  // Warp (wr, wt) computes rows [32 wr, +32) x tokens [32 wt, +32) of the tile: 2 x 2 fragments.
+  const int wr = warp / 2, wt = warp % 2;
+  FragC acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  constexpr int kGroupsPerBlock = Dec::kElems / 8;
+
+  for (int64_t k0 = 0; k0 < cols; k0 += kTileK) {
+    // 64 rows x 4 groups of 8 weights, two per thread.
+    for (int item = tid; item < kTile * (kTileK / 8); item += blockDim.x) {
+      const int r = item / (kTileK / 8), gq = item % (kTileK / 8);
+      const int64_t row = row0 + r, col = k0 + 8 * gq;
+      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (row < rows && col < cols) {
+        const int64_t g = col / 8;
+        Dec::decode8(weights + uint64_t(row) * row_bytes + (g / kGroupsPerBlock) * Dec::kBytes,
+                     int(g % kGroupsPerBlock), v);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w_tile[r * kLd + 8 * gq + i] = v[i];
+    }
+    // 64 tokens x 32 activations, a warp reading one token's 32 consecutive floats at a time.
+    for (int item = tid; item < kTile * kTileK; item += blockDim.x) {
+      const int j = item / kTileK, c = item % kTileK;
+      const int64_t col = k0 + c;
+      x_tile[j * kLd + c] = j < n && col < cols ? in_rows[j][col] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 8) {
+      FragA a_hi[2], a_lo[2];
+      FragB b_hi[2], b_lo[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(a_hi[i], w_tile + (32 * wr + 16 * i) * kLd + kk, kLd);
+        split_tf32(a_hi[i], a_lo[i]);
+        wmma::load_matrix_sync(b_hi[i], x_tile + (32 * wt + 16 * i) * kLd + kk, kLd);
+        split_tf32(b_hi[i], b_lo[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {  // small terms first
+          wmma::mma_sync(acc[i][j], a_lo[i], b_hi[j], acc[i][j]);
+          wmma::mma_sync(acc[i][j], a_hi[i], b_lo[j], acc[i][j]);
+          wmma::mma_sync(acc[i][j], a_hi[i], b_hi[j], acc[i][j]);
+        }
+    }
+    __syncthreads();
+  }
+
+  float* out_tile = smem;  // [64 rows][kLdOut], over the input tiles (all warps are past them)
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(out_tile + (32 * wr + 16 * i) * kLdOut + 32 * wt + 16 * j, acc[i][j], kLdOut,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int e = tid; e < kTile * kTile; e += blockDim.x) {
+    const int j = e / kTile, r = e % kTile;  // consecutive threads write consecutive rows
+    if (j < n && row0 + r < rows) out_rows[j][row0 + r] = out_tile[r * kLdOut + j];
+  }
+}
+
+static_assert(kTile * kLdOut <= 2 * kTile * kLd, "the output tile reuses the input tiles' memory");
+
+template <class Dec, class Map>
+void launch_tiled(const Map& map, int64_t rows, int64_t cols, uint64_t row_bytes, unsigned tiles,
+                  unsigned mats, cudaStream_t stream) {
+  const dim3 grid(unsigned((rows + kTile - 1) / kTile), tiles, mats);
+  tiled_kernel<Dec, Map><<<grid, 128, 0, stream>>>(map, rows, cols, row_bytes);
+  TANDEM_CUDA_CHECK_LAUNCH(tiled_kernel);
+}
+
+// ---- experts, rows path: one warp per (row, sorted entry) ----
+
+// act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x.
+template <class Dec>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
+                        uint64_t row_bytes, uint64_t mat_bytes, const float* input, ExpertSlots s,
+                        float* act, bool aligned) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int entry = blockIdx.y;
+  if (row >= ffn || entry >= s.n_active[0]) return;
+  const uint64_t offset = uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
+  const float* x[1] = {input + (s.order[entry] / s.top_k) * dim};
+  float g[1] = {0.0f}, u[1] = {0.0f};
+  lane_dots<Dec, 1>(gate + offset, dim, x, aligned, lane, g);
+  lane_dots<Dec, 1>(up + offset, dim, x, aligned, lane, u);
+  const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+  if (lane == 0) act[int64_t(entry) * ffn + row] = gs / (1.0f + expf(-gs)) * us;
+}
+
+template <class Dec>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                     uint64_t mat_bytes, const float* act, ExpertSlots s, float* slots, bool aligned) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int entry = blockIdx.y;
+  if (row >= dim || entry >= s.n_active[0]) return;
+  const uint8_t* w = down + uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
+  const float* x[1] = {act + int64_t(entry) * ffn};
+  float acc[1] = {0.0f};
+  lane_dots<Dec, 1>(w, ffn, x, aligned, lane, acc);
+  const float sum = warp_sum(acc[0]);
+  if (lane == 0) slots[int64_t(s.order[entry]) * dim + row] = sum;
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, float* act, const int32_t* n_active,
+                                int64_t ffn) {
+  const int64_t n = int64_t(n_active[0]) * ffn;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    act[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+template <class Fn>
+void visit_or_fail(DType type, Fn&& fn) {
+  const bool known = blocks::visit_decoder(type, fn);
+  if (!known) cuda_failed(cudaErrorInvalidValue, "a weight format without a GPU decoder", __FILE__, __LINE__);
+}
+
+}  // namespace
+
+bool matmul_supports(DType type) { return blocks::has_block_decoder(type); }
+
+void matmul_rows(const MatmulLaunch& m, cudaStream_t stream) {
+  visit_or_fail(m.type, [&](auto dec) {
+    using Dec = decltype(dec);
+    for (int64_t t0 = 0; t0 < m.n_tokens; t0 += kMaxRowTokens) {
+      switch (m.n_tokens - t0 < kMaxRowTokens ? int(m.n_tokens - t0) : kMaxRowTokens) {
+        case 1: launch_rows<Dec, 1>(m, t0, stream); break;
+        case 2: launch_rows<Dec, 2>(m, t0, stream); break;
+        case 3: launch_rows<Dec, 3>(m, t0, stream); break;
+        case 4: launch_rows<Dec, 4>(m, t0, stream); break;
+        case 5: launch_rows<Dec, 5>(m, t0, stream); break;
+        case 6: launch_rows<Dec, 6>(m, t0, stream); break;
+        case 7: launch_rows<Dec, 7>(m, t0, stream); break;
+        default: launch_rows<Dec, 8>(m, t0, stream); break;
+      }
+    }
+  });
+}
+
+void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream) {
+  visit_or_fail(m.type, [&](auto dec) {
+    using Dec = decltype(dec);
+    launch_tiled<Dec>(PlainMap{m}, m.rows, m.cols, m.row_bytes, unsigned((m.n_tokens + kTile - 1) / kTile),
+                      unsigned(m.n_mats), stream);
+  });
+}
+
+void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
+                    uint64_t row_bytes, uint64_t mat_bytes, const float* input, const ExpertSlots& s,
+                    float* gate_out, float* up_out, float* act, bool tiled, cudaStream_t stream) {
+  visit_or_fail(type, [&](auto dec) {
+    using Dec = decltype(dec);
+    const auto* gate_bytes = static_cast<const uint8_t*>(gate);
+    const auto* up_bytes = static_cast<const uint8_t*>(up);
+    if (!tiled) {
+      const bool aligned = aligned16(input) && dim % 4 == 0;
+      const dim3 grid(unsigned((ffn + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(s.max_slots));
+      expert_gate_up_rows<Dec><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+          gate_bytes, up_bytes, ffn, dim, row_bytes, mat_bytes, input, s, act, aligned);
+      TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
+      return;
+    }
+    const ExpertMap gate_map{gate_bytes, mat_bytes, s, input, dim, gate_out, ffn, /*down=*/false};
+    const ExpertMap up_map{up_bytes, mat_bytes, s, input, dim, up_out, ffn, /*down=*/false};
+    launch_tiled<Dec>(gate_map, ffn, dim, row_bytes, unsigned(s.max_tiles), 1, stream);
+    launch_tiled<Dec>(up_map, ffn, dim, row_bytes, unsigned(s.max_tiles), 1, stream);
+    silu_mul_kernel<<<1024, 256, 0, stream>>>(gate_out, up_out, act, s.n_active, ffn);
+    TANDEM_CUDA_CHECK_LAUNCH(silu_mul_kernel);
+  });
+}
+
+void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                 uint64_t mat_bytes, const float* act, const ExpertSlots& s, float* slots,
+                 bool tiled, cudaStream_t stream) {
+  visit_or_fail(type, [&](auto dec) {
+    using Dec = decltype(dec);
+    const auto* down_bytes = static_cast<const uint8_t*>(down);
+    if (!tiled) {
+      const bool aligned = aligned16(act) && ffn % 4 == 0;
+      const dim3 grid(unsigned((dim + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(s.max_slots));
+      expert_down_rows<Dec><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+          down_bytes, dim, ffn, row_bytes, mat_bytes, act, s, slots, aligned);
+      TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
+      return;
+    }
+    const ExpertMap map{down_bytes, mat_bytes, s, act, ffn, slots, dim, /*down=*/true};
+    launch_tiled<Dec>(map, dim, ffn, row_bytes, unsigned(s.max_tiles), 1, stream);
+  });
+}
+
+}  // namespace tandem::cuda
