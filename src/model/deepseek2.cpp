@@ -453,6 +453,7 @@ void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> ca
       fail("token id {} is outside the vocabulary (0..{})", token, hp_.n_vocab - 1);
   for (int32_t row : batch.logit_rows) TANDEM_CHECK(row >= 0 && row < T);
   const int64_t embd = hp_.n_embd;
+  finish_loading(/*show_progress=*/false);  // nothing left to do after the first call
   prepare_step(batch);
 
   Backend* at = devices_.embeddings;  // the device holding the residual stream

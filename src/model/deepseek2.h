@@ -32,7 +32,8 @@ struct Batch {
 class Deepseek2Model {
  public:
   // Reads the hyperparameters and binds every weight where `devices` says (for devices with
-  // their own memory, weights are copied there); the file must outlive the model.
+  // their own memory, weights are queued for copying there: finish_loading() copies them, or
+  // the first forward() does); the file must outlive the model.
   Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& devices);
   // Everything on one backend.
   Deepseek2Model(const gguf::GgufFile& file, Backend& backend);
@@ -59,6 +60,10 @@ class Deepseek2Model {
   // not hold yet, so a cold start streams them with large reads while it computes. Routed
   // experts are started the same way when first chosen.
   void start_reading_weights() const;
+  // Copies the weights of devices with their own memory, all devices at once (WeightBinder::
+  // finish_uploads), with a progress line when `show_progress`. Called after
+  // start_reading_weights(), the disk reads ahead for the CPU while the GPUs are filled.
+  void finish_loading(bool show_progress) { binder_.finish_uploads(show_progress); }
   // The parts of the model's files that running so far has needed: every weight read at load
   // or used in place, but of the routed experts only those chosen so far, and none of the
   // embedding table (its rows are a few KiB). What a cold start had to read from disk.

@@ -2,10 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "gguf/gguf_file.h"
+#include "quant/interleave.h"
 #include "quant/quant.h"
 
 namespace tandem {
@@ -66,13 +73,82 @@ const gguf::TensorInfo& WeightBinder::checked(std::string_view name,
 }
 
 const void* WeightBinder::device_pointer(const void* host, size_t bytes, const std::string& what,
-                                         Backend& on) {
+                                         Backend& on, std::vector<uint8_t>* made) {
   bound_bytes_ += bytes;
   if (on.uses_host_memory()) return host;
   auto buffer = on.allocate(bytes, what);
-  on.copy_from_host(buffer->data(), host, bytes);
+  uploads_.push_back({&on, buffer->data(), host, bytes, made ? std::move(*made) : std::vector<uint8_t>{}});
   owned_.push_back(buffer);
   return buffer->data();
+}
+
+void WeightBinder::finish_uploads(bool show_progress) {
+  if (uploads_.empty()) return;
+  std::vector<Backend*> devices;
+  uint64_t total = 0;
+  for (const Upload& u : uploads_) {
+    total += u.bytes;
+    if (std::find(devices.begin(), devices.end(), u.on) == devices.end()) devices.push_back(u.on);
+  }
+  std::string label = "uploading weights to ";
+  for (size_t i = 0; i < devices.size(); ++i) label += (i ? ", " : "") + devices[i]->name();
+  // Small models load in a blink: no line for them.
+  Progress progress(label, total, show_progress && total >= (uint64_t(256) << 20));
+  std::mutex progress_mutex;
+  uint64_t done = 0;
+  std::vector<std::exception_ptr> errors(devices.size());
+  std::vector<std::thread> threads;
+  for (size_t d = 0; d < devices.size(); ++d)
+    threads.emplace_back([&, d] {
+      // Pieces of at most 64 MiB, so the progress line moves on large tensors too.
+      constexpr size_t kPiece = size_t(64) << 20;
+      try {
+        for (const Upload& u : uploads_) {
+          if (u.on != devices[d]) continue;
+          for (size_t offset = 0; offset < u.bytes; offset += kPiece) {
+            const size_t n = std::min(kPiece, u.bytes - offset);
+            u.on->copy_from_host(static_cast<uint8_t*>(u.dst) + offset, static_cast<const uint8_t*>(u.src) + offset, n);
+            std::lock_guard lock(progress_mutex);
+            progress.update(done += n);
+          }
+        }
+      } catch (...) {
+        errors[d] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  progress.finish();
+  uploads_.clear();  // frees the bytes made at load
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+WeightView WeightBinder::for_device(WeightView view, const std::string& what, Backend& on,
+                                    std::vector<uint8_t>& made) {
+  if (on.can_multiply(view.type)) return view;
+  const DType base = dtype_info(view.type).base;
+  if (!is_interleaved(view.type) || !on.can_multiply(base))
+    fail("{}: {} cannot multiply '{}', stored as {}; keep it on the CPU (--rules) or use a file "
+         "with another format",
+         file_.name(), on.name(), what, dtype_name(view.type));
+  if (!told_taken_apart_) {
+    told_taken_apart_ = true;
+    std::fprintf(stderr, "tandem: note: %s was rewritten by `tandem repack` for the CPU; %s reads "
+                 "the original GGUF layout, so its weights are taken apart back into it while "
+                 "loading (exact, no requantization; loading the original file skips this step)\n",
+                 file_.name().c_str(), on.name().c_str());
+  }
+  const int64_t n_rows = view.rows * view.n_mats;
+  const uint64_t group_bytes = view.row_bytes * 16, plain_row = row_bytes(base, uint64_t(view.cols));
+  std::vector<uint8_t> plain(plain_row * uint64_t(n_rows));
+  for (int64_t g = 0; g < n_rows / 16; ++g)
+    take_apart_rows(view.type, static_cast<const uint8_t*>(view.data) + uint64_t(g) * group_bytes, view.cols,
+                    plain.data() + uint64_t(g) * 16 * plain_row);
+  made = std::move(plain);
+  view.type = base;
+  view.row_bytes = plain_row;
+  view.data = made.data();
+  return view;
 }
 
 WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int64_t> shape) {
@@ -88,7 +164,10 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
   view.rows = t.shape.size() > 1 ? int64_t(t.shape[1]) : 1;
   view.n_mats = t.shape.size() > 2 ? int64_t(t.shape[2]) : 1;
   view.row_bytes = row_bytes(t.type, t.shape[0]);
-  view.data = device_pointer(t.data, t.n_bytes, std::string(name), on);
+  view.data = t.data;
+  std::vector<uint8_t> made;
+  view = for_device(view, std::string(name), on, made);
+  view.data = device_pointer(view.data, view.matrix_bytes() * uint64_t(view.n_mats), std::string(name), on, &made);
   return view;
 }
 
@@ -110,20 +189,26 @@ WeightView WeightBinder::matrices(std::string_view name, std::initializer_list<i
   bool whole = int64_t(indices.size()) == all.n_mats;
   for (size_t i = 0; whole && i < indices.size(); ++i) whole = indices[i] == int32_t(i);
   note_bound(t, whole && on.uses_host_memory());
-  if (whole) {
-    view.data = device_pointer(t.data, t.n_bytes, std::string(name), on);
+  std::vector<uint8_t> made;
+  if (!whole) {
+    made.resize(bytes * indices.size());
+    for (size_t i = 0; i < indices.size(); ++i) {
+      TANDEM_CHECK(indices[i] >= 0 && indices[i] < all.n_mats);
+      std::memcpy(made.data() + i * bytes, all.matrix(indices[i]).data, bytes);
+    }
+    view.data = made.data();
+  }
+  std::vector<uint8_t> plain;
+  view = for_device(view, std::string(name), on, plain);
+  if (!plain.empty()) made = std::move(plain);
+  const size_t view_bytes = view.matrix_bytes() * uint64_t(view.n_mats);
+  if (on.uses_host_memory() && !made.empty()) {
+    // The host uses the packed copy itself: kept as long as the binder.
+    std::vector<uint8_t>& kept = converted_bytes_.emplace_back(std::move(made));
+    view.data = device_pointer(kept.data(), view_bytes, std::string(name), on);
     return view;
   }
-  std::vector<uint8_t>& packed = converted_bytes_.emplace_back(bytes * indices.size());
-  for (size_t i = 0; i < indices.size(); ++i) {
-    TANDEM_CHECK(indices[i] >= 0 && indices[i] < all.n_mats);
-    std::memcpy(packed.data() + i * bytes, all.matrix(indices[i]).data, bytes);
-  }
-  view.data = device_pointer(packed.data(), packed.size(), std::string(name), on);
-  if (!on.uses_host_memory()) {  // the device has its own copy now
-    packed.clear();
-    packed.shrink_to_fit();
-  }
+  view.data = device_pointer(view.data, view_bytes, std::string(name), on, &made);
   return view;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Binds GGUF tensors to an architecture's weight fields: one call per tensor that checks the
 // name, shape and format, says expected vs found, and returns a view the backend can use
-// (in place from the mmap on the CPU; uploaded for devices with their own memory).
+// (in place from the mmap on the CPU; uploaded for devices with their own memory). Uploads are
+// queued and run by finish_uploads(): every device at once, one thread each, with progress.
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -42,6 +43,12 @@ class WeightBinder {
   // The tensor's info after the same checks, for code that must rework a weight at load time.
   const gguf::TensorInfo& info(std::string_view name, std::initializer_list<int64_t> shape);
 
+  // Copies every queued weight to its device: one thread per device, all at the same time,
+  // each reading the mapped file (its pages come from disk as they are needed, while the other
+  // devices' copies go on) into that device's staging. A progress line with bytes/s when
+  // `show_progress` and the total is large. Views returned before are valid once it returns.
+  void finish_uploads(bool show_progress);
+
   uint64_t bound_bytes() const { return bound_bytes_; }
   const gguf::GgufFile& file() const { return file_; }
 
@@ -55,9 +62,22 @@ class WeightBinder {
   const std::vector<Bound>& bound() const { return bound_; }
 
  private:
+  struct Upload {
+    Backend* on;
+    void* dst;
+    const void* src;
+    size_t bytes;
+    std::vector<uint8_t> source;  // when the bytes were made at load (packed, taken apart)
+  };
   const gguf::TensorInfo& checked(std::string_view name, std::initializer_list<int64_t> shape) const;
   void note_bound(const gguf::TensorInfo& tensor, bool in_place);
-  const void* device_pointer(const void* host, size_t bytes, const std::string& what, Backend& on);
+  // The weights' address on `on`: `host` itself for host-memory devices, else device memory
+  // whose upload is queued. `made` (if not empty) are bytes built at load that hold `host`.
+  const void* device_pointer(const void* host, size_t bytes, const std::string& what, Backend& on,
+                             std::vector<uint8_t>* made = nullptr);
+  // The matrices of a view in a format `on` multiplies: an interleaved format (`tandem repack`,
+  // CPU-only) taken apart into its base format's rows for a device without its kernels.
+  WeightView for_device(WeightView view, const std::string& what, Backend& on, std::vector<uint8_t>& made);
 
   const gguf::GgufFile& file_;
   Backend& backend_;
@@ -66,6 +86,8 @@ class WeightBinder {
   std::vector<std::vector<uint8_t>> converted_bytes_;
   uint64_t bound_bytes_ = 0;
   std::vector<Bound> bound_;
+  std::vector<Upload> uploads_;
+  bool told_taken_apart_ = false;
 };
 
 }  // namespace tandem

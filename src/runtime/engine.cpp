@@ -103,6 +103,7 @@ Engine::Engine(const EngineOptions& options) {
                    "run `dd if=%s iflag=nocache count=0` (drops it from the cache), then start again\n",
                    format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
   }
+  model_->finish_loading(/*show_progress=*/true);  // GPUs fill while the disk reads ahead for the CPU
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
   const Deepseek2Hparams& hp = model_->hparams();
 

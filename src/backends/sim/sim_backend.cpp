@@ -69,9 +69,10 @@ class SimBackend::SimEvent final : public Event {
   bool done_ = false;
 };
 
-SimBackend::SimBackend(int index, size_t memory_bytes, int n_threads)
+SimBackend::SimBackend(int index, size_t memory_bytes, int n_threads, bool interleaved_formats)
     : name_(fmt::format("sim:{}", index)),
       memory_bytes_(memory_bytes),
+      interleaved_formats_(interleaved_formats),
       budget_(std::make_shared<Budget>()),
       compute_(n_threads, name_) {
   stream_.thread = std::thread([this] { run_lane(stream_); });
@@ -95,7 +96,9 @@ size_t SimBackend::used_bytes() const {
 
 size_t SimBackend::free_bytes() const { return memory_bytes_ - used_bytes(); }
 
-bool SimBackend::can_multiply(DType type) const { return cpu::matmul_supports(type); }
+bool SimBackend::can_multiply(DType type) const {
+  return cpu::matmul_supports(type) && (interleaved_formats_ || !is_interleaved(type));
+}
 
 void SimBackend::check_not_capturing(const char* what) const {
   if (capturing_)

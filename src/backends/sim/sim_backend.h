@@ -27,7 +27,9 @@ namespace tandem::sim {
 class SimBackend final : public Backend {
  public:
   // `memory_bytes`: the device's budget. `n_threads`: CPU threads its kernels use.
-  SimBackend(int index, size_t memory_bytes, int n_threads = 1);
+  // `interleaved_formats` false: like a GPU, it multiplies only GGUF's own layouts, not the
+  // CPU-only interleaved ones of `tandem repack` (the loader takes those apart for it).
+  SimBackend(int index, size_t memory_bytes, int n_threads = 1, bool interleaved_formats = true);
   ~SimBackend() override;
 
   std::string name() const override { return name_; }
@@ -84,6 +86,7 @@ class SimBackend final : public Backend {
 
   std::string name_;
   size_t memory_bytes_;
+  bool interleaved_formats_;
   std::shared_ptr<Budget> budget_;
   cpu::CpuBackend compute_;  // the kernels, run on the worker thread only
 

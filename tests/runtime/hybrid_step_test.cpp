@@ -1,0 +1,279 @@
+// The hybrid step as a GPU runs it, with a simulated device standing in for the GPU: attention,
+// router, shared experts and some routed experts on the device, the other routed experts on the
+// CPU through a host task on the device's stream, decode steps captured as graphs. Checked here:
+// - the order of what the device is asked to do in a MoE layer (route on the device, copies to
+//   host buffers, the host task, the shared and own experts while it runs, then the join, the
+//   copy back and the sum), and that the CPU's experts run on the host-task thread;
+// - that replaying a captured step runs the CPU's part again (the host task is in the graph)
+//   while nothing else is submitted from the host, and that every step gives the single-CPU
+//   run's bits, captured or not;
+// - that a repacked (CPU-only layout) model runs on a device without those kernels, taken apart
+//   at load, with the original file's bits.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/sim/sim_backend.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf_file.h"
+#include "model/deepseek2.h"
+#include "model/repack.h"
+#include "runtime/kv_cache.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+// What was asked of a backend, in order, and from which thread.
+struct Call {
+  std::string device, op;
+  std::thread::id thread;
+};
+
+class CallLog {
+ public:
+  void add(const std::string& device, const std::string& op) {
+    std::lock_guard lock(mutex_);
+    calls_.push_back({device, op, std::this_thread::get_id()});
+  }
+  std::vector<Call> take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(calls_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Call> calls_;
+};
+
+// A backend that records every call and passes it on.
+class Recording final : public Backend {
+ public:
+  Recording(Backend& inner, CallLog& log) : inner_(inner), log_(log) {}
+  std::string name() const override { return inner_.name(); }
+  bool uses_host_memory() const override { return inner_.uses_host_memory(); }
+  std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override {
+    return inner_.allocate(bytes, what);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    note("copy_from_host"), inner_.copy_from_host(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    note("copy_to_host"), inner_.copy_to_host(dst, src, bytes);
+  }
+  std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override {
+    return inner_.allocate_host(bytes, what);
+  }
+  void copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+    note("copy_to_host_async"), inner_.copy_to_host_async(dst, src, bytes);
+  }
+  void copy_from_host_async(void* dst, const void* src, size_t bytes) override {
+    note("copy_from_host_async"), inner_.copy_from_host_async(dst, src, bytes);
+  }
+  std::shared_ptr<Event> host_task(std::function<void()> task) override {
+    note("host_task");
+    return inner_.host_task(std::move(task));
+  }
+  void synchronize() override { note("synchronize"), inner_.synchronize(); }
+  std::shared_ptr<Event> record_event() override { return note("record_event"), inner_.record_event(); }
+  void wait_for(std::shared_ptr<Event> event) override { note("wait_for"), inner_.wait_for(std::move(event)); }
+  size_t free_bytes() const override { return inner_.free_bytes(); }
+  bool can_multiply(DType type) const override { return inner_.can_multiply(type); }
+  bool can_capture() const override { return inner_.can_capture(); }
+  void begin_capture() override { note("begin_capture"), inner_.begin_capture(); }
+  std::unique_ptr<Graph> end_capture() override { return note("end_capture"), inner_.end_capture(); }
+  void replay(Graph& graph) override { note("replay"), inner_.replay(graph); }
+  void get_rows(const WeightView& t, const int32_t* ids, int64_t n, float* out) override {
+    note("get_rows"), inner_.get_rows(t, ids, n, out);
+  }
+  void matmul(const MatmulOp& op) override { note("matmul"), inner_.matmul(op); }
+  void rms_norm(const RmsNormOp& op) override { note("rms_norm"), inner_.rms_norm(op); }
+  void rope(const RopeOp& op) override { note("rope"), inner_.rope(op); }
+  void kv_store(const KvStoreOp& op) override { note("kv_store"), inner_.kv_store(op); }
+  void mla_attention(const MlaAttentionOp& op) override { note("mla_attention"), inner_.mla_attention(op); }
+  void moe_route(const MoeRouteOp& op) override { note("moe_route"), inner_.moe_route(op); }
+  void moe(const MoeOp& op) override {
+    note(op.n_expert == 1 ? "moe(shared)" : "moe(routed)"), inner_.moe(op);
+  }
+  void moe_reduce(const MoeReduceOp& op) override { note("moe_reduce"), inner_.moe_reduce(op); }
+  void add(float* y, const float* x, int64_t n) override { note("add"), inner_.add(y, x, n); }
+  void zero(float* y, int64_t n) override { note("zero"), inner_.zero(y, n); }
+  void copy_rows(float* d, int64_t ds, const float* s, int64_t ss, int64_t r, int64_t l) override {
+    note("copy_rows"), inner_.copy_rows(d, ds, s, ss, r, l);
+  }
+
+ private:
+  void note(const char* op) { log_.add(inner_.name(), op); }
+  Backend& inner_;
+  CallLog& log_;
+};
+
+constexpr size_t kSimMemory = size_t(64) << 20;
+const std::vector<int32_t> kPrompt = {0, 671, 645, 1193, 291, 1072, 80, 285, 1876, 597, 395};
+
+// Prompt logits (every position), then `n_decode` greedy steps of one token.
+std::vector<float> run(Deepseek2Model& model, const std::vector<Backend*>& layer_devices, int n_decode,
+                       CallLog* log = nullptr, std::vector<std::vector<Call>>* per_step = nullptr) {
+  const auto& hp = model.hparams();
+  KvCache cache(layer_devices, hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
+  std::vector<int32_t> tokens = kPrompt, positions, seq(tokens.size(), 0), rows;
+  for (size_t i = 0; i < tokens.size(); ++i) positions.push_back(int32_t(i)), rows.push_back(int32_t(i));
+  std::vector<float> all(tokens.size() * hp.n_vocab);
+  model.forward({.tokens = tokens, .positions = positions, .seq_ids = seq, .logit_rows = rows}, cache.views(),
+                all.data());
+  for (int step = 0; step < n_decode; ++step) {
+    const float* last = all.data() + all.size() - hp.n_vocab;
+    const int32_t next = int32_t(std::max_element(last, last + hp.n_vocab) - last);
+    const int32_t pos = int32_t(tokens.size()), zero = 0;
+    tokens.push_back(next);
+    std::vector<float> one(hp.n_vocab);
+    if (log) log->take();
+    model.forward({.tokens = {&tokens.back(), 1}, .positions = {&pos, 1}, .seq_ids = {&zero, 1},
+                   .logit_rows = {&zero, 1}},
+                  cache.views(), one.data());
+    if (per_step) per_step->push_back(log->take());
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  return all;
+}
+
+class HybridStep : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(test::fixture("small-v3-Q4_K_M.gguf").string()));
+    hp_ = read_deepseek2_hparams(*file_);
+    n_layers_ = hp_.n_layer - hp_.n_nextn_layers;
+    Deepseek2Model reference(*file_, cpu_);
+    reference_ = run(reference, std::vector<Backend*>(n_layers_, &cpu_), kDecodeSteps);
+  }
+  // Everything on `device` but the embeddings and every other routed expert, on the CPU.
+  DevicePlan hybrid(Backend& device, Backend& host) const {
+    DevicePlan plan = DevicePlan::single(device, n_layers_, hp_.n_expert);
+    plan.embeddings = &host;
+    for (auto& layer : plan.experts)
+      for (size_t e = 0; e < layer.size(); e += 2) layer[e] = &host;
+    return plan;
+  }
+  void expect_reference_bits(const std::vector<float>& logits) const {
+    ASSERT_EQ(logits.size(), reference_.size());
+    EXPECT_EQ(std::memcmp(logits.data(), reference_.data(), logits.size() * sizeof(float)), 0)
+        << "logits differ from the single-CPU run";
+  }
+
+  static constexpr int kDecodeSteps = 6;
+  cpu::CpuBackend cpu_{2};
+  std::unique_ptr<gguf::GgufFile> file_;
+  Deepseek2Hparams hp_;
+  uint32_t n_layers_ = 0;
+  std::vector<float> reference_;
+};
+
+TEST_F(HybridStep, HostExpertsRunInAHostTaskWhileTheDeviceComputesTheSharedExperts) {
+  CallLog log;
+  sim::SimBackend sim(0, kSimMemory);
+  Recording device(sim, log), host(cpu_, log);
+  Deepseek2Model model(*file_, hybrid(device, host));
+  model.set_graphs_enabled(false);
+  std::vector<std::vector<Call>> steps;
+  expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
+
+  // The first MoE layer of a decode step, as the device was asked: from its routing to its sum.
+  const std::vector<Call>& calls = steps.front();
+  auto route = std::find_if(calls.begin(), calls.end(), [](const Call& c) { return c.op == "moe_route"; });
+  ASSERT_NE(route, calls.end());
+  std::vector<std::string> device_ops;
+  for (auto it = route; it != calls.end(); ++it) {
+    if (it->device == "cpu") continue;  // the host task's, whenever its thread got to it
+    device_ops.push_back(it->op);
+    if (it->op == "moe_reduce" && device_ops.size() > 8) break;  // the routed sum ends the layer
+  }
+  const std::vector<std::string> expected = {
+      "moe_route",          "zero",        "copy_to_host_async", "copy_to_host_async",
+      "host_task",          "moe(shared)", "moe_reduce",         "moe(routed)",
+      "wait_for",           "copy_from_host_async", "add",       "moe_reduce"};
+  EXPECT_EQ(device_ops, expected);
+  // The CPU computed experts once per MoE layer, each time on another thread (besides the
+  // lookup of the embeddings and their copy to the device, on this one).
+  std::vector<const Call*> host_calls;
+  for (const Call& c : calls)
+    if (c.device == "cpu" && c.op.starts_with("moe")) host_calls.push_back(&c);
+  ASSERT_EQ(host_calls.size(), size_t(n_layers_ - hp_.n_leading_dense));
+  for (const Call* c : host_calls) {
+    EXPECT_EQ(c->op, "moe(routed)");
+    EXPECT_NE(c->thread, std::this_thread::get_id()) << "the CPU's experts ran on the submitting thread";
+  }
+}
+
+TEST_F(HybridStep, ACapturedStepReplaysTheHostTaskAndSubmitsNothingElse) {
+  CallLog log;
+  sim::SimBackend sim(0, kSimMemory);
+  Recording device(sim, log), host(cpu_, log);
+  Deepseek2Model model(*file_, hybrid(device, host));
+  ASSERT_TRUE(model.captures_steps());
+  std::vector<std::vector<Call>> steps;
+  expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
+
+  // Step 0 runs op by op (it sizes the buffers), step 1 captures then replays, later steps replay.
+  auto count = [](const std::vector<Call>& calls, const std::string& device, const std::string& op) {
+    return std::count_if(calls.begin(), calls.end(), [&](const Call& c) { return c.device == device && c.op == op; });
+  };
+  const int moe_layers = int(n_layers_ - hp_.n_leading_dense);
+  EXPECT_EQ(count(steps[0], "sim:0", "host_task"), moe_layers);
+  EXPECT_EQ(count(steps[1], "sim:0", "begin_capture"), 1);
+  EXPECT_EQ(count(steps[1], "sim:0", "replay"), 1);
+  for (size_t s = 2; s < steps.size(); ++s) {
+    const std::vector<Call>& calls = steps[s];
+    EXPECT_EQ(count(calls, "sim:0", "replay"), 1);
+    EXPECT_EQ(count(calls, "sim:0", "matmul"), 0) << "step " << s << " submitted ops instead of replaying";
+    EXPECT_EQ(count(calls, "sim:0", "host_task"), 0);
+    // The host task is part of the graph: the CPU's experts ran again, once per MoE layer.
+    EXPECT_EQ(count(calls, "cpu", "moe(routed)"), moe_layers) << "step " << s;
+  }
+}
+
+TEST_F(HybridStep, GraphsAndOpByOpGiveTheSameBitsOnEveryPlanTheyCapture) {
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "op by op");
+    sim::SimBackend sim(0, kSimMemory);
+    {
+      Deepseek2Model model(*file_, hybrid(sim, cpu_));
+      model.set_graphs_enabled(graphs);
+      expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &sim), kDecodeSteps));
+    }
+    {
+      Deepseek2Model model(*file_, DevicePlan::single(sim, n_layers_, hp_.n_expert));
+      model.set_graphs_enabled(graphs);
+      EXPECT_EQ(model.captures_steps(), graphs);
+      expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &sim), kDecodeSteps));
+    }
+  }
+}
+
+TEST_F(HybridStep, ARepackedModelRunsOnADeviceWithoutInterleavedKernelsWithTheOriginalBits) {
+  const std::filesystem::path repacked =
+      std::filesystem::temp_directory_path() / ("tandem-hybrid-repacked-" + std::to_string(::getpid()) + ".gguf");
+  ThreadPool pool(2);
+  repack_model({.input_path = test::fixture("small-v3-Q4_K_M.gguf").string(), .output_path = repacked.string(),
+                .show_progress = false},
+               pool);
+  {
+    const gguf::GgufFile file = gguf::GgufFile::open(repacked.string());
+    sim::SimBackend gpu_like(0, kSimMemory, /*n_threads=*/1, /*interleaved_formats=*/false);
+    Deepseek2Model model(file, DevicePlan::single(gpu_like, n_layers_, hp_.n_expert));
+    expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &gpu_like), kDecodeSteps));
+  }
+  std::filesystem::remove(repacked);
+}
+
+}  // namespace
+}  // namespace tandem
