@@ -2,6 +2,7 @@
 // Helpers shared by the tests: where the shared fixtures are, and reading them.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -9,10 +10,12 @@
 
 namespace tandem::test {
 
-// ../shared/fixtures relative to the repository root. A missing folder fails the test with a
-// message that says where it was looked for, rather than skipping silently.
+// ../shared/fixtures relative to the repository root, or $TANDEM_FIXTURES_DIR (test binaries
+// that run elsewhere, as tools/gpu-check.sh's). A missing folder fails the test with a message
+// that says where it was looked for, rather than skipping silently.
 inline std::filesystem::path fixtures_dir() {
-  const std::filesystem::path dir = TANDEM_FIXTURES_DIR;
+  const char* moved = std::getenv("TANDEM_FIXTURES_DIR");
+  const std::filesystem::path dir = moved && *moved ? moved : TANDEM_FIXTURES_DIR;
   if (!std::filesystem::is_directory(dir))
     ADD_FAILURE() << "shared fixtures not found at " << dir
                   << ": tests expect ../shared/fixtures beside the repository root";

@@ -7,6 +7,7 @@
 // the disk needs for the bytes it read.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -210,20 +211,50 @@ void register_bench(CLI::App& app) {
     const double kernel_ceiling =
         decode_kernel / plan::kernel_equivalent_bytes(hardware.host, double(bytes_per_token),
                                                       double(interleaved_per_token));
-    // A simulated device computes with one thread of its own (sim_backend.h).
+    // The devices the engine runs on, in its order: GPUs with the rates measured on them (cached),
+    // simulated devices computing with one thread of their own (sim_backend.h).
     const std::vector<uint64_t> sim_budgets = parse_sim_devices(o->engine.devices);
     const double sim_kernel = sim_budgets.empty() ? 0 : plan::measure_decode_kernel_bytes_per_s(1, 0);
     const double sim_interleaved_kernel = sim_budgets.empty() || interleaved_per_token == 0
                                               ? 0
                                               : plan::measure_decode_kernel_bytes_per_s(1, 0, true);
-    for (uint64_t budget : sim_budgets) {
-      const int32_t index = int32_t(hardware.gpus.size());
+    const std::vector<std::string> device_names = engine.device_names();
+    const bool uses_gpus = std::any_of(device_names.begin(), device_names.end(),
+                                       [](const std::string& d) { return d.starts_with("cuda:"); });
+    const std::vector<plan::DeviceSpec> gpus = uses_gpus ? plan::detect_gpus() : std::vector<plan::DeviceSpec>{};
+    size_t next_sim = 0;
+    for (size_t d = 1; d < device_names.size(); ++d) {
+      if (device_names[d].starts_with("cuda:")) {
+        for (const plan::DeviceSpec& gpu : gpus)
+          if (gpu.name == device_names[d]) hardware.gpus.push_back(gpu);
+        continue;
+      }
+      const int32_t index = int32_t(next_sim);
       hardware.gpus.push_back({.name = fmt::format("sim:{}", index), .kind = plan::DeviceKind::Sim,
-                               .model = "simulated", .memory_bytes = budget,
+                               .model = "simulated", .memory_bytes = sim_budgets.at(next_sim++),
                                .bandwidth_bytes_per_s = bandwidth, .flops_per_s = peak_flops / threads,
                                .decode_kernel_bytes_per_s = sim_kernel,
                                .interleaved_kernel_bytes_per_s = sim_interleaved_kernel,
                                .bandwidth_source = "host bandwidth (simulated device)"});
+    }
+    // A GPU's roofline: its measured copy bandwidth over the bytes a token reads (everything the
+    // model reads per token, as if the GPU held it all: exact for a plan that puts the whole model
+    // on the GPU, an upper bound for a hybrid one, where the cost model's prediction is the bar).
+    nlohmann::ordered_json gpu_json = nlohmann::ordered_json::array();
+    std::string gpu_lines;
+    for (const plan::DeviceSpec& gpu : hardware.gpus) {
+      if (gpu.kind != plan::DeviceKind::Cuda) continue;
+      const double gpu_roofline = gpu.bandwidth_bytes_per_s / double(bytes_per_token + cache_per_token);
+      gpu_json.push_back({{"name", gpu.name}, {"model", gpu.model},
+                          {"copy_gb_per_s", gpu.bandwidth_bytes_per_s / 1e9},
+                          {"decode_kernel_gb_per_s", gpu.decode_kernel_bytes_per_s / 1e9},
+                          {"decode_roofline_tokens_per_s", gpu_roofline},
+                          {"decode_fraction_of_roofline", tg.mean / gpu_roofline}});
+      gpu_lines += fmt::format(
+          "{} {}: memory bandwidth {:.0f} GB/s (measured, device copy), decode kernel {:.0f} GB/s (measured, Q4_K "
+          "x 1 token); decode roofline if it held the whole model: {:.1f} tokens/s; measured decode = {:.0f}% of it\n",
+          gpu.name, gpu.model, gpu.bandwidth_bytes_per_s / 1e9, gpu.decode_kernel_bytes_per_s / 1e9, gpu_roofline,
+          100.0 * tg.mean / gpu_roofline);
     }
     const plan::Placement placement = plan::plan_placement(
         inventory, hardware, {.n_ctx = o->engine.n_ctx, .n_parallel = 1, .prefill_batch = o->prompt},
@@ -247,7 +278,8 @@ void register_bench(CLI::App& app) {
           {"kernel_peak_gflops", peak_flops / 1e9}, {"prefill_gflops", prefill_flops / 1e9},
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
-          {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s}};
+          {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s},
+          {"engine_devices", device_names}, {"gpus", gpu_json}};
       for (const ColdStart& c : cold) {
         const Stat first = stats(c.first_token_seconds), load = stats(c.load_seconds), read = stats(c.read_seconds);
         out["cold_start"].push_back({{"prompt_tokens", c.prompt_tokens}, {"first_token_s", first.mean},
@@ -285,6 +317,7 @@ void register_bench(CLI::App& app) {
                  "bandwidth; measured decode = {:.0f}% of it\n",
                  decode_kernel / 1e9, format_bytes(bytes_per_token - interleaved_per_token), interleaved_kernel / 1e9,
                  format_bytes(interleaved_per_token), kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
+    fmt::print("{}", gpu_lines);
     fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; {}\n", peak_flops / 1e9,
                pp.mean > 0 ? fmt::format("prefill reaches {:.1f} GFLOP/s = {:.0f}% of it", prefill_flops / 1e9,
                                          100.0 * prefill_flops / peak_flops)

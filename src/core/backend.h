@@ -212,6 +212,11 @@ class Backend {
   // Copies between host memory and this backend's memory (plain memcpy on the CPU).
   virtual void copy_from_host(void* device_dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  // Copies `bytes` from `from`'s memory into this backend's, in stream order on both and without
+  // the host waiting: after everything submitted to `from` so far, before anything submitted to
+  // either afterwards touches the two buffers. True when this pair of devices can (GPUs of one
+  // machine: a peer copy); false, having done nothing, otherwise: the caller goes through the host.
+  virtual bool copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes);
   // Host memory that copy_*_async can use without blocking (page-locked for CUDA, on 2 MiB
   // pages); plain host memory elsewhere.
   virtual std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) = 0;

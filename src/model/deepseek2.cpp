@@ -392,6 +392,7 @@ void Deepseek2Model::transfer(Backend& from, const void* src, Backend& to, void*
       to.copy_rows(static_cast<float*>(dst), 0, static_cast<const float*>(src), 0, 1, int64_t(bytes / sizeof(float)));
     return;
   }
+  if (to.copy_from_peer(from, dst, src, bytes)) return;  // GPU to GPU: no host wait
   if (staging_.size() < bytes) staging_.resize(bytes);
   from.copy_to_host(staging_.data(), src, bytes);
   to.copy_from_host(dst, staging_.data(), bytes);

@@ -99,7 +99,8 @@ class Deepseek2Model {
   // (host memory), or in the head device's host buffer when `capturing` (read after replay).
   void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,
                   float* logits, bool capturing);
-  // Moves `bytes` from one device's buffer to another's (through the host when they differ).
+  // Moves `bytes` from one device's buffer to another's: a peer copy between GPUs (no host wait),
+  // through the host otherwise.
   void transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes);
   // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
   // that hold them; their weighted sum goes to `out`, the shared experts' output (when the

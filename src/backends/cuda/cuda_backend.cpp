@@ -227,6 +227,36 @@ void CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t by
   synchronous_copy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
 }
 
+bool CudaBackend::copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes) {
+  auto* peer = dynamic_cast<CudaBackend*>(&from);
+  if (!peer) return false;
+  if (peer == this) {
+    activate();
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_dst, peer_src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return true;
+  }
+  // Direct access where the hardware allows it, asked for once per pair.
+  {
+    std::lock_guard lock(peer_mutex_);
+    if (std::find(peers_enabled_.begin(), peers_enabled_.end(), peer->device_) == peers_enabled_.end()) {
+      int can = 0;
+      activate();
+      if (cudaDeviceCanAccessPeer(&can, device_, peer->device_) == cudaSuccess && can) {
+        const cudaError_t error = cudaDeviceEnablePeerAccess(peer->device_, 0);
+        if (error != cudaSuccess && error != cudaErrorPeerAccessAlreadyEnabled)
+          cuda_failed(error, "cudaDeviceEnablePeerAccess", __FILE__, __LINE__);
+      }
+      (void)cudaGetLastError();
+      peers_enabled_.push_back(peer->device_);
+    }
+  }
+  wait_for(from.record_event());  // the source is written
+  activate();
+  TANDEM_CUDA_CHECK(cudaMemcpyPeerAsync(device_dst, device_, peer_src, peer->device_, bytes, stream_));
+  from.wait_for(record_event());  // the source is not overwritten before it is read
+  return true;
+}
+
 void CudaBackend::copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
   activate();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_));

@@ -33,6 +33,9 @@ class CudaBackend final : public Backend {
   // (pages of the mmap'd model coming from disk) overlaps the DMA of the previous piece.
   void copy_from_host(void* device_dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  // Another GPU's memory: cudaMemcpyPeerAsync (direct over NVLink/PCIe where the two can reach
+  // each other, staged by the driver otherwise), ordered by events on both streams.
+  bool copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes) override;
   std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
   void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
   void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
@@ -90,6 +93,8 @@ class CudaBackend final : public Backend {
   // copy_from_host's staging: two page-locked buffers and the events of their last copies.
   std::shared_ptr<DeviceBuffer> staging_[2];
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
+  std::mutex peer_mutex_;
+  std::vector<int> peers_enabled_;  // devices whose memory this one was given access to (or asked)
 };
 
 }  // namespace tandem::cuda

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The one command that verifies the CUDA backend on a GPU machine, in about 5 minutes on one
+# H200 with 16 cores (its budget is 8):
+#   1. the CUDA tests: every op against the CPU backend, captures, host tasks, the fixture models
+#      on cuda:0 and on a hybrid plan (tests/cuda);
+#   2. every F32 fixture and the Q4_K_M fixture with the fixtures' own checker (check.py), on
+#      cuda:0 alone and on a hybrid plan (experts 0-3 of every layer on the CPU);
+#   3. the lite-shaped model (generated there, Q4_K_M, 9.7 GiB) with `tandem bench`, fully on
+#      the GPU and hybrid (experts 0-31 of every layer on the CPU): tokens/s, the GPU's
+#      bandwidth roofline, the cost model's prediction.
+# Writes OUT/gpu-check.log (everything) and OUT/gpu-check.json (the summary), and prints the
+# summary last. Runs what tools/gpu-bundle.sh prepared (binaries built elsewhere: the machine has
+# nvcc but no -dev libraries), from gpu-bundle/ or $BUNDLE.
+#
+# Usage: tools/gpu-check.sh OUT      (exit status 0 when every check passed)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: tools/gpu-check.sh OUT}
+bundle=${BUNDLE:-gpu-bundle}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+log=$out/gpu-check.log
+results=$out/results.tsv  # check<TAB>status<TAB>detail, one per line
+: >"$log"
+: >"$results"
+work=${TMPDIR:-/tmp}/tandem-gpu-check
+rm -rf "$work"
+mkdir -p "$work"
+started=$(date +%s)
+
+say() { echo "[$(($(date +%s) - started))s] $*" | tee -a "$log"; }
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"; }
+# run NAME TIMEOUT CMD...: runs with a time limit, output to the log; records pass/fail.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  say "== $name"
+  if timeout "$limit" "$@" >>"$log" 2>&1; then
+    record "$name" pass ""
+    return 0
+  fi
+  local status=$?
+  record "$name" fail "exit $status$([[ $status == 124 ]] && echo ' (timed out)')"
+  say "   FAILED (exit $status)"
+  return 1
+}
+
+[[ -f $bundle/binaries.tar.xz ]] || { echo "no $bundle/binaries.tar.xz: run tools/gpu-bundle.sh first" >&2; exit 2; }
+tar -C "$work" -xJf "$bundle/binaries.tar.xz"
+export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export TANDEM_FIXTURES_DIR=$(cd "$bundle/fixtures" && pwd)
+export XDG_CACHE_HOME=$work/cache  # measured rates: fresh for this machine
+tandem=$work/bin/tandem
+fixtures=$TANDEM_FIXTURES_DIR
+threads=$(nproc)
+
+say "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB RAM"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.max.sm,clocks.max.mem --format=csv >>"$log" 2>&1
+say "$(nvidia-smi -L 2>&1 | head -4)"
+
+# 1. Kernel and model tests against the CPU.
+run cuda_tests 240 "$work/bin/cuda_tests" --gtest_output="json:$out/cuda_tests.json" --gtest_brief=1
+
+# 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan.
+hybrid_rules=tests/fixtures/plans/attention_on_gpu_experts_split.yaml
+for plan in gpu hybrid; do
+  plan_args=(--devices cuda:0)
+  [[ $plan == hybrid ]] && plan_args+=(--rules "$hybrid_rules")
+  for ref in micro-v2-F32.{p1,p2,chat}.json micro-v3-F32.{p1,p2,chat}.json small-v3-Q4_K_M.{p1,p2,chat}.exact.json; do
+    model=${ref%%.*}
+    candidate=$work/$plan.$ref
+    run "fixture.$plan.${ref%.json}" 60 bash -c "\"$tandem\" eval \"$fixtures/$model.gguf\" --ref \"$fixtures/$ref\" \
+      --out \"$candidate\" --threads $threads ${plan_args[*]} && python3 \"$fixtures/check.py\" --quiet \"$fixtures/$ref\" \"$candidate\""
+  done
+done
+
+# 3. The lite model, fully on the GPU and hybrid.
+lite=$work/lite-Q4_K_M.gguf
+if run gen_model_lite 240 "$tandem" gen-model --preset lite --format Q4_K_M -o "$lite" --threads "$threads"; then
+  run bench_gpu 150 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 -p 512 -n 128 -r 3 -t $threads --json > \"$out/bench_gpu.json\""
+  run bench_hybrid 200 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --rules tools/gpu/lite_half_experts_on_host.yaml \
+    -p 512 -n 64 -r 2 -t $threads --json > \"$out/bench_hybrid.json\""
+  run bench_gpu_no_graphs 120 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --no-graphs -p 0 -n 64 -r 2 -t $threads \
+    --json > \"$out/bench_gpu_no_graphs.json\""
+fi
+rm -f "$lite"
+
+say "== summary"
+python3 - "$out" "$results" "$(($(date +%s) - started))" <<'EOF' | tee -a "$log"
+import json, sys, os
+out, results, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+checks = [dict(zip(("check", "status", "detail"), line.rstrip("\n").split("\t"))) for line in open(results)]
+summary = {"seconds": seconds, "passed": sum(c["status"] == "pass" for c in checks),
+           "failed": sum(c["status"] != "pass" for c in checks), "checks": checks}
+try:
+    tests = json.load(open(os.path.join(out, "cuda_tests.json")))
+    summary["cuda_tests"] = {"tests": tests.get("tests"), "failures": tests.get("failures"),
+                             "disabled": tests.get("disabled"),
+                             "skipped": sum(1 for s in tests.get("testsuites", []) for t in s.get("testsuite", [])
+                                            if t.get("result") == "SKIPPED")}
+except (OSError, ValueError):
+    pass
+for name in ("bench_gpu", "bench_hybrid", "bench_gpu_no_graphs"):
+    try:
+        b = json.load(open(os.path.join(out, name + ".json")))
+    except (OSError, ValueError):
+        continue
+    gpu = (b.get("gpus") or [{}])[0]
+    summary[name] = {k: b.get(k) for k in ("prefill_tokens_per_s", "prefill_tokens_per_s_sd", "decode_tokens_per_s",
+                                            "decode_tokens_per_s_sd", "predicted_prefill_tokens_per_s",
+                                            "predicted_decode_tokens_per_s", "bytes_read_per_token")}
+    summary[name]["gpu"] = gpu
+    measured, predicted = b.get("decode_tokens_per_s") or 0, b.get("predicted_decode_tokens_per_s") or 0
+    summary[name]["decode_predicted_over_measured"] = predicted / measured if measured else None
+json.dump(summary, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
+print(f"{summary['passed']} passed, {summary['failed']} failed in {seconds} s")
+for c in checks:
+    if c["status"] != "pass":
+        print(f"  FAILED {c['check']}: {c['detail']}")
+for name in ("bench_gpu", "bench_hybrid", "bench_gpu_no_graphs"):
+    if name in summary:
+        s, g = summary[name], summary[name]["gpu"]
+        print(f"{name}: pp {s['prefill_tokens_per_s'] or 0:.1f} t/s, tg {s['decode_tokens_per_s'] or 0:.1f} t/s; "
+              f"GPU roofline {g.get('decode_roofline_tokens_per_s', 0):.1f} t/s "
+              f"({100 * (g.get('decode_fraction_of_roofline') or 0):.0f}%), copy {g.get('copy_gb_per_s', 0):.0f} GB/s, "
+              f"decode kernel {g.get('decode_kernel_gb_per_s', 0):.0f} GB/s; predicted/measured decode "
+              f"{s['decode_predicted_over_measured'] or 0:.2f}")
+EOF
+failed=$(awk -F'\t' '$2 != "pass"' "$results" | wc -l)
+((failed == 0))
