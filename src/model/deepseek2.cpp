@@ -604,7 +604,9 @@ void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView>
     return;
   }
   head.copy_to_host(logits, out_logits, logit_bytes);
-  head.synchronize();
+  // Every device is done with this step: the head's result depended on all of them. Waiting on
+  // each also reports what failed there asynchronously (a host task's error) with this step.
+  for (auto& [device, ws] : workspaces_) device->synchronize();
 }
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's

@@ -94,7 +94,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads) {
   // Only a text that names GPUs looks for them (a CUDA context per GPU is not free).
   const bool names_gpus = devices.find("cuda") != std::string_view::npos || devices.find("auto") != std::string_view::npos;
-  const int gpus_found = names_gpus ? int(cuda::list_gpus().size()) : 0;
+  const int gpus_found = names_gpus ? cuda::count_gpus() : 0;
   const std::vector<DeviceRequest> requests = parse_devices(devices, gpus_found);
   const bool any_gpu = std::any_of(requests.begin(), requests.end(), [](const DeviceRequest& r) { return r.cuda; });
   const std::vector<plan::DeviceSpec> gpus = any_gpu ? plan::detect_gpus(/*measure=*/true) : std::vector<plan::DeviceSpec>{};

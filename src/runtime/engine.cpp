@@ -51,7 +51,7 @@ Engine::Engine(const EngineOptions& options) {
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_hp.n_ctx_train);
   DevicePlan devices;
   // "auto" on a machine without GPUs is a CPU run, without planning.
-  const std::string device_spec = options.devices == "auto" && cuda::list_gpus().empty() ? "cpu" : options.devices;
+  const std::string device_spec = options.devices == "auto" && cuda::count_gpus() == 0 ? "cpu" : options.devices;
   if (device_spec.empty() || device_spec == "cpu") {
     backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_, "cpu", options.pin_threads));
     devices = DevicePlan::single(*backends_[0], file_hp.n_layer - file_hp.n_nextn_layers, file_hp.n_expert);

@@ -7,6 +7,8 @@ namespace tandem::cuda {
 
 bool built_with_cuda() { return false; }
 
+int count_gpus() { return 0; }
+
 std::vector<GpuInfo> list_gpus() { return {}; }
 
 std::unique_ptr<Backend> make_cuda_backend(int index) {

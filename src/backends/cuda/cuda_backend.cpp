@@ -99,7 +99,9 @@ class CudaEvent final : public Event {
 class CudaGraph final : public Graph {
  public:
   cudaGraphExec_t exec = nullptr;
-  std::vector<std::shared_ptr<void>> tasks;  // HostTask: the graph's host nodes point at them
+  // What the graph's nodes point at: its host tasks, and the kernels' scratch as it was when
+  // captured (a later step may grow the backend's scratch; the graph keeps using its own).
+  std::vector<std::shared_ptr<void>> keep_alive;
   int device = 0;
   ~CudaGraph() override {
     cudaSetDevice(device);
@@ -112,6 +114,7 @@ class CudaGraph final : public Graph {
 struct CudaBackend::HostTask {
   std::function<void()> run;
   CudaBackend* backend;
+  std::shared_ptr<Event> done;  // recorded on the side stream after the task
   static void CUDART_CB call(void* self) {
     auto* task = static_cast<HostTask*>(self);
     try {
@@ -133,11 +136,16 @@ CudaBackend::CudaBackend(int device) : device_(device), name_(fmt::format("cuda:
     fail("{}: this machine has {} CUDA device{}", name_, count, count == 1 ? "" : "s");
   activate();
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  if (const cudaError_t error = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking); error != cudaSuccess) {
+    cudaStreamDestroy(stream_);
+    cuda_failed(error, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+  }
 }
 
+// Nothing here may throw: after a sticky device error every call fails, and the backend must
+// still go away.
 CudaBackend::~CudaBackend() {
-  activate();
+  cudaSetDevice(device_);
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(side_);
   pending_tasks_.clear();
@@ -160,6 +168,7 @@ void CudaBackend::check_not_capturing(const char* what) const {
 void CudaBackend::record_task_error(std::exception_ptr error) {
   std::lock_guard lock(error_mutex_);
   if (!task_error_) task_error_ = error;
+  task_failed_.store(true, std::memory_order_release);
 }
 
 std::shared_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes, const std::string& what) {
@@ -200,6 +209,7 @@ void CudaBackend::synchronous_copy(void* dst, const void* src, size_t bytes, cud
   activate();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  rethrow_task_error();  // a result that came back after a failed host task is not to be used
 }
 
 void CudaBackend::copy_from_host(void* device_dst, const void* host_src, size_t bytes) {
@@ -241,11 +251,9 @@ bool CudaBackend::copy_from_peer(Backend& from, void* device_dst, const void* pe
     if (std::find(peers_enabled_.begin(), peers_enabled_.end(), peer->device_) == peers_enabled_.end()) {
       int can = 0;
       activate();
-      if (cudaDeviceCanAccessPeer(&can, device_, peer->device_) == cudaSuccess && can) {
-        const cudaError_t error = cudaDeviceEnablePeerAccess(peer->device_, 0);
-        if (error != cudaSuccess && error != cudaErrorPeerAccessAlreadyEnabled)
-          cuda_failed(error, "cudaDeviceEnablePeerAccess", __FILE__, __LINE__);
-      }
+      // Refused (already on, too many peers): the driver stages the copies through the host.
+      if (cudaDeviceCanAccessPeer(&can, device_, peer->device_) == cudaSuccess && can)
+        (void)cudaDeviceEnablePeerAccess(peer->device_, 0);
       (void)cudaGetLastError();
       peers_enabled_.push_back(peer->device_);
     }
@@ -272,15 +280,39 @@ void CudaBackend::copy_from_host_async(void* device_dst, const void* host_src, s
 // fork, the host node and the join become part of the graph.
 std::shared_ptr<Event> CudaBackend::host_task(std::function<void()> task) {
   activate();
+  rethrow_task_error();
+  // Tasks that have run are let go here too: a device that is never synchronized (a layer
+  // device beside the head's) would otherwise keep every one.
+  while (!capturing_ && !pending_tasks_.empty()) {
+    const cudaError_t state = cudaEventQuery(static_cast<CudaEvent&>(*pending_tasks_.front()->done).get());
+    if (state == cudaErrorNotReady) break;
+    if (state != cudaSuccess) cuda_failed(state, "cudaEventQuery", __FILE__, __LINE__);
+    pending_tasks_.erase(pending_tasks_.begin());
+  }
   auto fork = std::make_shared<CudaEvent>(device_);
+  auto done = std::make_shared<CudaEvent>(device_);
   TANDEM_CUDA_CHECK(cudaEventRecord(fork->get(), stream_));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(side_, fork->get(), 0));
-  auto owned = std::make_unique<HostTask>(HostTask{std::move(task), this});
-  TANDEM_CUDA_CHECK(cudaLaunchHostFunc(side_, &HostTask::call, owned.get()));
-  auto done = std::make_shared<CudaEvent>(device_);
+  auto& tasks = capturing_ ? captured_tasks_ : pending_tasks_;
+  tasks.push_back(std::make_unique<HostTask>(HostTask{std::move(task), this, done}));
+  // Owned by the list before the driver holds a pointer to it; dropped again if the launch fails.
+  if (const cudaError_t error = cudaLaunchHostFunc(side_, &HostTask::call, tasks.back().get()); error != cudaSuccess) {
+    tasks.pop_back();
+    cuda_failed(error, "cudaLaunchHostFunc", __FILE__, __LINE__);
+  }
   TANDEM_CUDA_CHECK(cudaEventRecord(done->get(), side_));
-  (capturing_ ? captured_tasks_ : pending_tasks_).push_back(std::move(owned));
   return done;
+}
+
+void CudaBackend::rethrow_task_error() {
+  if (!task_failed_.load(std::memory_order_acquire)) return;
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(error_mutex_);
+    error = std::exchange(task_error_, nullptr);
+    task_failed_.store(false, std::memory_order_release);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void CudaBackend::synchronize() {
@@ -289,12 +321,7 @@ void CudaBackend::synchronize() {
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(side_));
   pending_tasks_.clear();
-  std::exception_ptr error;
-  {
-    std::lock_guard lock(error_mutex_);
-    error = std::exchange(task_error_, nullptr);
-  }
-  if (error) std::rethrow_exception(error);
+  rethrow_task_error();
 }
 
 std::shared_ptr<Event> CudaBackend::record_event() {
@@ -343,8 +370,10 @@ std::unique_ptr<Graph> CudaBackend::end_capture() {
   const cudaError_t error = cudaGraphInstantiate(&result->exec, graph, 0);
   cudaGraphDestroy(graph);
   if (error != cudaSuccess) cuda_failed(error, "cudaGraphInstantiate", __FILE__, __LINE__);
-  for (auto& task : captured_tasks_) result->tasks.emplace_back(std::move(task));
+  for (auto& task : captured_tasks_) result->keep_alive.emplace_back(std::move(task));
   captured_tasks_.clear();
+  for (const auto& buffer : scratch_)
+    if (buffer) result->keep_alive.push_back(buffer);
   return result;
 }
 
@@ -362,8 +391,16 @@ void CudaBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t 
   cuda::get_rows(table, ids, n, output, stream_);
 }
 
+void CudaBackend::check_columns(const WeightView& w, const char* what) const {
+  if (w.cols % 8 != 0)
+    fail("{}: {} with rows of {} elements: the GPU kernels take rows of a multiple of 8; keep this "
+         "weight on the CPU (--rules)",
+         name_, what, w.cols);
+}
+
 void CudaBackend::matmul(const MatmulOp& op) {
   if (op.n_tokens == 0) return;
+  check_columns(op.weight, "a matrix");
   activate();
   const MatmulLaunch m{.type = op.weight.type, .weights = op.weight.data, .rows = op.weight.rows,
                        .cols = op.weight.cols, .row_bytes = op.weight.row_bytes,
@@ -396,6 +433,8 @@ void CudaBackend::kv_store(const KvStoreOp& op) {
 void CudaBackend::mla_attention(const MlaAttentionOp& op) {
   const int64_t T = op.n_tokens, H = op.n_heads, lora = op.cache.kv_lora_rank;
   if (T == 0) return;
+  check_columns(op.k_b, "attn_k_b");
+  check_columns(op.v_b, "attn_v_b");
   activate();
   const int64_t q_stride = op.nope_dims + op.cache.rope_dims;
   auto* q_lat = static_cast<float*>(scratch(kQueryLatent, size_t(T * H * lora) * sizeof(float)));
@@ -431,6 +470,8 @@ void CudaBackend::moe_route(const MoeRouteOp& op) {
 void CudaBackend::moe(const MoeOp& op) {
   const int64_t n_slots = op.n_tokens * op.top_k, held = op.gate.n_mats;
   if (n_slots == 0) return;
+  check_columns(op.gate, "an expert's gate");
+  check_columns(op.down, "an expert's down projection");
   activate();
   const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
   const bool use_tiles = tiled(op.kernels, op.n_tokens);

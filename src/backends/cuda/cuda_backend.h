@@ -6,6 +6,7 @@
 // stream. Built only with a CUDA toolkit; the rest of tandem reaches it through cuda_devices.h.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -76,6 +77,8 @@ class CudaBackend final : public Backend {
                  kTileCount, kGate, kUp, kAct, kScratchCount };
   void* scratch(Scratch which, size_t bytes);
   void activate() const;  // makes this device current for the calling thread
+  void rethrow_task_error();
+  void check_columns(const WeightView& w, const char* what) const;
   void check_not_capturing(const char* what) const;
   void synchronous_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 
@@ -90,6 +93,7 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<HostTask>> pending_tasks_, captured_tasks_;
   std::mutex error_mutex_;
   std::exception_ptr task_error_;
+  std::atomic<bool> task_failed_{false};
   // copy_from_host's staging: two page-locked buffers and the events of their last copies.
   std::shared_ptr<DeviceBuffer> staging_[2];
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};

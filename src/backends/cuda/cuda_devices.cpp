@@ -16,13 +16,20 @@ namespace tandem::cuda {
 
 bool built_with_cuda() { return true; }
 
-std::vector<GpuInfo> list_gpus() {
-  std::vector<GpuInfo> gpus;
+int count_gpus() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // no driver or no device: a CPU machine, not an error
-    return gpus;
+    return 0;
   }
+  return count;
+}
+
+std::vector<GpuInfo> list_gpus() {
+  std::vector<GpuInfo> gpus;
+  const int count = count_gpus();
+  int current = 0;
+  if (count > 0 && cudaGetDevice(&current) != cudaSuccess) current = 0;
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess || cudaSetDevice(i) != cudaSuccess) {
@@ -41,6 +48,7 @@ std::vector<GpuInfo> list_gpus() {
     (void)cudaGetLastError();
     gpus.push_back(std::move(info));
   }
+  if (count > 0) cudaSetDevice(current);  // as the caller had it
   return gpus;
 }
 

@@ -23,7 +23,11 @@ struct GpuInfo {
 
 // Whether this build has the CUDA backend.
 bool built_with_cuda();
-// The GPUs the driver shows (empty without a driver, a device, or a CUDA build; never throws).
+// How many GPUs the driver shows, without starting anything on them (0 without a driver, a
+// device, or a CUDA build; never throws).
+int count_gpus();
+// The GPUs with their free memory: this starts a CUDA context on each (the free memory it reports
+// is what is left beside that context). Empty where count_gpus() is 0.
 std::vector<GpuInfo> list_gpus();
 // A backend for GPU `index`; throws tandem::Error naming the problem without one.
 std::unique_ptr<Backend> make_cuda_backend(int index);

@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
                         uint64_t row_bytes, uint64_t mat_bytes, const float* input, ExpertSlots s,
                         float* act, bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int entry = blockIdx.y;
+  const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
   if (row >= ffn || entry >= s.n_active[0]) return;
   const uint64_t offset = uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
   const float* x[1] = {input + (s.order[entry] / s.top_k) * dim};
@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                      uint64_t mat_bytes, const float* act, ExpertSlots s, float* slots, bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int entry = blockIdx.y;
+  const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int entry = blockIdx.x;
   if (row >= dim || entry >= s.n_active[0]) return;
   const uint8_t* w = down + uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
   const float* x[1] = {act + int64_t(entry) * ffn};
@@ -358,7 +358,7 @@ void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, i
     const auto* up_bytes = static_cast<const uint8_t*>(up);
     if (!tiled) {
       const bool aligned = aligned16(input) && dim % 4 == 0;
-      const dim3 grid(unsigned((ffn + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(s.max_slots));
+      const dim3 grid(unsigned(s.max_slots), unsigned((ffn + kRowsPerBlock - 1) / kRowsPerBlock));
       expert_gate_up_rows<Dec><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
           gate_bytes, up_bytes, ffn, dim, row_bytes, mat_bytes, input, s, act, aligned);
       TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
@@ -381,7 +381,7 @@ void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_
     const auto* down_bytes = static_cast<const uint8_t*>(down);
     if (!tiled) {
       const bool aligned = aligned16(act) && ffn % 4 == 0;
-      const dim3 grid(unsigned((dim + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(s.max_slots));
+      const dim3 grid(unsigned(s.max_slots), unsigned((dim + kRowsPerBlock - 1) / kRowsPerBlock));
       expert_down_rows<Dec><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
           down_bytes, dim, ffn, row_bytes, mat_bytes, act, s, slots, aligned);
       TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
