@@ -3,7 +3,8 @@
 // formats (quant/block_decode.h), expert routing and rotary angles (backends/). Written once,
 // tested on the host against the scalar references, compiled a second time by nvcc for the GPU.
 //
-// TANDEM_HD marks such a function: __host__ __device__ under nvcc, plain inline elsewhere.
+// TANDEM_HD marks such a function: __host__ __device__ under nvcc, plain inline elsewhere;
+// TANDEM_UNROLL asks nvcc to unroll a loop (registers indexed by a loop counter stay registers).
 // Float arithmetic whose rounding must match the host bit for bit goes through mul_rn/add_rn/
 // sub_rn: nvcc fuses a * b - c into one FMA by default (one rounding instead of two), g++ in ISO
 // C++ mode does not.
@@ -13,8 +14,10 @@
 
 #if defined(__CUDACC__)
 #define TANDEM_HD __host__ __device__ __forceinline__
+#define TANDEM_UNROLL _Pragma("unroll")
 #else
 #define TANDEM_HD inline
+#define TANDEM_UNROLL
 #endif
 
 namespace tandem::hd {
