@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,6 +88,11 @@ struct Fixture {
   //   5.8e-3 over the 218 positions of p1, p2 and chat (no routing flip): tolerance 3e-2.
   double tolerance;
 };
+
+// gtest prints the parameter in test names (and ctest lists them): the file, not the bytes.
+void PrintTo(const Fixture& fixture, std::ostream* os) {
+  *os << fixture.file;
+}
 
 class CudaModelTest : public ::testing::TestWithParam<Fixture> {
  protected:
