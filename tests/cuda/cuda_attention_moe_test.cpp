@@ -1,0 +1,590 @@
+// The CUDA backend's attention and MoE ops against the CPU backend: kv_store and multi-head
+// latent attention over a cache shared by several sequences, expert routing, the expert FFN of
+// one shard of a layer's experts, and the weighted sum of the slots. Index arrays (positions,
+// sequence ids, expert ids and weights, local indices) live in each backend's memory.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.h"
+
+namespace tandem::test {
+namespace {
+
+// ---- kv_store + mla_attention ----
+
+struct MlaShape {
+  int64_t lora, rope, nope, v_head, heads;
+};
+
+// The tokens of one step and how far each sequence's cache was filled before it: rows at
+// positions >= filled hold the poison (NaN), so attending to a position past a token's own
+// shows up as a NaN output.
+struct MlaStep {
+  const char* name;
+  std::vector<int32_t> positions, seq_ids;
+  std::vector<int32_t> filled;  // [n_seq]
+};
+
+// out[t, h] = v_b[h] · Σ_j p_j c_j over the token's sequence up to its position, in double from
+// the exact weights. `scale` per output element is Σ_c |v_b[h][v, c]| Σ_j p_j |c_jc|: the absolute
+// sum of the last two steps (an error of e per product there gives at most e). Errors of the
+// scores come on top: a score error δ moves p_j by at most 2δ relative, so they add up to 2 max|δ|.
+struct MlaReference {
+  std::vector<double> out, scale;  // [n_tokens, heads, v_head]
+};
+
+MlaReference exact_mla(const MlaShape& s, const std::vector<float>& k_b,
+                       const std::vector<float>& v_b, const std::vector<float>& q,
+                       const std::vector<float>& cache, int64_t n_ctx, const MlaStep& step,
+                       float attention_scale) {
+  const int64_t T = int64_t(step.positions.size()), H = s.heads, row = s.lora + s.rope;
+  const int64_t q_stride = s.nope + s.rope;
+  MlaReference ref{std::vector<double>(size_t(T * H * s.v_head)),
+                   std::vector<double>(size_t(T * H * s.v_head))};
+  std::vector<double> q_lat(size_t(s.lora)), o(size_t(s.lora)), o_abs(size_t(s.lora));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n_keys = step.positions[size_t(t)] + 1;
+    const float* keys = cache.data() + int64_t(step.seq_ids[size_t(t)]) * n_ctx * row;
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q.data() + (t * H + h) * q_stride;
+      for (int64_t c = 0; c < s.lora; ++c) {
+        double sum = 0;
+        for (int64_t n = 0; n < s.nope; ++n)
+          sum += double(k_b[size_t((h * s.lora + c) * s.nope + n)]) * qh[n];
+        q_lat[size_t(c)] = sum;
+      }
+      std::vector<double> p(static_cast<size_t>(n_keys));
+      double max_score = -INFINITY;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        double score = 0;
+        for (int64_t c = 0; c < s.lora; ++c) score += q_lat[size_t(c)] * keys[j * row + c];
+        for (int64_t r = 0; r < s.rope; ++r)
+          score += double(qh[s.nope + r]) * keys[j * row + s.lora + r];
+        p[size_t(j)] = score * attention_scale;
+        max_score = std::max(max_score, p[size_t(j)]);
+      }
+      double sum = 0;
+      for (double& v : p) sum += v = std::exp(v - max_score);
+      for (double& v : p) v /= sum;
+      std::fill(o.begin(), o.end(), 0.0);
+      std::fill(o_abs.begin(), o_abs.end(), 0.0);
+      for (int64_t j = 0; j < n_keys; ++j)
+        for (int64_t c = 0; c < s.lora; ++c) {
+          o[size_t(c)] += p[size_t(j)] * keys[j * row + c];
+          o_abs[size_t(c)] += p[size_t(j)] * std::fabs(keys[j * row + c]);
+        }
+      for (int64_t v = 0; v < s.v_head; ++v) {
+        double y = 0, scale = 0;
+        for (int64_t c = 0; c < s.lora; ++c) {
+          const double w = v_b[size_t((h * s.v_head + v) * s.lora + c)];
+          y += w * o[size_t(c)];
+          scale += std::fabs(w) * o_abs[size_t(c)];
+        }
+        ref.out[size_t((t * H + h) * s.v_head + v)] = y;
+        ref.scale[size_t((t * H + h) * s.v_head + v)] = scale;
+      }
+    }
+  }
+  return ref;
+}
+
+// Bounds on the normalized error (cuda_test_support.h), and why. Data: q, cache rows ~ N(0, 1),
+// k_b ~ N(0, 1/nope) so that q_lat ~ N(0, 1), scale 1/sqrt(kv_lora + rope): scores of order 1,
+// so the softmax spreads over many keys and every position matters.
+//
+// GPU against the exact reference: F32 projections (as matmul: a few 1e-6 at worst), scores
+// summed in F32 over kv_lora + rope products and expf within 2 ulp, which move the output by
+// twice the score error, ~1e-6. Bound 2e-5, as for matmul. A scale 0.1% off costs 1.2e-4 to
+// 2.8e-4 here (tried by hand); a key too many or too few, a wrong head or sequence, or a missing
+// rope part costs far more.
+constexpr double kMlaGpuVsExact = 2e-5;
+// GPU against the CPU: with F32 k_b and v_b the CPU computes in f32 (1.2e-7 against the exact
+// reference here): bound 2e-5 as above. With Q8_0 / Q5_0 it quantizes the activations of both
+// projections to int16, and the q_lat error reaches the output through the scores too: measured
+// 7.7e-6 against the exact reference (kv_lora 64), plus the GPU's: bound 5e-5.
+double mla_bound_vs_cpu(DType type) {
+  return type == DType::F32 ? 2e-5 : 5e-5;
+}
+
+TEST_F(CudaBackendTest, KvStoreAndMlaAttentionMatchCpu) {
+  const MlaShape shapes[] = {{64, 16, 32, 32, 4}, {512, 64, 128, 128, 16}};
+  const int64_t n_seq = 3, n_ctx = 96;
+  const MlaStep steps[] = {
+      // A prompt chunk of sequence 2 and a decode token of sequence 0 whose 71 keys span two
+      // of the GPU kernel's tiles of 64. Sequence 1 is never read.
+      {"chunk + decode", {10, 11, 12, 13, 14, 70}, {2, 2, 2, 2, 2, 0}, {70, 0, 10}},
+      // 20 tokens (tiled projections under ByTokenCount) crossing position 64, and a decode
+      // token of another sequence.
+      {"20-token chunk + decode",
+       {50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 15},
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
+       {50, 0, 15}}};
+  uint32_t seed = 3000;
+  for (const MlaShape& s : shapes) {
+    const int64_t H = s.heads, row = s.lora + s.rope, q_stride = s.nope + s.rope;
+    const float attention_scale = 1.0f / std::sqrt(float(row));
+    const KvLayerView cache_shape{
+        .n_seq = n_seq, .n_ctx = n_ctx, .kv_lora_rank = s.lora, .rope_dims = s.rope};
+    for (DType type : {DType::F32, DType::Q8_0, DType::Q5_0}) {
+      Worst vs_cpu_all, vs_exact_all, cpu_vs_exact_all;
+      // k_b: [H] x [kv_lora rows, nope cols]; v_b: [H] x [v_head rows, kv_lora cols].
+      const std::vector<uint8_t> k_b =
+          make_weights(type, H * s.lora, s.nope, ++seed, 1.0f / std::sqrt(float(s.nope)));
+      const std::vector<uint8_t> v_b =
+          make_weights(type, H * s.v_head, s.lora, ++seed, 1.0f / std::sqrt(float(s.lora)));
+      const std::vector<float> k_b_exact = dequantized(type, k_b, H * s.lora, s.nope);
+      const std::vector<float> v_b_exact = dequantized(type, v_b, H * s.v_head, s.lora);
+      const auto k_b_dev = to_device(gpu(), k_b), v_b_dev = to_device(gpu(), v_b);
+      for (const MlaStep& step : steps) {
+        const int64_t T = int64_t(step.positions.size());
+        const std::string context =
+            fmt::format("kv_lora={} heads={} {} {}", s.lora, H, dtype_name(type), step.name);
+        // The cache before the step: earlier positions of each sequence filled, the rest poison.
+        std::vector<float> cache(size_t(n_seq * n_ctx * row), poison_value());
+        const std::vector<float> earlier = gaussian(cache.size(), ++seed);
+        for (int64_t q = 0; q < n_seq; ++q)
+          std::copy_n(earlier.begin() + q * n_ctx * row, step.filled[size_t(q)] * row,
+                      cache.begin() + q * n_ctx * row);
+        const std::vector<float> rows = gaussian(size_t(T * row), ++seed);
+        const std::vector<float> q = gaussian(size_t(T * H * q_stride), ++seed);
+        const auto cache_dev = to_device(gpu(), cache);
+        const auto rows_dev = to_device(gpu(), rows), q_dev = to_device(gpu(), q);
+        const auto positions_dev = to_device(gpu(), step.positions);
+        const auto seq_ids_dev = to_device(gpu(), step.seq_ids);
+        KvLayerView gpu_cache = cache_shape, cpu_cache = cache_shape;
+        gpu_cache.data = cache_dev.data(), cpu_cache.data = cache.data();
+
+        gpu().kv_store({.rows = rows_dev.data(),
+                        .cache = gpu_cache,
+                        .positions = positions_dev.data(),
+                        .seq_ids = seq_ids_dev.data(),
+                        .n_tokens = T});
+        cpu_.kv_store({.rows = rows.data(),
+                       .cache = cpu_cache,
+                       .positions = step.positions.data(),
+                       .seq_ids = step.seq_ids.data(),
+                       .n_tokens = T});
+        ASSERT_TRUE(same_bits(to_host(gpu(), cache_dev), cache))
+            << context << ": the caches differ after kv_store";
+
+        const MlaReference ref =
+            exact_mla(s, k_b_exact, v_b_exact, q, cache, n_ctx, step, attention_scale);
+        const size_t n_out = size_t(T * H * s.v_head);
+        const auto out_dev = poisoned(gpu(), n_out);
+        for (KernelChoice choice : kChoices) {
+          poison(gpu(), out_dev);
+          std::vector<float> out_cpu(n_out, poison_value());
+          gpu().mla_attention({.q = q_dev.data(),
+                               .k_b = weight_view(type, k_b_dev.data(), s.lora, s.nope, H),
+                               .v_b = weight_view(type, v_b_dev.data(), s.v_head, s.lora, H),
+                               .cache = gpu_cache,
+                               .positions = positions_dev.data(),
+                               .seq_ids = seq_ids_dev.data(),
+                               .n_tokens = T,
+                               .n_heads = H,
+                               .nope_dims = s.nope,
+                               .v_head_dims = s.v_head,
+                               .scale = attention_scale,
+                               .output = out_dev.data(),
+                               .kernels = choice});
+          cpu_.mla_attention({.q = q.data(),
+                              .k_b = weight_view(type, k_b.data(), s.lora, s.nope, H),
+                              .v_b = weight_view(type, v_b.data(), s.v_head, s.lora, H),
+                              .cache = cpu_cache,
+                              .positions = step.positions.data(),
+                              .seq_ids = step.seq_ids.data(),
+                              .n_tokens = T,
+                              .n_heads = H,
+                              .nope_dims = s.nope,
+                              .v_head_dims = s.v_head,
+                              .scale = attention_scale,
+                              .output = out_cpu.data(),
+                              .kernels = choice});
+          const std::vector<float> out = to_host(gpu(), out_dev);
+          Worst vs_cpu, vs_exact, cpu_vs_exact;
+          for (size_t i = 0; i < n_out; ++i) {
+            auto where = [&] {
+              const size_t t = i / size_t(H * s.v_head), h = i / size_t(s.v_head) % size_t(H);
+              return fmt::format("{} token {} (position {}) head {} dim {}", context, t,
+                                 step.positions[t], h, i % size_t(s.v_head));
+            };
+            vs_cpu.add(normalized_error(out[i], out_cpu[i], ref.scale[i]), where);
+            vs_exact.add(normalized_error(out[i], ref.out[i], ref.scale[i]), where);
+            cpu_vs_exact.add(normalized_error(out_cpu[i], ref.out[i], ref.scale[i]), where);
+          }
+          const double exact_bound = is_standin(gpu()) ? mla_bound_vs_cpu(type) : kMlaGpuVsExact;
+          EXPECT_LE(vs_cpu.error, mla_bound_vs_cpu(type)) << "GPU vs CPU at " << vs_cpu.where;
+          EXPECT_LE(vs_exact.error, exact_bound) << "GPU vs exact at " << vs_exact.where;
+          vs_cpu_all.add(vs_cpu);
+          vs_exact_all.add(vs_exact);
+          cpu_vs_exact_all.add(cpu_vs_exact);
+        }
+      }
+      std::printf(
+          "  kv_lora %3lld %-4s GPU vs CPU %.3g (bound %.3g), GPU vs exact %.3g, CPU vs exact "
+          "%.3g\n",
+          static_cast<long long>(s.lora), std::string(dtype_name(type)).c_str(), vs_cpu_all.error,
+          mla_bound_vs_cpu(type), vs_exact_all.error, cpu_vs_exact_all.error);
+    }
+  }
+}
+
+// ---- moe_route ----
+
+// Whether float rounding could choose differently for this token: two selection scores among
+// the top_k + 1 best (or two group scores) within 1e-5 of each other (relative, plus 1e-5
+// absolute for scores near zero). The GPU's expf differs from glibc's by an ulp or two, so the
+// backends' scores differ by ~1e-7: gaps of 1e-5 order them alike. Computed in double.
+bool near_tie(const MoeRouteOp& op, const float* logits, const float* bias) {
+  auto close = [](double a, double b) {
+    return std::fabs(a - b) <= 1e-5 * (1.0 + std::max(std::fabs(a), std::fabs(b)));
+  };
+  const int64_t n = op.n_expert;
+  std::vector<double> selection(static_cast<size_t>(n));
+  if (op.gating == MoeGating::Softmax) {
+    const double max_logit = *std::max_element(logits, logits + n);
+    double sum = 0;
+    for (int64_t e = 0; e < n; ++e) sum += selection[size_t(e)] = std::exp(logits[e] - max_logit);
+    for (double& s : selection) s /= sum;
+  } else {
+    for (int64_t e = 0; e < n; ++e)
+      selection[size_t(e)] = 1.0 / (1.0 + std::exp(-double(logits[e])));
+  }
+  if (bias)
+    for (int64_t e = 0; e < n; ++e) selection[size_t(e)] += bias[e];
+  if (op.n_groups > 1 && op.n_groups_used < op.n_groups) {
+    const int64_t per_group = n / op.n_groups;
+    std::vector<double> group_scores;
+    for (int64_t g = 0; g < op.n_groups; ++g) {
+      std::vector<double> s(selection.begin() + g * per_group,
+                            selection.begin() + (g + 1) * per_group);
+      std::sort(s.rbegin(), s.rend());
+      group_scores.push_back(op.gating == MoeGating::Sigmoid && per_group > 1 ? s[0] + s[1] : s[0]);
+    }
+    for (size_t g = 0; g < group_scores.size(); ++g)
+      for (size_t h = g + 1; h < group_scores.size(); ++h)
+        if (close(group_scores[g], group_scores[h])) return true;
+    std::vector<double> sorted = group_scores;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const double cutoff = sorted[size_t(op.n_groups_used - 1)];
+    for (int64_t g = 0; g < op.n_groups; ++g)
+      if (group_scores[size_t(g)] < cutoff)
+        for (int64_t i = 0; i < per_group; ++i) selection[size_t(g * per_group + i)] = -INFINITY;
+  }
+  std::vector<double> sorted;
+  for (double s : selection)
+    if (std::isfinite(s)) sorted.push_back(s);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (size_t i = 0; i < size_t(op.top_k) && i + 1 < sorted.size(); ++i)
+    if (close(sorted[i], sorted[i + 1])) return true;
+  return false;
+}
+
+// The same routing code runs on both (backends/moe_routing.h), so expert ids are identical
+// wherever no near tie lets an ulp decide, and weights agree to the math library's ulps: softmax
+// or sigmoid within ~3 ulp, a division by the sum of a few, normalization and scale: ~15 ulp
+// at most, 1.8e-6 relative. Bound 1e-5 relative. Counts must match exactly once the tokens with
+// near ties are taken out of both.
+TEST_F(CudaBackendTest, MoeRouteChoosesTheCpusExperts) {
+  struct Case {
+    MoeGating gating;
+    int64_t n_expert, n_groups, n_groups_used, top_k;
+    bool normalize;
+    float scale;
+    bool bias;
+  };
+  const Case cases[] = {
+      {MoeGating::Softmax, 16, 1, 1, 2, false, 1.0f, false},  // V2-Lite style
+      {MoeGating::Softmax, 64, 1, 1, 6, false, 1.0f, false},
+      {MoeGating::Softmax, 64, 4, 2, 6, true, 16.0f, false},  // group-limited softmax (V2)
+      {MoeGating::Sigmoid, 16, 4, 2, 4, true, 2.5f, true},    // the V3 fixtures
+      {MoeGating::Sigmoid, 64, 4, 2, 8, true, 2.5f, true},
+      {MoeGating::Sigmoid, 64, 1, 1, 8, false, 1.0f, true},
+      {MoeGating::Sigmoid, 16, 1, 1, 2, true, 1.0f, false}};
+  uint32_t seed = 4000;
+  int case_index = 0;
+  int64_t tokens_routed = 0, tokens_skipped = 0;
+  for (const Case& c : cases) {
+    for (int64_t n_tokens : {1, 37, 200}) {  // 200: several blocks of the GPU's 64 threads
+      const bool with_counts = ++case_index % 2 == 1;  // and null counts every other time
+      const std::string context =
+          fmt::format("{} n_expert={} groups {}/{} top_k={}{} n_tokens={}",
+                      c.gating == MoeGating::Softmax ? "softmax" : "sigmoid", c.n_expert,
+                      c.n_groups_used, c.n_groups, c.top_k, c.bias ? " bias" : "", n_tokens);
+      const size_t n_logits = size_t(n_tokens * c.n_expert), n_chosen = size_t(n_tokens * c.top_k);
+      const std::vector<float> logits =
+          gaussian(n_logits, ++seed, c.gating == MoeGating::Softmax ? 3.0f : 2.0f);
+      const std::vector<float> bias = gaussian(size_t(c.n_expert), ++seed);
+      std::vector<uint64_t> counts(size_t(c.n_expert));
+      for (size_t e = 0; e < counts.size(); ++e) counts[e] = 1000 + 7 * e;
+      const auto logits_dev = to_device(gpu(), logits), bias_dev = to_device(gpu(), bias);
+      const auto counts_dev = to_device(gpu(), counts);
+      const auto ids_dev = to_device(gpu(), std::vector<int32_t>(n_chosen, -7));
+      const auto weights_dev = poisoned(gpu(), n_chosen);
+      std::vector<int32_t> ids_cpu(n_chosen, -7);
+      std::vector<float> weights_cpu(n_chosen, poison_value());
+      std::vector<uint64_t> counts_cpu = counts;
+      MoeRouteOp op{.n_tokens = n_tokens,
+                    .n_expert = c.n_expert,
+                    .top_k = c.top_k,
+                    .gating = c.gating,
+                    .n_groups = c.n_groups,
+                    .n_groups_used = c.n_groups_used,
+                    .normalize = c.normalize,
+                    .scale = c.scale};
+      MoeRouteOp on_gpu = op, on_cpu = op;
+      on_gpu.logits = logits_dev.data(), on_cpu.logits = logits.data();
+      on_gpu.bias = c.bias ? bias_dev.data() : nullptr,
+      on_cpu.bias = c.bias ? bias.data() : nullptr;
+      on_gpu.expert_ids = ids_dev.data(), on_cpu.expert_ids = ids_cpu.data();
+      on_gpu.expert_weights = weights_dev.data(), on_cpu.expert_weights = weights_cpu.data();
+      on_gpu.counts = with_counts ? counts_dev.data() : nullptr;
+      on_cpu.counts = with_counts ? counts_cpu.data() : nullptr;
+      gpu().moe_route(on_gpu);
+      cpu_.moe_route(on_cpu);
+      const std::vector<int32_t> ids = to_host(gpu(), ids_dev);
+      const std::vector<float> weights = to_host(gpu(), weights_dev);
+      std::vector<uint64_t> counts_gpu = to_host(gpu(), counts_dev);
+
+      int64_t skipped = 0;
+      Worst weight_error;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const size_t first = size_t(t * c.top_k);
+        std::vector<int32_t> chosen(ids.begin() + first, ids.begin() + first + c.top_k);
+        std::sort(chosen.begin(), chosen.end());
+        EXPECT_TRUE(std::adjacent_find(chosen.begin(), chosen.end()) == chosen.end() &&
+                    chosen.front() >= 0 && chosen.back() < c.n_expert)
+            << context << ": token " << t << " has invalid or repeated expert ids";
+        if (near_tie(op, logits.data() + t * c.n_expert, c.bias ? bias.data() : nullptr)) {
+          ++skipped;
+          if (with_counts)
+            for (size_t k = first; k < first + size_t(c.top_k); ++k)
+              --counts_gpu[size_t(ids[k])], --counts_cpu[size_t(ids_cpu[k])];
+          continue;
+        }
+        for (size_t k = first; k < first + size_t(c.top_k); ++k) {
+          EXPECT_EQ(ids[k], ids_cpu[k]) << context << ": token " << t << " choice " << k - first;
+          weight_error.add(
+              normalized_error(weights[k], weights_cpu[k], std::fabs(weights_cpu[k])),
+              [&] { return fmt::format("{} token {} choice {}", context, t, k - first); });
+        }
+      }
+      EXPECT_LE(weight_error.error, 1e-5) << weight_error.where;
+      EXPECT_LE(skipped, n_tokens / 10) << context << ": too many near ties to mean anything";
+      tokens_routed += n_tokens, tokens_skipped += skipped;
+      EXPECT_EQ(counts_gpu, counts_cpu) << context << ": routing counts";
+      if (!with_counts) {
+        EXPECT_EQ(counts_gpu, counts) << context << ": counts written when null";
+      }
+    }
+  }
+  std::printf("  %lld tokens routed, %lld left out of the id comparison for near ties\n",
+              static_cast<long long>(tokens_routed), static_cast<long long>(tokens_skipped));
+}
+
+// ---- moe, moe_reduce ----
+
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+// One slot of the expert FFN in double from the exact weights: y = down · (silu(gate·x) ⊙ up·x).
+// `scale` per element is the first-order sum of what an error of e per product in each of the
+// three products moves it by, over e: Σ_f |down_df| (|act_f| + |silu'(g_f) u_f| G_f + |silu(g_f)|
+// U_f) with G_f, U_f the absolute sums Σ_d |gate_fd x_d|, Σ_d |up_fd x_d|. As for one matmul, an
+// error of e in every product gives at most ~e.
+void exact_expert(const float* gate, const float* up, const float* down, const float* x,
+                  int64_t dim, int64_t ffn, double* y, double* scale) {
+  std::vector<double> act(static_cast<size_t>(ffn)), sensitivity(static_cast<size_t>(ffn));
+  for (int64_t f = 0; f < ffn; ++f) {
+    double g = 0, u = 0, g_abs = 0, u_abs = 0;
+    for (int64_t d = 0; d < dim; ++d) {
+      g += double(gate[f * dim + d]) * x[d], g_abs += std::fabs(double(gate[f * dim + d]) * x[d]);
+      u += double(up[f * dim + d]) * x[d], u_abs += std::fabs(double(up[f * dim + d]) * x[d]);
+    }
+    const double s = sigmoid(g), silu = g * s, silu_slope = s * (1 + g * (1 - s));
+    act[size_t(f)] = silu * u;
+    sensitivity[size_t(f)] =
+        std::fabs(act[size_t(f)]) + std::fabs(silu_slope * u) * g_abs + std::fabs(silu) * u_abs;
+  }
+  for (int64_t d = 0; d < dim; ++d) {
+    double sum = 0, abs_sum = 0;
+    for (int64_t f = 0; f < ffn; ++f) {
+      sum += double(down[d * ffn + f]) * act[size_t(f)];
+      abs_sum += std::fabs(double(down[d * ffn + f])) * sensitivity[size_t(f)];
+    }
+    y[d] = sum, scale[d] = abs_sum;
+  }
+}
+
+// GPU against the exact reference: three F32 products (as matmul: a few 1e-6 at worst against
+// their absolute sums, which `scale` bounds from above) and a SiLU with CUDA's expf (~3e-7 of the
+// activation): bound 2e-5, as for matmul. GPU against the CPU: F32 weights as above; with Q4_K /
+// Q6_K the CPU's int16 activations for x and for down's input add up to 8.6e-7 here: bound 3e-5.
+// Two experts swapped cost 0.015 to 0.18 here (tried by hand).
+constexpr double kMoeGpuVsExact = 2e-5;
+double moe_bound_vs_cpu(DType type) {
+  return type == DType::F32 ? 2e-5 : 3e-5;
+}
+
+// A shard holding experts 1, 2, 5 and 6 of 8 (local_index -1 for the others), top-3 routing,
+// and a dense FFN (one expert, null local_index); 1 and 5 tokens take the rows kernels under
+// ByTokenCount, 40 and 80 the tiles, 80 with more than 64 entries for one expert. Slots of
+// experts held elsewhere must keep their bits on both backends.
+TEST_F(CudaBackendTest, MoeShardWritesOnlyItsExpertsSlotsAndMatchesCpu) {
+  struct Formats {
+    DType gate_up, down;
+    int64_t dim, ffn;  // 72 and 40: ragged rows and columns for the F32 tiles
+  };
+  struct Layout {
+    const char* name;
+    int64_t n_expert, top_k;
+    std::vector<int32_t> local_index;  // empty: null (identity)
+  };
+  const Formats formats[] = {{DType::Q4_K, DType::Q6_K, 256, 512},
+                             {DType::F32, DType::F32, 72, 40}};
+  const Layout layouts[] = {{"shard of 4 of 8 experts", 8, 3, {-1, 0, 1, -1, -1, 2, 3, -1}},
+                            {"dense", 1, 1, {}}};
+  uint32_t seed = 5000;
+  for (const Formats& f : formats) {
+    for (const Layout& layout : layouts) {
+      const int64_t held = layout.local_index.empty() ? 1 : 4, K = layout.top_k;
+      const std::vector<uint8_t> gate =
+          make_weights(f.gate_up, held * f.ffn, f.dim, ++seed, 1.0f / std::sqrt(float(f.dim)));
+      const std::vector<uint8_t> up =
+          make_weights(f.gate_up, held * f.ffn, f.dim, ++seed, 1.0f / std::sqrt(float(f.dim)));
+      const std::vector<uint8_t> down =
+          make_weights(f.down, held * f.dim, f.ffn, ++seed, 1.0f / std::sqrt(float(f.ffn)));
+      const std::vector<float> gate_exact = dequantized(f.gate_up, gate, held * f.ffn, f.dim);
+      const std::vector<float> up_exact = dequantized(f.gate_up, up, held * f.ffn, f.dim);
+      const std::vector<float> down_exact = dequantized(f.down, down, held * f.dim, f.ffn);
+      const auto gate_dev = to_device(gpu(), gate), up_dev = to_device(gpu(), up);
+      const auto down_dev = to_device(gpu(), down);
+      const auto local_dev = to_device(gpu(), layout.local_index);
+      Worst vs_cpu_all, vs_exact_all, cpu_vs_exact_all;
+      for (int64_t n_tokens : {1, 5, 40, 80}) {
+        // Expert 2 in every token (one expert over 64 entries at 80 tokens), the others random.
+        std::mt19937 rng(++seed);
+        std::vector<int32_t> ids(size_t(n_tokens * K), 0);
+        for (int64_t t = 0; t < n_tokens && K > 1; ++t) {
+          std::vector<int32_t> experts = {0, 1, 3, 4, 5, 6, 7};
+          std::shuffle(experts.begin(), experts.end(), rng);
+          for (int64_t k = 0; k < K; ++k)
+            ids[size_t(t * K + k)] = k == t % K ? 2 : experts[size_t(k)];
+        }
+        const std::vector<float> x = gaussian(size_t(n_tokens * f.dim), ++seed);
+        const auto x_dev = to_device(gpu(), x);
+        const auto ids_dev = to_device(gpu(), ids);
+        // The exact slots of held experts.
+        const size_t n_slots_floats = size_t(n_tokens * K * f.dim);
+        std::vector<double> ref(n_slots_floats), ref_scale(n_slots_floats);
+        std::vector<bool> held_slot(size_t(n_tokens * K));
+        for (int64_t s = 0; s < n_tokens * K; ++s) {
+          const int32_t e = ids[size_t(s)];
+          const int32_t m = layout.local_index.empty() ? e : layout.local_index[size_t(e)];
+          if (!(held_slot[size_t(s)] = m >= 0)) continue;
+          exact_expert(gate_exact.data() + m * f.ffn * f.dim, up_exact.data() + m * f.ffn * f.dim,
+                       down_exact.data() + m * f.dim * f.ffn, x.data() + (s / K) * f.dim, f.dim,
+                       f.ffn, ref.data() + s * f.dim, ref_scale.data() + s * f.dim);
+        }
+        const auto slots_dev = poisoned(gpu(), n_slots_floats);
+        for (KernelChoice choice : kChoices) {
+          const std::string context =
+              fmt::format("{}/{} {} n_tokens={} {}", dtype_name(f.gate_up), dtype_name(f.down),
+                          layout.name, n_tokens, choice_name(choice));
+          poison(gpu(), slots_dev);
+          std::vector<float> slots_cpu(n_slots_floats, poison_value());
+          const MoeOp op{.n_expert = layout.n_expert,
+                         .n_tokens = n_tokens,
+                         .top_k = K,
+                         .dim = f.dim,
+                         .ffn_dims = f.ffn,
+                         .kernels = choice};
+          MoeOp on_gpu = op, on_cpu = op;
+          on_gpu.input = x_dev.data(), on_cpu.input = x.data();
+          on_gpu.gate = weight_view(f.gate_up, gate_dev.data(), f.ffn, f.dim, held);
+          on_gpu.up = weight_view(f.gate_up, up_dev.data(), f.ffn, f.dim, held);
+          on_gpu.down = weight_view(f.down, down_dev.data(), f.dim, f.ffn, held);
+          on_cpu.gate = weight_view(f.gate_up, gate.data(), f.ffn, f.dim, held);
+          on_cpu.up = weight_view(f.gate_up, up.data(), f.ffn, f.dim, held);
+          on_cpu.down = weight_view(f.down, down.data(), f.dim, f.ffn, held);
+          on_gpu.expert_ids = ids_dev.data(), on_cpu.expert_ids = ids.data();
+          on_gpu.local_index = layout.local_index.empty() ? nullptr : local_dev.data();
+          on_cpu.local_index = layout.local_index.empty() ? nullptr : layout.local_index.data();
+          on_gpu.slots = slots_dev.data(), on_cpu.slots = slots_cpu.data();
+          gpu().moe(on_gpu);
+          cpu_.moe(on_cpu);
+          const std::vector<float> slots = to_host(gpu(), slots_dev);
+          Worst vs_cpu, vs_exact, cpu_vs_exact;
+          size_t foreign_written = 0;
+          for (size_t i = 0; i < n_slots_floats; ++i) {
+            const size_t slot = i / size_t(f.dim);
+            if (!held_slot[slot]) {
+              foreign_written += !is_poison(slots[i]) + !is_poison(slots_cpu[i]);
+              continue;
+            }
+            auto where = [&] {
+              return fmt::format("{} token {} choice {} (expert {}) element {}", context,
+                                 slot / size_t(K), slot % size_t(K), ids[slot], i % size_t(f.dim));
+            };
+            vs_cpu.add(normalized_error(slots[i], slots_cpu[i], ref_scale[i]), where);
+            vs_exact.add(normalized_error(slots[i], ref[i], ref_scale[i]), where);
+            cpu_vs_exact.add(normalized_error(slots_cpu[i], ref[i], ref_scale[i]), where);
+          }
+          const double exact_bound = is_standin(gpu()) ? moe_bound_vs_cpu(f.down) : kMoeGpuVsExact;
+          EXPECT_EQ(foreign_written, 0u) << context << ": slots of experts held elsewhere written";
+          EXPECT_LE(vs_cpu.error, moe_bound_vs_cpu(f.down)) << "GPU vs CPU at " << vs_cpu.where;
+          EXPECT_LE(vs_exact.error, exact_bound) << "GPU vs exact at " << vs_exact.where;
+          vs_cpu_all.add(vs_cpu);
+          vs_exact_all.add(vs_exact);
+          cpu_vs_exact_all.add(cpu_vs_exact);
+        }
+      }
+      std::printf(
+          "  %s/%s %-24s GPU vs CPU %.3g (bound %.3g), GPU vs exact %.3g, CPU vs exact %.3g\n",
+          std::string(dtype_name(f.gate_up)).c_str(), std::string(dtype_name(f.down)).c_str(),
+          layout.name, vs_cpu_all.error, moe_bound_vs_cpu(f.down), vs_exact_all.error,
+          cpu_vs_exact_all.error);
+    }
+  }
+}
+
+// Both sum weight · slot over k in routing order from 0, one f32 multiply and one add per term,
+// each rounded (the GPU with __fmul_rn/__fadd_rn, the CPU without contraction): the same bits.
+TEST_F(CudaBackendTest, MoeReduceIsExact) {
+  uint32_t seed = 6000;
+  for (int64_t n_tokens : {1, 40}) {
+    for (int64_t top_k : {1, 3, 8}) {
+      const int64_t dim = 256;
+      const std::vector<float> slots = gaussian(size_t(n_tokens * top_k * dim), ++seed);
+      const std::vector<float> weights = gaussian(size_t(n_tokens * top_k), ++seed);
+      const auto slots_dev = to_device(gpu(), slots), weights_dev = to_device(gpu(), weights);
+      const auto out_dev = poisoned(gpu(), size_t(n_tokens * dim));
+      std::vector<float> out_cpu(size_t(n_tokens * dim), poison_value());
+      gpu().moe_reduce({.slots = slots_dev.data(),
+                        .weights = weights_dev.data(),
+                        .n_tokens = n_tokens,
+                        .top_k = top_k,
+                        .dim = dim,
+                        .output = out_dev.data()});
+      cpu_.moe_reduce({.slots = slots.data(),
+                       .weights = weights.data(),
+                       .n_tokens = n_tokens,
+                       .top_k = top_k,
+                       .dim = dim,
+                       .output = out_cpu.data()});
+      EXPECT_TRUE(same_bits(to_host(gpu(), out_dev), out_cpu))
+          << "n_tokens=" << n_tokens << " top_k=" << top_k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::test
