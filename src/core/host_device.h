@@ -13,10 +13,17 @@
 #include <cstring>
 
 #if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
+#if defined(__CUDACC__)
 #define TANDEM_HD __host__ __device__ __forceinline__
-#define TANDEM_UNROLL _Pragma("unroll")
 #else
 #define TANDEM_HD inline
+#endif
+#if defined(__CUDA_ARCH__)  // nvcc's device pass only: the host compiler warns on the pragma
+#define TANDEM_UNROLL _Pragma("unroll")
+#else
 #define TANDEM_UNROLL
 #endif
 
@@ -105,8 +112,13 @@ TANDEM_HD uint32_t load_u32(const uint8_t* p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
 }
 
-// IEEE half and bfloat16 to float, exact (as core/half.h, which the device cannot call).
+// IEEE half and bfloat16 to float, exact (as core/half.h, which the device cannot call). The
+// device converts halves with its conversion instruction: the same value for every half that is
+// not a NaN (exactly representable either way), without the branches.
 TANDEM_HD float f16_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#endif
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   const uint32_t exponent = (h >> 10) & 0x1f;
   const uint32_t mantissa = h & 0x3ff;

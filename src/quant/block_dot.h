@@ -68,6 +68,15 @@ TANDEM_HD float madd(float a, float b, float c) {
 #endif
 }
 
+// k_scale_min of block_decode.h on the 12 scale bytes held in three words, picking bytes with
+// selects rather than an index into an array (a run-time index would put the words in local
+// memory on the device).
+TANDEM_HD KScaleMin k_scale_min_words(uint32_t w0, uint32_t w1, uint32_t w2, int sub) {
+  auto byte = [&](int i) { return int(((i < 4 ? w0 : i < 8 ? w1 : w2) >> (8 * (i % 4))) & 0xFF); };
+  if (sub < 4) return {byte(sub) & 63, byte(sub + 4) & 63};
+  return {(byte(sub + 4) & 0xF) | ((byte(sub - 4) >> 6) << 4), (byte(sub + 4) >> 4) | ((byte(sub) >> 6) << 4)};
+}
+
 // acc[t] += Σ_g scale[g] · Σ_{i in g} q[i] · x[t][i] + offset[g] · Σ_{i in g} x[t][i] over the
 // 32 / kGroup groups of kGroup elements (offset null: none).
 template <int kGroup, int NT, class X>
@@ -233,7 +242,7 @@ struct KQuantDot {
     load_words<true>(block, header);
     const float d = hd::f16_to_f32(uint16_t(header[0] & 0xFFFF));
     const float dmin = hd::f16_to_f32(uint16_t(header[0] >> 16));
-    const KScaleMin sm = k_scale_min(reinterpret_cast<const uint8_t*>(header) + 4, chunk);
+    const KScaleMin sm = k_scale_min_words(header[1], header[2], header[3], chunk);
     const float scale = hd::mul_rn(d, float(sm.scale));
     const float offset = -hd::mul_rn(dmin, float(sm.min));
     uint32_t w[8];

@@ -18,15 +18,13 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr int kThreads = 128;
-constexpr int kKeyTile = 64;
-constexpr int kMaxLatentPerThread = 8;  // kv_lora up to 1024 (DeepSeek: 512)
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+constexpr int kThreads = 256;
+constexpr int kGroup = 8;          // heads per block: they share each tile of cache rows
+constexpr int kKeyTile = 8;        // cache rows per shared-memory tile (8 x 576 floats for DeepSeek)
+constexpr int kMaxColumns = 4;     // latent columns per thread: kv_lora up to 1024 (DeepSeek: 512)
+// Keys per split, at fixed positions (0-255, 256-511, ...): a token's result is the same fold of
+// the same splits however many tokens share the step and whichever mode computes it.
+constexpr int64_t kSplitKeys = 256;
 
 __global__ void rope_kernel(RopeOp op, float low, float high) {
   const int64_t half = op.params.rope_dims / 2;
@@ -44,6 +42,10 @@ __global__ void rope_kernel(RopeOp op, float low, float high) {
 
 __global__ void kv_store_kernel(KvStoreOp op) {
   const int64_t t = blockIdx.x, row = op.cache.kv_lora_rank + op.cache.rope_dims;
+  // The host checked positions and sequences before the step (Engine::evaluate_batch); a bad one
+  // here is a bug in tandem, and stops the device rather than writing elsewhere (CPU: TANDEM_CHECK).
+  if (op.seq_ids[t] < 0 || op.seq_ids[t] >= op.cache.n_seq || op.positions[t] < 0 || op.positions[t] >= op.cache.n_ctx)
+    __trap();
   float* dst = op.cache.data + (int64_t(op.seq_ids[t]) * op.cache.n_ctx + op.positions[t]) * row;
   const float* src = op.rows + t * row;
   for (int64_t c = threadIdx.x; c < row; c += blockDim.x) dst[c] = src[c];
@@ -58,66 +60,239 @@ struct MlaArgs {
   const int32_t* seq_ids;
   int64_t n_heads;
   float scale;
-  float* o_lat;  // [T, H, lora]
+  float* o_lat;     // [T, H, lora]
+  float* partial;   // parallel mode: [T, H, max_splits, 2 + lora] (max, sum, unnormalized sums)
+  int64_t max_splits;
 };
 
-__global__ void __launch_bounds__(kThreads) mla_kernel(MlaArgs a) {
-  extern __shared__ float query[];  // [lora + rope]
-  __shared__ float p[kKeyTile];
-  const int64_t t = blockIdx.x, h = blockIdx.y;
-  const int64_t lora = a.cache.kv_lora_rank, rope = a.cache.rope_dims, row = lora + rope;
-  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
-  for (int64_t c = tid; c < lora; c += kThreads) query[c] = a.q_lat[(t * a.n_heads + h) * lora + c];
-  for (int64_t c = tid; c < rope; c += kThreads) query[lora + c] = a.q[(t * a.n_heads + h) * a.q_stride + a.nope + c];
-  __syncthreads();
+// What attention over a range of keys leaves for one head: the running maximum score, the sum
+// of exp(score - max), and this thread's columns of Σ exp(score - max) · latent.
+template <int kColumns>
+struct HeadState {
+  float max, sum;
+  float o[kColumns];
+};
 
-  const int64_t n_keys = int64_t(a.positions[t]) + 1;
-  const float* keys = a.cache.data + int64_t(a.seq_ids[t]) * a.cache.n_ctx * row;
-  float o[kMaxLatentPerThread];
+__device__ __forceinline__ int64_t keys_of(const MlaArgs& a, int64_t t) { return int64_t(a.positions[t]) + 1; }
+__device__ __forceinline__ int64_t splits_of(const MlaArgs& a, int64_t t) {
+  return (keys_of(a, t) + kSplitKeys - 1) / kSplitKeys;
+}
+
+// Folds state b into a: both rescaled to the larger maximum. The one merge both modes use, with
+// explicit roundings, so a split-by-split fold gives the same bits wherever it runs.
+template <int kColumns>
+__device__ __forceinline__ void merge(HeadState<kColumns>& a, const HeadState<kColumns>& b) {
+  const float m = fmaxf(a.max, b.max);
+  const float ca = expf(__fsub_rn(a.max, m)), cb = expf(__fsub_rn(b.max, m));
+  a.sum = __fadd_rn(__fmul_rn(a.sum, ca), __fmul_rn(b.sum, cb));
 #pragma unroll
-  for (int i = 0; i < kMaxLatentPerThread; ++i) o[i] = 0.0f;
-  float running_max = -INFINITY, running_sum = 0.0f;
+  for (int i = 0; i < kColumns; ++i) a.o[i] = __fadd_rn(__fmul_rn(a.o[i], ca), __fmul_rn(b.o[i], cb));
+  a.max = m;
+}
 
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
-    // Scores of this tile: each warp takes 16 keys, the lanes split a key's row.
-    for (int jj = warp; jj < kKeyTile; jj += kThreads / kWarpSize) {
-      const int64_t j = j0 + jj;
+// Shared memory of a block: its heads' queries, a tile of cache rows, the tile's scores.
+struct Smem {
+  float* query;     // [kGroup][row]
+  float* keys;      // [kKeyTile][row]
+  float* p;         // [kGroup][kKeyTile]
+  float* head_max;  // [kGroup] the running maxima after the current tile
+};
+
+__device__ __forceinline__ Smem carve(float* base, int64_t row) {
+  float* p = base + (kGroup + kKeyTile) * row;
+  return {base, base + kGroup * row, p, p + kGroup * kKeyTile};
+}
+
+size_t smem_bytes(int64_t row) { return size_t((kGroup + kKeyTile) * row + kGroup * kKeyTile + kGroup) * sizeof(float); }
+
+// The queries [q_lat | q_rope] of token t's heads h0 .. h0 + n_heads - 1 into shared memory.
+__device__ void load_queries(const MlaArgs& a, int64_t t, int64_t h0, int n_heads, const Smem& sm) {
+  const int64_t lora = a.cache.kv_lora_rank, rope = a.cache.rope_dims, row = lora + rope;
+  for (int64_t i = threadIdx.x; i < kGroup * row; i += kThreads) {
+    const int64_t g = i / row, c = i % row, h = h0 + g;
+    float v = 0.0f;
+    if (g < n_heads)
+      v = c < lora ? a.q_lat[(t * a.n_heads + h) * lora + c] : a.q[(t * a.n_heads + h) * a.q_stride + a.nope + c - lora];
+    sm.query[i] = v;
+  }
+}
+
+// Attention of the block's heads over keys [begin, end) of token t's sequence, from an empty
+// state: tiles of kKeyTile rows staged in shared memory once for all the heads (MLA's keys and
+// values are the same latent rows for every head), four threads per score, then each thread
+// folds the tile into its columns for every head.
+template <int kColumns>
+__device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads, int64_t begin, int64_t end,
+                                       const Smem& sm, HeadState<kColumns> (&state)[kGroup]) {
+  const int64_t lora = a.cache.kv_lora_rank, row = lora + a.cache.rope_dims;
+  const int tid = threadIdx.x;
+  const float* cache = a.cache.data + int64_t(a.seq_ids[t]) * a.cache.n_ctx * row;
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    state[g].max = -INFINITY, state[g].sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) state[g].o[i] = 0.0f;
+  }
+  for (int64_t j0 = begin; j0 < end; j0 += kKeyTile) {
+    const int n_keys = int(end - j0 < kKeyTile ? end - j0 : kKeyTile);
+    for (int64_t i = tid; i < kKeyTile * row; i += kThreads)
+      sm.keys[i] = i / row < n_keys ? cache[(j0 + i / row) * row + i % row] : 0.0f;
+    __syncthreads();
+    {  // scores: 64 = kGroup x kKeyTile, four threads each, summed by a fixed shuffle tree
+      const int score = tid / 4, part = tid % 4, g = score / kKeyTile, j = score % kKeyTile;
       float partial = 0.0f;
-      if (j < n_keys)
-        for (int64_t c = lane; c < row; c += kWarpSize) partial = fmaf(query[c], keys[j * row + c], partial);
-      const float score = warp_sum(partial);
-      if (lane == 0) p[jj] = j < n_keys ? score * a.scale : -INFINITY;
+      for (int64_t c = part; c < row; c += 4) partial = fmaf(sm.query[g * row + c], sm.keys[j * row + c], partial);
+      partial += __shfl_xor_sync(0xffffffffu, partial, 1);
+      partial += __shfl_xor_sync(0xffffffffu, partial, 2);
+      if (part == 0) sm.p[g * kKeyTile + j] = g < n_heads && j < n_keys ? partial * a.scale : -INFINITY;
     }
     __syncthreads();
-    // Every thread folds the tile into the running softmax the same way (same bits everywhere).
-    float tile_max = -INFINITY;
-    for (int jj = 0; jj < kKeyTile; ++jj) tile_max = fmaxf(tile_max, p[jj]);
-    const float new_max = fmaxf(running_max, tile_max);
-    const float correction = expf(running_max - new_max);  // 0 on the first tile
-    __syncthreads();
-    if (tid < kKeyTile) p[tid] = expf(p[tid] - new_max);  // -inf past the last key: 0
-    __syncthreads();
-    float tile_sum = 0.0f;
-    for (int jj = 0; jj < kKeyTile; ++jj) tile_sum += p[jj];
-    running_sum = running_sum * correction + tile_sum;
-    running_max = new_max;
-    // Weighted sums of the tile's latent rows: thread tid owns columns tid, tid + 128, ...
-    const int64_t keys_here = n_keys - j0 < kKeyTile ? n_keys - j0 : kKeyTile;
+    float correction[kGroup];
 #pragma unroll
-    for (int i = 0; i < kMaxLatentPerThread; ++i) {
+    for (int g = 0; g < kGroup; ++g) {
+      float tile_max = -INFINITY;
+      for (int j = 0; j < kKeyTile; ++j) tile_max = fmaxf(tile_max, sm.p[g * kKeyTile + j]);
+      const float m = fmaxf(state[g].max, tile_max);
+      // -inf only for a padding head (g >= n_heads): nothing of it is kept.
+      correction[g] = m == -INFINITY ? 0.0f : expf(state[g].max - m);
+      state[g].max = m;
+      if (tid == g) sm.head_max[g] = m;  // g known at compile time: the states stay in registers
+    }
+    __syncthreads();  // every thread has read the scores before they become weights
+    if (tid < kGroup * kKeyTile) {
+      const float m = sm.head_max[tid / kKeyTile];
+      sm.p[tid] = m == -INFINITY ? 0.0f : expf(sm.p[tid] - m);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      float tile_sum = 0.0f;
+      for (int j = 0; j < kKeyTile; ++j) tile_sum += sm.p[g * kKeyTile + j];
+      state[g].sum = state[g].sum * correction[g] + tile_sum;
+    }
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
       const int64_t c = tid + int64_t(i) * kThreads;
       if (c >= lora) break;
-      float acc = o[i] * correction;
-      for (int64_t jj = 0; jj < keys_here; ++jj) acc = fmaf(p[jj], keys[(j0 + jj) * row + c], acc);
-      o[i] = acc;
+      float v[kKeyTile];
+#pragma unroll
+      for (int j = 0; j < kKeyTile; ++j) v[j] = sm.keys[j * row + c];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float acc = state[g].o[i] * correction[g];
+#pragma unroll
+        for (int j = 0; j < kKeyTile; ++j) acc = fmaf(sm.p[g * kKeyTile + j], v[j], acc);
+        state[g].o[i] = acc;
+      }
     }
-    __syncthreads();  // p is rewritten by the next tile
+    __syncthreads();  // the tile's keys and weights are rewritten next
+  }
+}
+
+template <int kColumns>
+__device__ __forceinline__ void write_result(const MlaArgs& a, int64_t t, int64_t h, const HeadState<kColumns>& st) {
+  const int64_t lora = a.cache.kv_lora_rank;
+#pragma unroll
+  for (int i = 0; i < kColumns; ++i) {
+    const int64_t c = threadIdx.x + int64_t(i) * kThreads;
+    if (c < lora) a.o_lat[(t * a.n_heads + h) * lora + c] = st.o[i] / st.sum;
+  }
+}
+
+// Sequential mode: one block per (token, group of heads) walks the token's splits in order,
+// folding each into the running state. Prompt chunks: their tokens already fill the device.
+template <int kColumns>
+__global__ void __launch_bounds__(kThreads) mla_sequential_kernel(MlaArgs a, int64_t n_groups) {
+  extern __shared__ float smem[];
+  const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * kGroup;
+  const int n_heads = int(a.n_heads - h0 < kGroup ? a.n_heads - h0 : kGroup);
+  const int64_t row = a.cache.kv_lora_rank + a.cache.rope_dims, n_keys = keys_of(a, t);
+  const Smem sm = carve(smem, row);
+  load_queries(a, t, h0, n_heads, sm);
+  __syncthreads();
+  HeadState<kColumns> total[kGroup], split[kGroup];
+  attend(a, t, n_heads, 0, n_keys < kSplitKeys ? n_keys : kSplitKeys, sm, total);
+  for (int64_t s = 1; s < splits_of(a, t); ++s) {
+    const int64_t begin = s * kSplitKeys, end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
+    attend(a, t, n_heads, begin, end, sm, split);
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) merge(total[g], split[g]);
   }
 #pragma unroll
-  for (int i = 0; i < kMaxLatentPerThread; ++i) {
-    const int64_t c = tid + int64_t(i) * kThreads;
-    if (c < lora) a.o_lat[(t * a.n_heads + h) * lora + c] = o[i] / running_sum;
+  for (int g = 0; g < kGroup; ++g)
+    if (g < n_heads) write_result(a, t, h0 + g, total[g]);
+}
+
+// Parallel mode, for a few tokens (decode): one block per (token, group of heads, split), each
+// writing its state; then mla_merge_kernel folds a token's splits in the same order.
+template <int kColumns>
+__global__ void __launch_bounds__(kThreads) mla_split_kernel(MlaArgs a, int64_t n_groups) {
+  extern __shared__ float smem[];
+  const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * kGroup, s = blockIdx.y;
+  if (s >= splits_of(a, t)) return;
+  const int n_heads = int(a.n_heads - h0 < kGroup ? a.n_heads - h0 : kGroup);
+  const int64_t lora = a.cache.kv_lora_rank, row = lora + a.cache.rope_dims, n_keys = keys_of(a, t);
+  const Smem sm = carve(smem, row);
+  load_queries(a, t, h0, n_heads, sm);
+  __syncthreads();
+  HeadState<kColumns> state[kGroup];
+  const int64_t begin = s * kSplitKeys, end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
+  attend(a, t, n_heads, begin, end, sm, state);
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    if (g >= n_heads) break;
+    float* out = a.partial + ((t * a.n_heads + h0 + g) * a.max_splits + s) * (2 + lora);
+    if (threadIdx.x == 0) out[0] = state[g].max, out[1] = state[g].sum;
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * kThreads;
+      if (c < lora) out[2 + c] = state[g].o[i];
+    }
   }
+}
+
+template <int kColumns>
+__global__ void __launch_bounds__(kThreads) mla_merge_kernel(MlaArgs a) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, lora = a.cache.kv_lora_rank;
+  auto load = [&](int64_t s, HeadState<kColumns>& st) {
+    const float* in = a.partial + ((t * a.n_heads + h) * a.max_splits + s) * (2 + lora);
+    st.max = in[0], st.sum = in[1];
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * kThreads;
+      st.o[i] = c < lora ? in[2 + c] : 0.0f;
+    }
+  };
+  HeadState<kColumns> total, split;
+  load(0, total);
+  for (int64_t s = 1; s < splits_of(a, t); ++s) {
+    load(s, split);
+    merge(total, split);
+  }
+  write_result(a, t, h, total);
+}
+
+template <int kColumns>
+void launch_mla(const MlaArgs& args, int64_t n_tokens, int64_t n_heads, int64_t n_groups, int64_t max_splits,
+                size_t shared, cudaStream_t stream) {
+  static bool opted_in = false;  // shared memory past 48 KiB is asked for once (kv_lora 1024)
+  if (shared > (size_t(48) << 10) && !opted_in) {
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(mla_sequential_kernel<kColumns>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<kColumns>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(shared)));
+    opted_in = true;
+  }
+  if (args.partial) {
+    mla_split_kernel<kColumns><<<dim3(unsigned(n_tokens * n_groups), unsigned(max_splits)), kThreads, shared, stream>>>(
+        args, n_groups);
+    TANDEM_CUDA_CHECK_LAUNCH(mla_split_kernel);
+    mla_merge_kernel<kColumns><<<dim3(unsigned(n_tokens), unsigned(n_heads)), kThreads, 0, stream>>>(args);
+    TANDEM_CUDA_CHECK_LAUNCH(mla_merge_kernel);
+    return;
+  }
+  mla_sequential_kernel<kColumns><<<unsigned(n_tokens * n_groups), kThreads, shared, stream>>>(args, n_groups);
+  TANDEM_CUDA_CHECK_LAUNCH(mla_sequential_kernel);
 }
 
 unsigned blocks_for(int64_t n, int threads) {
@@ -139,15 +314,32 @@ void kv_store(const KvStoreOp& op, cudaStream_t stream) {
   TANDEM_CUDA_CHECK_LAUNCH(kv_store_kernel);
 }
 
+int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads) {
+  const int64_t max_splits = (cache.n_ctx + kSplitKeys - 1) / kSplitKeys;
+  const int64_t n_groups = (n_heads + kGroup - 1) / kGroup;
+  // Splitting pays where the tokens' head groups leave most of the device idle, and is kept to
+  // what a few tens of MiB of partial states hold.
+  const int64_t floats = n_tokens * n_heads * max_splits * (2 + cache.kv_lora_rank);
+  return n_tokens * n_groups < 256 && max_splits > 1 && floats <= (int64_t(16) << 20) ? floats : 0;
+}
+
 void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
                              const KvLayerView& cache, const int32_t* positions, const int32_t* seq_ids,
-                             int64_t n_tokens, int64_t n_heads, float scale, float* o_lat, cudaStream_t stream) {
-  if (cache.kv_lora_rank > int64_t(kMaxLatentPerThread) * kThreads)
+                             int64_t n_tokens, int64_t n_heads, float scale, float* o_lat, float* partial,
+                             cudaStream_t stream) {
+  if (cache.kv_lora_rank > int64_t(kMaxColumns) * kThreads)
     cuda_failed(cudaErrorInvalidValue, "MLA with kv_lora_rank above 1024", __FILE__, __LINE__);
-  const MlaArgs args{q_lat, q, q_stride, nope, cache, positions, seq_ids, n_heads, scale, o_lat};
-  const size_t shared = size_t(cache.row()) * sizeof(float);
-  mla_kernel<<<dim3(unsigned(n_tokens), unsigned(n_heads)), kThreads, shared, stream>>>(args);
-  TANDEM_CUDA_CHECK_LAUNCH(mla_kernel);
+  const int64_t max_splits = (cache.n_ctx + kSplitKeys - 1) / kSplitKeys;
+  const int64_t n_groups = (n_heads + kGroup - 1) / kGroup;
+  const MlaArgs args{q_lat,   q,     q_stride, nope, cache, positions, seq_ids,
+                     n_heads, scale, o_lat,    partial, max_splits};
+  const int64_t row = cache.kv_lora_rank + cache.rope_dims;
+  const size_t shared = smem_bytes(row);
+  // kv_lora up to 512 (every DeepSeek): two latent columns per thread; up to 1024: four.
+  if (cache.kv_lora_rank <= 2 * kThreads)
+    launch_mla<2>(args, n_tokens, n_heads, n_groups, max_splits, shared, stream);
+  else
+    launch_mla<4>(args, n_tokens, n_heads, n_groups, max_splits, shared, stream);
 }
 
 }  // namespace tandem::cuda

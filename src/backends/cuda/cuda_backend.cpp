@@ -363,6 +363,12 @@ std::unique_ptr<Graph> CudaBackend::end_capture() {
   TANDEM_CHECK(capturing_);
   activate();
   capturing_ = false;
+  // A host task nobody waited for left the side stream forked; joined here, as a capture must be.
+  if (!captured_tasks_.empty()) {
+    CudaEvent joined(device_);
+    TANDEM_CUDA_CHECK(cudaEventRecord(joined.get(), side_));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, joined.get(), 0));
+  }
   cudaGraph_t graph = nullptr;
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   auto result = std::make_unique<CudaGraph>();
@@ -447,8 +453,11 @@ void CudaBackend::mla_attention(const MlaAttentionOp& op) {
                             .output = q_lat, .output_stride = H * lora, .output_mat_stride = lora,
                             .n_tokens = T, .n_mats = H};
   use_tiles ? matmul_tiled(absorb, stream_) : matmul_rows(absorb, stream_);
+  const int64_t partial_floats = mla_partial_floats(op.cache, T, H);
+  auto* partial = partial_floats ? static_cast<float*>(scratch(kAttentionSplits, size_t(partial_floats) * sizeof(float)))
+                                 : nullptr;
   mla_scores_softmax_sums(q_lat, op.q, q_stride, op.nope_dims, op.cache, op.positions, op.seq_ids, T, H, op.scale,
-                          o_lat, stream_);
+                          o_lat, partial, stream_);
   const MatmulLaunch expand{.type = op.v_b.type, .weights = op.v_b.data, .rows = op.v_b.rows,
                             .cols = op.v_b.cols, .row_bytes = op.v_b.row_bytes,
                             .mat_bytes = op.v_b.matrix_bytes(), .input = o_lat,

@@ -39,7 +39,9 @@ __global__ void sort_kernel(const int32_t* expert_ids, const int32_t* local_inde
   __syncthreads();
   for (int64_t s = threadIdx.x; s < n_slots; s += blockDim.x) {
     const int32_t e = expert_ids[s];
+    if (e < 0 || (!local_index && e >= held)) __trap();  // routing wrote it: a bug if out of range
     const int32_t m = local_index ? local_index[e] : e;
+    if (m >= held) __trap();
     if (m >= 0) atomicAdd(&counts[m], 1);
   }
   __syncthreads();

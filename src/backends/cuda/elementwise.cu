@@ -57,10 +57,11 @@ __global__ void copy_rows_kernel(float* dst, int64_t dst_stride, const float* sr
 }
 
 template <class Dec>
-__global__ void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_t cols, const int32_t* ids,
-                                float* output) {
+__global__ void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_t cols, int64_t rows,
+                                const int32_t* ids, float* output) {
   constexpr int kGroupsPerBlock = Dec::kElems / 8;
   const int64_t i = blockIdx.x;
+  if (ids[i] < 0 || ids[i] >= rows) __trap();  // checked on the host first (Deepseek2Model::forward)
   const uint8_t* row = table + uint64_t(ids[i]) * row_bytes;
   for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x) {
     float v[8];
@@ -97,7 +98,7 @@ void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* out
   const bool known = blocks::visit_decoder(table.type, [&](auto dec) {
     using Dec = decltype(dec);
     get_rows_kernel<Dec><<<unsigned(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table.data), table.row_bytes,
-                                                          table.cols, ids, output);
+                                                          table.cols, table.rows, ids, output);
     TANDEM_CUDA_CHECK_LAUNCH(get_rows_kernel);
   });
   if (!known) cuda_failed(cudaErrorInvalidValue, "an embedding format without a GPU decoder", __FILE__, __LINE__);

@@ -88,12 +88,15 @@ void kv_store(const KvStoreOp& op, cudaStream_t stream);
 // The part of MLA between the two per-head projections: for each (token, head) the scores of
 // [q_lat | q_rope] against the cache rows of the token's sequence up to its position, softmax,
 // and o_lat = Σ p_j · latent_j. q_lat [T, H, kv_lora]; q (for the rope part) [T, H, q_stride];
-// o_lat [T, H, kv_lora]. One block per (token, head), keys in tiles with a running softmax:
-// each result summed in one fixed order, the same in a prompt and alone.
+// o_lat [T, H, kv_lora]. Keys in splits of 256 at fixed positions, each with a running softmax,
+// folded in order: each result summed in one fixed order, the same in a prompt and alone.
+// `partial` (mla_partial_floats floats, or null when that is 0): the splits run in parallel
+// blocks and a second kernel folds them (decode); without it one block folds them as it goes.
+int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads);
 void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
                              const KvLayerView& cache, const int32_t* positions,
                              const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads,
-                             float scale, float* o_lat, cudaStream_t stream);
+                             float scale, float* o_lat, float* partial, cudaStream_t stream);
 
 // ---- elementwise.cu ----
 

@@ -25,6 +25,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "quant/block_decode.h"
+#include "quant/block_dot.h"
 
 namespace tandem::cuda {
 namespace {
@@ -43,59 +44,112 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ void load8(const float* x, bool aligned, float out[8]) {
+// `W` activations from x into registers: float4 loads when the rows allow them.
+template <int W>
+__device__ __forceinline__ void stage(const float* x, bool aligned, float (&out)[W]) {
   if (aligned) {
-    const float4 a = *reinterpret_cast<const float4*>(x);
-    const float4 b = *reinterpret_cast<const float4*>(x + 4);
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+#pragma unroll
+    for (int i = 0; i < W / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+    }
   } else {
-    for (int i = 0; i < 8; ++i) out[i] = x[i];
+#pragma unroll
+    for (int i = 0; i < W; ++i) out[i] = x[i];
   }
 }
 
-// acc[t] += row · x[t] over `cols` for this lane's groups (every 32nd group of 8 from `lane`).
-template <class Dec, int NT>
-__device__ __forceinline__ void lane_dots(const uint8_t* row, int64_t cols, const float* const* x,
-                                          bool aligned, int lane, float acc[NT]) {
-  constexpr int kGroupsPerBlock = Dec::kElems / 8;
-  const int64_t n_groups = cols / 8;
-  for (int64_t g = lane; g < n_groups; g += kWarpSize) {
-    float w[8];
-    Dec::decode8(row + (g / kGroupsPerBlock) * Dec::kBytes, int(g % kGroupsPerBlock), w);
+// One step of a lane along a weight row: 32 weights of a quantized format (quant/block_dot.h:
+// scales once per 32, quants to floats without the conversion unit), or 8 of a float format
+// (decode8). Step s covers columns [kWidth s, kWidth (s + 1)).
+template <class Dec>
+struct RowSteps {
+  using Dot = blocks::BlockDot<Dec::kType>;
+  static constexpr bool kDot32 = Dot::kChunks > 0;
+  static constexpr int kWidth = kDot32 ? 32 : 8;
+
+  template <int NT, class X>
+  __device__ __forceinline__ static void step(const uint8_t* row, int64_t s, const X& x, float (&acc)[NT]) {
+    if constexpr (kDot32) {
+      Dot::template dot32<NT>(row + (s / Dot::kChunks) * Dec::kBytes, int(s % Dot::kChunks), x, acc);
+    } else {
+      constexpr int kGroups = Dec::kElems / 8;
+      float w[8];
+      Dec::decode8(row + (s / kGroups) * Dec::kBytes, int(s % kGroups), w);
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float v[8];
-      load8(x[t] + 8 * g, aligned, v);
+      for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[t] = fmaf(w[i], v[i], acc[t]);
+        for (int i = 0; i < 8; ++i) acc[t] = fmaf(w[i], x[t][i], acc[t]);
     }
   }
+};
+
+// acc[r][t] = rows[r] · x[t] over `cols`, summed across the warp; every lane ends with the sums.
+// Lane l takes steps l, l + 32, ...: consecutive lanes read consecutive weights and activations.
+// With one or two tokens their activations are staged in registers once per step and serve all
+// R rows (the F32 activations are 4 bytes a weight against ~0.56 for Q4_K: without the reuse the
+// L1 traffic, not the memory, would set the pace); with more, each is read where it is.
+template <class Dec, int NT, int R>
+__device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64_t cols,
+                                          const float* const (&x)[NT], bool aligned, float (&acc)[R][NT]) {
+  using Steps = RowSteps<Dec>;
+  constexpr int W = Steps::kWidth;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  for (int64_t s = lane; s < cols / W; s += kWarpSize) {
+    if constexpr (NT <= 2) {
+      float staged[NT][W];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) stage<W>(x[t] + W * s, aligned, staged[t]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) Steps::template step<NT>(rows[r], s, staged, acc[r]);
+    } else {
+      const float* here[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) here[t] = x[t] + W * s;
+#pragma unroll
+      for (int r = 0; r < R; ++r) Steps::template step<NT>(rows[r], s, here, acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
+
+// Rows per warp: two where the activations are staged (they serve both), else one.
+__host__ __device__ constexpr int rows_per_warp(int n_tokens) { return n_tokens <= 2 ? 2 : 1; }
 
 // ---- rows: plain matmul, batched over matrices ----
 
 template <class Dec, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     rows_kernel(MatmulLaunch m, int64_t token0, bool aligned) {
+  constexpr int R = rows_per_warp(NT);
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int64_t mat = blockIdx.y;
-  if (row >= m.rows) return;
-  const uint8_t* w = static_cast<const uint8_t*>(m.weights) + uint64_t(mat) * m.mat_bytes + uint64_t(row) * m.row_bytes;
+  if (row0 >= m.rows) return;
+  const uint8_t* base = static_cast<const uint8_t*>(m.weights) + uint64_t(mat) * m.mat_bytes;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // a row past the end repeats the last one; its result is dropped
+    rows[r] = base + uint64_t(row0 + r < m.rows ? row0 + r : m.rows - 1) * m.row_bytes;
   const float* x[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) x[t] = m.input + mat * m.input_mat_stride + (token0 + t) * m.input_stride;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  lane_dots<Dec, NT>(w, m.cols, x, aligned, lane, acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = warp_sum(acc[t]);
+  float acc[R][NT];
+  warp_dots<Dec, NT, R>(rows, m.cols, x, aligned, acc);
   if (lane == 0) {
-    float* y = m.output + mat * m.output_mat_stride + token0 * m.output_stride + row;
+    float* y = m.output + mat * m.output_mat_stride + token0 * m.output_stride;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) y[t * m.output_stride] = acc[t];
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < m.rows)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) y[t * m.output_stride + row0 + r] = acc[r][t];
   }
 }
 
@@ -104,7 +158,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 template <class Dec, int NT>
 void launch_rows(const MatmulLaunch& m, int64_t token0, cudaStream_t stream) {
   const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0 && m.input_mat_stride % 4 == 0;
-  const dim3 grid(unsigned((m.rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(m.n_mats));
+  const int64_t rows_per_block = kRowsPerBlock * rows_per_warp(NT);
+  const dim3 grid(unsigned((m.rows + rows_per_block - 1) / rows_per_block), unsigned(m.n_mats));
   rows_kernel<Dec, NT><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(m, token0, aligned);
   TANDEM_CUDA_CHECK_LAUNCH(rows_kernel);
 }
@@ -269,7 +324,8 @@ void launch_tiled(const Map& map, int64_t rows, int64_t cols, uint64_t row_bytes
 
 // ---- experts, rows path: one warp per (row, sorted entry) ----
 
-// act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x.
+// act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x: the gate and up rows
+// share the staged activations.
 template <class Dec>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
@@ -280,12 +336,12 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
   if (row >= ffn || entry >= s.n_active[0]) return;
   const uint64_t offset = uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
+  const uint8_t* rows[2] = {gate + offset, up + offset};
   const float* x[1] = {input + (s.order[entry] / s.top_k) * dim};
-  float g[1] = {0.0f}, u[1] = {0.0f};
-  lane_dots<Dec, 1>(gate + offset, dim, x, aligned, lane, g);
-  lane_dots<Dec, 1>(up + offset, dim, x, aligned, lane, u);
-  const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
-  if (lane == 0) act[int64_t(entry) * ffn + row] = gs / (1.0f + expf(-gs)) * us;
+  float acc[2][1];
+  warp_dots<Dec, 1, 2>(rows, dim, x, aligned, acc);
+  const float g = acc[0][0], u = acc[1][0];
+  if (lane == 0) act[int64_t(entry) * ffn + row] = g / (1.0f + expf(-g)) * u;
 }
 
 template <class Dec>
@@ -296,12 +352,11 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int entry = blockIdx.x;
   if (row >= dim || entry >= s.n_active[0]) return;
-  const uint8_t* w = down + uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
+  const uint8_t* rows[1] = {down + uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes};
   const float* x[1] = {act + int64_t(entry) * ffn};
-  float acc[1] = {0.0f};
-  lane_dots<Dec, 1>(w, ffn, x, aligned, lane, acc);
-  const float sum = warp_sum(acc[0]);
-  if (lane == 0) slots[int64_t(s.order[entry]) * dim + row] = sum;
+  float acc[1][1];
+  warp_dots<Dec, 1, 1>(rows, ffn, x, aligned, acc);
+  if (lane == 0) slots[int64_t(s.order[entry]) * dim + row] = acc[0][0];
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* act, const int32_t* n_active,
