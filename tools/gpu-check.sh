@@ -35,12 +35,13 @@ run() {
   local name=$1 limit=$2
   shift 2
   say "== $name"
-  if timeout "$limit" "$@" >>"$log" 2>&1; then
+  timeout "$limit" "$@" >>"$log" 2>&1
+  local status=$?
+  if ((status == 0)); then
     record "$name" pass ""
     return 0
   fi
-  local status=$?
-  record "$name" fail "exit $status$([[ $status == 124 ]] && echo ' (timed out)')"
+  record "$name" fail "exit $status$( ((status == 124)) && echo ' (timed out)')"
   say "   FAILED (exit $status)"
   return 1
 }
@@ -55,11 +56,20 @@ fixtures=$TANDEM_FIXTURES_DIR
 threads=$(nproc)
 
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB RAM"
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.max.sm,clocks.max.mem --format=csv >>"$log" 2>&1
-say "$(nvidia-smi -L 2>&1 | head -4)"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.max.sm,clocks.max.mem --format=csv >>"$log" 2>&1
+  say "$(nvidia-smi -L 2>&1 | head -4)"
+else
+  say "no nvidia-smi on this machine"
+fi
 
-# 1. Kernel and model tests against the CPU.
+# 1. Kernel and model tests against the CPU. A test that skipped did not see the GPU: a failure here.
 run cuda_tests 240 "$work/bin/cuda_tests" --gtest_output="json:$out/cuda_tests.json" --gtest_brief=1
+skipped=$(grep -c '"result": "SKIPPED"' "$out/cuda_tests.json" 2>/dev/null)
+if ((${skipped:-0} > 0)); then
+  record cuda_tests_saw_the_gpu fail "$skipped tests skipped: the GPU was not seen"
+  say "   $skipped tests SKIPPED: no GPU seen"
+fi
 
 # 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan.
 hybrid_rules=tests/fixtures/plans/attention_on_gpu_experts_split.yaml

@@ -12,7 +12,8 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "tandem: runs giant Mixture-of-Experts models (DeepSeek-V2/V3/R1 family) on CPUs and "
-      "GPUs.\nNot yet built: the CUDA backend, NUMA placement (see README.md)."};
+      "GPUs.\nThe CUDA backend is built but has not yet run on a GPU (tools/gpu-check.sh verifies it);\n"
+      "not yet built: NUMA placement (see README.md)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::register_commands(app);
