@@ -17,6 +17,7 @@
 #include <random>
 
 #include "backends/cpu/matmul.h"
+#include "backends/cuda/cuda_devices.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/background_reader.h"
@@ -137,6 +138,11 @@ void register_bench(CLI::App& app) {
       cold.push_back(measure_cold_start(o->engine, prompt, o->repetitions));
     }
 
+    // The GPUs as they are before the model fills them (free memory, rates measured on an idle
+    // GPU), for the cost model's plan of the same run.
+    const bool names_gpus = o->engine.devices.find("cuda") != std::string::npos || o->engine.devices == "auto";
+    const std::vector<plan::DeviceSpec> gpus =
+        names_gpus && cuda::count_gpus() > 0 ? plan::detect_gpus() : std::vector<plan::DeviceSpec>{};
     const double bandwidth_before = plan::measure_memory_bandwidth(threads);
     Engine engine(o->engine);
     const plan::ModelInventory inventory = plan::inventory_from_file(engine.file());
@@ -202,7 +208,7 @@ void register_bench(CLI::App& app) {
     const double prefill_flops = pp.mean * 2.0 * active_params;
 
     // The cost model's prediction for this machine as measured now.
-    plan::Hardware hardware = plan::detect_hardware(threads);
+    plan::Hardware hardware = plan::detect_hardware(threads, /*with_gpus=*/false);
     hardware.host.bandwidth_bytes_per_s = bandwidth;
     hardware.host.flops_per_s = peak_flops;
     hardware.host.decode_kernel_bytes_per_s = decode_kernel;
@@ -219,9 +225,6 @@ void register_bench(CLI::App& app) {
                                               ? 0
                                               : plan::measure_decode_kernel_bytes_per_s(1, 0, true);
     const std::vector<std::string> device_names = engine.device_names();
-    const bool uses_gpus = std::any_of(device_names.begin(), device_names.end(),
-                                       [](const std::string& d) { return d.starts_with("cuda:"); });
-    const std::vector<plan::DeviceSpec> gpus = uses_gpus ? plan::detect_gpus() : std::vector<plan::DeviceSpec>{};
     size_t next_sim = 0;
     for (size_t d = 1; d < device_names.size(); ++d) {
       if (device_names[d].starts_with("cuda:")) {

@@ -5,148 +5,16 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "core/error.h"
 #include "gguf/gguf_file.h"
+#include "model/deepseek2_internal.h"
 #include "quant/quant.h"
 
 namespace tandem {
-
-// Weights of one block; shapes in [rows, cols] of the matrices as the ops see them.
-struct Deepseek2Model::Layer {
-  const float* attn_norm = nullptr;  // [n_embd]
-  WeightView q;                      // [n_head * (nope + rope), n_embd]   (no q LoRA)
-  WeightView q_a;                    // [q_lora, n_embd]                   (q LoRA)
-  const float* q_a_norm = nullptr;   // [q_lora]
-  WeightView q_b;                    // [n_head * (nope + rope), q_lora]
-  WeightView kv_a_mqa;               // [kv_lora + rope, n_embd]: latent and shared rope key
-  const float* kv_a_norm = nullptr;  // [kv_lora]
-  WeightView k_b;                    // n_head x [kv_lora, nope]: absorbs the key projection
-  WeightView v_b;                    // n_head x [v_head, kv_lora]
-  WeightView attn_output;            // [n_embd, n_head * v_head]
-  const float* ffn_norm = nullptr;   // [n_embd]
-
-  // Dense layers: one SwiGLU FFN, as a one-expert stack.
-  WeightView ffn_gate, ffn_up, ffn_down;  // [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
-  // MoE layers.
-  WeightView router;                       // [n_expert, n_embd] F32 logits
-  const float* expert_bias = nullptr;      // [n_expert] selection-only bias (V3), or null
-  std::vector<ExpertShard> shards;         // the routed experts, by device
-  WeightView gate_shexp, up_shexp, down_shexp;  // shared experts, width n_ff_expert * n_shared
-  // The file's tensors of the routed experts (gate, up, down stacks of all experts).
-  std::array<const gguf::TensorInfo*, 3> expert_stacks{};
-  uint64_t* route_counts = nullptr;        // [n_expert] choices so far, on `device`
-  bool moe = false;
-  Backend* device = nullptr;               // runs everything above but the expert shards
-};
-
-// The routed experts of one layer that live on one device: stacks of their gate, up and down
-// matrices (n_expert_here x the dense shapes with n_ff_expert) and where each expert sits.
-struct Deepseek2Model::ExpertShard {
-  Backend* device = nullptr;
-  WeightView gate, up, down;
-  std::vector<int32_t> local_index;  // [n_expert]: matrix in the stacks, -1 if elsewhere (host)
-  const int32_t* device_local_index = nullptr;  // the same in the device's memory
-  std::shared_ptr<DeviceBuffer> local_index_buffer;
-};
-
-// The step's per-token arrays as one device's ops read them (its memory).
-struct Deepseek2Model::StepInputs {
-  const int32_t* tokens = nullptr;      // [T], on the embeddings device only
-  const int32_t* positions = nullptr;   // [T]
-  const int32_t* seq_ids = nullptr;     // [T]
-  const int32_t* dense_ids = nullptr;   // [T] zeros: a dense FFN is expert 0 of 1
-  const float* dense_weights = nullptr; // [T] ones
-};
-
-// A decode step's graph for one shape; `seen` before it is captured: the first step of a shape
-// runs op by op and sizes every buffer, so that nothing allocates inside the capture.
-struct Deepseek2Model::GraphEntry {
-  int64_t n_tokens;
-  KernelChoice kernels;
-  bool seen = false;
-  uint64_t generation = 0;  // buffer_generation_ when captured
-  std::unique_ptr<Graph> graph;
-};
-
-// Activation buffers of one device, allocated on first use and grown for larger batches: a
-// device that only holds experts gets only the buffers the experts need.
-struct Deepseek2Model::Workspace {
-  enum Buffer {
-    kResidual,   // [T, n_embd] residual stream
-    kNormed,     // [T, n_embd] normed input of a sub-layer
-    kQueryLora,  // [T, q_lora]
-    kQuery,      // [T, n_head, nope + rope]
-    kLatent,     // [T, kv_lora + rope]
-    kAttention,  // [T, n_head * v_head]
-    kOutput,     // [T, n_embd] sub-layer output
-    kShared,     // [T, n_embd] shared experts output
-    kSharedSlot, // [T, 1, n_embd] shared experts before weighting
-    kRouter,     // [T, n_expert]
-    kSlots,      // [T, top_k, n_embd] expert outputs before weighting
-    kOtherSlots, // [T, top_k, n_embd] slots another device computed, to be added
-    kExpertIds,  // [T, top_k] int32 routing of the current MoE layer
-    kExpertWeights,  // [T, top_k]
-    kGuessIds,   // [T, top_k] int32 the next layer's routing guessed from this one's input
-    kGuessWeights,   // [T, top_k]
-    kTokens,     // [T] int32
-    kPositions,  // [T] int32
-    kSeqIds,     // [T] int32
-    kDenseIds,   // [T] int32 zeros
-    kDenseWeights,   // [T] ones
-    kLast,       // [rows, n_embd] hidden states that need logits
-    kLogits,     // [rows, n_vocab]
-    kCount
-  };
-  // Host memory of this device's kind (page-locked for a GPU) for its asynchronous copies.
-  enum HostBuffer {
-    kHostInput,   // [T, n_embd] a MoE layer's input, for the host's experts
-    kHostIds,     // [T, top_k] int32 its routing
-    kHostSlots,   // [T, top_k, n_embd] the host's expert outputs
-    kHostLogits,  // [rows, n_vocab] logits of a replayed graph
-    kHostCount
-  };
-  Backend* device = nullptr;
-  uint64_t* generation = nullptr;  // the model's buffer_generation_
-  std::shared_ptr<DeviceBuffer> buffers[kCount];
-  std::shared_ptr<DeviceBuffer> host_buffers[kHostCount];
-  StepInputs inputs;
-  int64_t dense_filled = 0;  // entries of kDenseIds / kDenseWeights holding their constants
-
-  float* get(Buffer which, int64_t n_floats) { return static_cast<float*>(grow(which, size_t(n_floats) * 4)); }
-  int32_t* ints(Buffer which, int64_t n) { return static_cast<int32_t*>(grow(which, size_t(n) * 4)); }
-  void* host(HostBuffer which, size_t bytes) {
-    static constexpr const char* kNames[kHostCount] = {"host experts' input", "host experts' routing",
-                                                       "host experts' outputs", "logits (host)"};
-    std::shared_ptr<DeviceBuffer>& buffer = host_buffers[which];
-    if (!buffer || buffer->size() < std::max<size_t>(bytes, 1)) {
-      buffer.reset();
-      buffer = device->allocate_host(std::max<size_t>(bytes, 1), kNames[which]);
-      ++*generation;
-    }
-    return buffer->data();
-  }
-
- private:
-  void* grow(Buffer which, size_t bytes) {
-    static constexpr const char* kNames[kCount] = {
-        "residual stream", "normed activations", "q LoRA activations", "queries", "latent keys",
-        "attention output", "sub-layer output", "shared experts output", "shared experts slot",
-        "router logits", "expert outputs", "expert outputs of another device", "expert ids",
-        "expert weights", "guessed expert ids", "guessed expert weights", "token ids",
-        "positions", "sequence ids", "dense routing ids", "dense routing weights",
-        "final hidden states", "logits"};
-    bytes = std::max<size_t>(bytes, 4);
-    std::shared_ptr<DeviceBuffer>& buffer = buffers[which];
-    if (!buffer || buffer->size() < bytes) {
-      buffer.reset();  // give the old one back first: budgets are tight on small devices
-      buffer = device->allocate(bytes, kNames[which]);
-      ++*generation;  // graphs captured with the old pointer are stale now
-    }
-    return buffer->data();
-  }
-};
 
 Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, Backend& backend)
     : Deepseek2Model(file, [&] {
@@ -215,52 +83,8 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& dev
   graph_device_ = find_graph_device();
 }
 
-Deepseek2Model::~Deepseek2Model() = default;
-
-void Deepseek2Model::bind_routing_counts() {
-  const size_t per_device = size_t(n_layers_) * hp_.n_expert;
-  for (Layer& l : layers_) {
-    if (!l.moe) continue;
-    auto it = std::find_if(count_buffers_.begin(), count_buffers_.end(),
-                           [&](const auto& entry) { return entry.first == l.device; });
-    if (it == count_buffers_.end()) {
-      auto buffer = l.device->allocate(per_device * sizeof(uint64_t), "expert choice counts");
-      const std::vector<uint64_t> zeros(per_device, 0);
-      l.device->copy_from_host(buffer->data(), zeros.data(), per_device * sizeof(uint64_t));
-      count_buffers_.emplace_back(l.device, std::move(buffer));
-      it = count_buffers_.end() - 1;
-    }
-    l.route_counts = static_cast<uint64_t*>(it->second->data()) + size_t(&l - layers_.data()) * hp_.n_expert;
-  }
-}
-
-std::vector<std::vector<uint64_t>> Deepseek2Model::routing_counts() const {
-  std::vector<std::vector<uint64_t>> counts(n_layers_);
-  const size_t per_device = size_t(n_layers_) * hp_.n_expert;
-  std::vector<uint64_t> all(per_device);
-  for (const auto& [device, buffer] : count_buffers_) {
-    device->copy_to_host(all.data(), buffer->data(), per_device * sizeof(uint64_t));
-    for (uint32_t il = 0; il < n_layers_; ++il)
-      if (layers_[il].moe && layers_[il].device == device)
-        counts[il].assign(all.begin() + il * hp_.n_expert, all.begin() + (il + 1) * hp_.n_expert);
-  }
-  return counts;
-}
-
-// Capturable when one device that can capture runs every layer and the head, and each routed
-// expert lives there or in host memory (computed by a host task, part of the graph): a step then
-// has no cut that would need the host to wait mid-step. The embeddings may live anywhere: the
-// lookup runs before the graph.
-Backend* Deepseek2Model::find_graph_device() const {
-  Backend* g = devices_.output;
-  if (!g || !g->can_capture()) return nullptr;
-  for (const Layer& l : layers_) {
-    if (l.device != g) return nullptr;
-    for (const ExpertShard& shard : l.shards)
-      if (shard.device != g && !shard.device->uses_host_memory()) return nullptr;
-  }
-  return g;
-}
+// Work still queued on a device reads the model's buffers: it ends first.
+Deepseek2Model::~Deepseek2Model() { synchronize_devices(/*report=*/false); }
 
 void Deepseek2Model::bind_experts(Layer& l, uint32_t il) {
   const std::string blk = fmt::format("blk.{}.", il);
@@ -376,133 +200,6 @@ void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
   l.v_b = binder_.owned(v_b, type, lora, v_head, heads, blk + "attn_v_b (from attn_kv_b)", on);
 }
 
-Deepseek2Model::Workspace& Deepseek2Model::workspace(Backend& on) {
-  for (auto& [device, ws] : workspaces_)
-    if (device == &on) return *ws;
-  auto ws = std::make_unique<Workspace>();
-  ws->device = &on;
-  ws->generation = &buffer_generation_;
-  workspaces_.emplace_back(&on, std::move(ws));
-  return *workspaces_.back().second;
-}
-
-void Deepseek2Model::transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes) {
-  if (&from == &to) {
-    if (src != dst)
-      to.copy_rows(static_cast<float*>(dst), 0, static_cast<const float*>(src), 0, 1, int64_t(bytes / sizeof(float)));
-    return;
-  }
-  if (to.copy_from_peer(from, dst, src, bytes)) return;  // GPU to GPU: no host wait
-  if (staging_.size() < bytes) staging_.resize(bytes);
-  from.copy_to_host(staging_.data(), src, bytes);
-  to.copy_from_host(dst, staging_.data(), bytes);
-}
-
-const Deepseek2Model::StepInputs& Deepseek2Model::step_inputs(Backend& on) const {
-  for (const auto& [device, ws] : workspaces_)
-    if (device == &on) return ws->inputs;
-  TANDEM_CHECK(!"step inputs of a device that runs no layer");
-  __builtin_unreachable();
-}
-
-// Each device that runs layers gets the batch's positions and sequence ids in its own memory,
-// and the constant routing of dense FFNs; the embeddings device gets the token ids. Host-memory
-// devices read the batch in place.
-void Deepseek2Model::prepare_step(const Batch& batch) {
-  using W = Workspace;
-  const int64_t T = int64_t(batch.tokens.size());
-  auto upload = [&](Backend& on, W::Buffer which, std::span<const int32_t> values) -> const int32_t* {
-    if (on.uses_host_memory()) return values.data();
-    int32_t* dst = workspace(on).ints(which, T);
-    on.copy_from_host(dst, values.data(), values.size_bytes());
-    return dst;
-  };
-  std::vector<Backend*> devices(devices_.layers.begin(), devices_.layers.end());
-  devices.push_back(devices_.embeddings);
-  std::sort(devices.begin(), devices.end());
-  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
-  for (Backend* on : devices) {
-    Workspace& ws = workspace(*on);
-    StepInputs& in = ws.inputs;
-    if (on == devices_.embeddings) in.tokens = upload(*on, W::kTokens, batch.tokens);
-    if (std::find(devices_.layers.begin(), devices_.layers.end(), on) == devices_.layers.end()) continue;
-    in.positions = upload(*on, W::kPositions, batch.positions);
-    in.seq_ids = upload(*on, W::kSeqIds, batch.seq_ids);
-    // Constant contents, written once for each new length.
-    int32_t* ids = ws.ints(W::kDenseIds, T);
-    float* weights = ws.get(W::kDenseWeights, T);
-    if (T > ws.dense_filled) {
-      const std::vector<int32_t> zeros(size_t(T), 0);
-      const std::vector<float> ones(size_t(T), 1.0f);
-      on->copy_from_host(ids, zeros.data(), zeros.size() * sizeof(int32_t));
-      on->copy_from_host(weights, ones.data(), ones.size() * sizeof(float));
-      ws.dense_filled = T;
-    }
-    in.dense_ids = ids;
-    in.dense_weights = weights;
-  }
-}
-
-void Deepseek2Model::forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) {
-  using W = Workspace;
-  const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
-  TANDEM_CHECK(batch.positions.size() == batch.tokens.size() && batch.seq_ids.size() == batch.tokens.size());
-  TANDEM_CHECK(cache.size() == layers_.size());
-  if (T == 0) return;
-  for (int32_t token : batch.tokens)
-    if (token < 0 || uint32_t(token) >= hp_.n_vocab)
-      fail("token id {} is outside the vocabulary (0..{})", token, hp_.n_vocab - 1);
-  for (int32_t row : batch.logit_rows) TANDEM_CHECK(row >= 0 && row < T);
-  const int64_t embd = hp_.n_embd;
-  finish_loading(/*show_progress=*/false);  // nothing left to do after the first call
-  prepare_step(batch);
-
-  Backend* at = devices_.embeddings;  // the device holding the residual stream
-  float* x = workspace(*at).get(W::kResidual, T * embd);
-  at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);  // [T, n_embd]
-
-  // A decode-sized step with a logit row per token, in order, can be a graph.
-  bool graph = captures_steps() && T <= kMaxGraphTokens && R == T;
-  for (int64_t r = 0; graph && r < R; ++r) graph = batch.logit_rows[size_t(r)] == r;
-  if (!graph) return run_layers(batch, cache, at, x, logits, /*capturing=*/false);
-
-  Backend& g = *graph_device_;
-  float* residual = workspace(g).get(W::kResidual, T * embd);
-  if (at != &g) transfer(*at, x, g, residual, size_t(T * embd) * sizeof(float));
-  auto entry = std::find_if(graphs_.begin(), graphs_.end(), [&](const GraphEntry& e) {
-    return e.n_tokens == T && e.kernels == batch.kernels;
-  });
-  if (entry == graphs_.end()) {
-    graphs_.push_back({.n_tokens = T, .kernels = batch.kernels});
-    entry = graphs_.end() - 1;
-  }
-  if (!entry->seen) {  // the first step of this shape sizes every buffer, op by op
-    entry->seen = true;
-    workspace(g).host(W::kHostLogits, size_t(R * hp_.n_vocab) * sizeof(float));
-    return run_layers(batch, cache, &g, residual, logits, /*capturing=*/false);
-  }
-  if (!entry->graph || entry->generation != buffer_generation_) {
-    const uint64_t generation = buffer_generation_;
-    g.begin_capture();
-    try {
-      run_layers(batch, cache, &g, residual, nullptr, /*capturing=*/true);
-    } catch (...) {
-      try {
-        (void)g.end_capture();  // leave the device out of capture mode; the recording is void
-      } catch (...) {
-      }
-      entry->graph.reset();
-      throw;
-    }
-    entry->graph = g.end_capture();
-    TANDEM_CHECK(buffer_generation_ == generation);  // nothing was allocated inside the capture
-    entry->generation = generation;
-  }
-  g.replay(*entry->graph);
-  g.synchronize();
-  std::memcpy(logits, workspace(g).host(W::kHostLogits, 0), size_t(R * hp_.n_vocab) * sizeof(float));
-}
-
 void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at,
                                 float* x, float* logits, bool capturing) {
   using W = Workspace;
@@ -604,9 +301,6 @@ void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView>
     return;
   }
   head.copy_to_host(logits, out_logits, logit_bytes);
-  // Every device is done with this step: the head's result depended on all of them. Waiting on
-  // each also reports what failed there asynchronously (a host task's error) with this step.
-  for (auto& [device, ws] : workspaces_) device->synchronize();
 }
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
@@ -711,6 +405,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
   float* host_slots = nullptr;
   for (const ExpertShard& shard : l.shards) {
     if (shard.device == &be || !shard.device->uses_host_memory()) continue;
+    TANDEM_CHECK(!host_done);  // one host backend: its buffers below serve one shard a layer
     auto* host_input = static_cast<float*>(ws.host(W::kHostInput, size_t(T * embd) * sizeof(float)));
     auto* host_ids = static_cast<int32_t*>(ws.host(W::kHostIds, size_t(T * k) * sizeof(int32_t)));
     host_slots = static_cast<float*>(ws.host(W::kHostSlots, size_t(slot_floats) * sizeof(float)));

@@ -95,6 +95,11 @@ class Deepseek2Model {
   // the constant routing of dense FFNs; uploaded before a step (outside any capture).
   const StepInputs& step_inputs(Backend& on) const;
   void prepare_step(const Batch& batch);
+  // forward() without its checks and its final wait: the embeddings, then the layers op by op,
+  // or captured, or replayed.
+  void step(const Batch& batch, std::span<const KvLayerView> cache, float* logits);
+  // Waits for every device the model used; `report`: rethrows the first error after all waited.
+  void synchronize_devices(bool report);
   // Layers and output head for the residual stream `x` on `at`; the logits land in `logits`
   // (host memory), or in the head device's host buffer when `capturing` (read after replay).
   void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -77,12 +78,21 @@ const void* WeightBinder::device_pointer(const void* host, size_t bytes, const s
   bound_bytes_ += bytes;
   if (on.uses_host_memory()) return host;
   auto buffer = on.allocate(bytes, what);
-  uploads_.push_back({&on, buffer->data(), host, bytes, made ? std::move(*made) : std::vector<uint8_t>{}});
   owned_.push_back(buffer);
+  if (made && !made->empty()) {
+    // Bytes built at load (packed experts, taken-apart rows) go now and are let go: queued, they
+    // would all sit in RAM at once beside the page cache (a GPU's share of a big model).
+    on.copy_from_host(buffer->data(), host, bytes);
+    made->clear();
+    made->shrink_to_fit();
+    return buffer->data();
+  }
+  uploads_.push_back({&on, buffer->data(), host, bytes});
   return buffer->data();
 }
 
 void WeightBinder::finish_uploads(bool show_progress) {
+  if (upload_error_) std::rethrow_exception(upload_error_);  // the weights are not all there
   if (uploads_.empty()) return;
   std::vector<Backend*> devices;
   uint64_t total = 0;
@@ -97,6 +107,7 @@ void WeightBinder::finish_uploads(bool show_progress) {
   std::mutex progress_mutex;
   uint64_t done = 0;
   std::vector<std::exception_ptr> errors(devices.size());
+  std::atomic<bool> failed{false};  // one device failing stops the others early
   std::vector<std::thread> threads;
   for (size_t d = 0; d < devices.size(); ++d)
     threads.emplace_back([&, d] {
@@ -105,7 +116,7 @@ void WeightBinder::finish_uploads(bool show_progress) {
       try {
         for (const Upload& u : uploads_) {
           if (u.on != devices[d]) continue;
-          for (size_t offset = 0; offset < u.bytes; offset += kPiece) {
+          for (size_t offset = 0; offset < u.bytes && !failed.load(); offset += kPiece) {
             const size_t n = std::min(kPiece, u.bytes - offset);
             u.on->copy_from_host(static_cast<uint8_t*>(u.dst) + offset, static_cast<const uint8_t*>(u.src) + offset, n);
             std::lock_guard lock(progress_mutex);
@@ -114,13 +125,17 @@ void WeightBinder::finish_uploads(bool show_progress) {
         }
       } catch (...) {
         errors[d] = std::current_exception();
+        failed = true;
       }
     });
   for (std::thread& t : threads) t.join();
   progress.finish();
-  uploads_.clear();  // frees the bytes made at load
+  uploads_.clear();
   for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+    if (e) {
+      upload_error_ = e;  // every later call says so: computing with half the weights is no option
+      std::rethrow_exception(e);
+    }
 }
 
 WeightView WeightBinder::for_device(WeightView view, const std::string& what, Backend& on,
@@ -167,6 +182,7 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
   view.data = t.data;
   std::vector<uint8_t> made;
   view = for_device(view, std::string(name), on, made);
+  if (on.uses_host_memory() && !made.empty()) view.data = converted_bytes_.emplace_back(std::move(made)).data();
   view.data = device_pointer(view.data, view.matrix_bytes() * uint64_t(view.n_mats), std::string(name), on, &made);
   return view;
 }

@@ -3,6 +3,7 @@
 // name, shape and format, says expected vs found, and returns a view the backend can use
 // (in place from the mmap on the CPU; uploaded for devices with their own memory). Uploads are
 // queued and run by finish_uploads(): every device at once, one thread each, with progress.
+#include <exception>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -62,17 +63,18 @@ class WeightBinder {
   const std::vector<Bound>& bound() const { return bound_; }
 
  private:
+  // A copy from the mapped file to a device, queued for finish_uploads().
   struct Upload {
     Backend* on;
     void* dst;
     const void* src;
     size_t bytes;
-    std::vector<uint8_t> source;  // when the bytes were made at load (packed, taken apart)
   };
   const gguf::TensorInfo& checked(std::string_view name, std::initializer_list<int64_t> shape) const;
   void note_bound(const gguf::TensorInfo& tensor, bool in_place);
   // The weights' address on `on`: `host` itself for host-memory devices, else device memory
-  // whose upload is queued. `made` (if not empty) are bytes built at load that hold `host`.
+  // whose upload is queued; `made` (if not empty) are bytes built at load that hold `host`:
+  // those are copied at once and released.
   const void* device_pointer(const void* host, size_t bytes, const std::string& what, Backend& on,
                              std::vector<uint8_t>* made = nullptr);
   // The matrices of a view in a format `on` multiplies: an interleaved format (`tandem repack`,
@@ -87,6 +89,7 @@ class WeightBinder {
   uint64_t bound_bytes_ = 0;
   std::vector<Bound> bound_;
   std::vector<Upload> uploads_;
+  std::exception_ptr upload_error_;  // an upload failed: the device's weights are incomplete
   bool told_taken_apart_ = false;
 };
 

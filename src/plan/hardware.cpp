@@ -483,9 +483,9 @@ double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double in
          interleaved * device.decode_kernel_bytes_per_s / device.interleaved_kernel_bytes_per_s;
 }
 
-Hardware detect_hardware(int32_t threads) {
+Hardware detect_hardware(int32_t threads, bool with_gpus) {
   Hardware hw = detect_host(threads, /*measure_bandwidth=*/true);
-  hw.gpus = detect_gpus();
+  if (with_gpus) hw.gpus = detect_gpus();
   return hw;
 }
 
@@ -499,10 +499,16 @@ std::vector<DeviceSpec> detect_gpus(bool measure) {
     const KnownGpu* known = find_gpu(gpu.name);
     spec.flops_per_s = known ? known->fp16_tflops * 1e12 : kDefaultGpuFlops;
     spec.int8_ops_per_s = known ? known->int8_tops * 1e12 : 2 * kDefaultGpuFlops;
-    spec.bandwidth_bytes_per_s = gpu.peak_bandwidth_bytes_per_s > 0 ? gpu.peak_bandwidth_bytes_per_s
-                                 : known                           ? known->bandwidth_gb_per_s * 1e9
-                                                                   : kDefaultGpuBandwidth;
-    spec.bandwidth_source = "peak reported by the driver";
+    if (gpu.peak_bandwidth_bytes_per_s > 0) {
+      spec.bandwidth_bytes_per_s = gpu.peak_bandwidth_bytes_per_s;
+      spec.bandwidth_source = "peak from the memory clock and bus width the driver reports";
+    } else if (known) {
+      spec.bandwidth_bytes_per_s = known->bandwidth_gb_per_s * 1e9;
+      spec.bandwidth_source = fmt::format("default for {}", known->model);
+    } else {
+      spec.bandwidth_bytes_per_s = kDefaultGpuBandwidth;
+      spec.bandwidth_source = "default for an unnamed GPU";
+    }
     if (measure) {
       const GpuRates rates = gpu_rates(gpu.name, gpu.index);
       spec.bandwidth_bytes_per_s = rates.copy_bytes_per_s;

@@ -55,7 +55,7 @@ double measure_memory_bandwidth(int32_t threads);
 // This machine: cores, NUMA nodes, free RAM, and the memory bandwidth measured with a short
 // STREAM-style triad on `threads` threads (cached in ~/.cache/tandem/bandwidth.json per CPU
 // model and thread count, so only the first call takes ~1 s). GPUs when built with CUDA.
-Hardware detect_hardware(int32_t threads);
+Hardware detect_hardware(int32_t threads, bool with_gpus = true);
 
 // The GPUs of this machine (none without a CUDA build or a driver), named cuda:0, cuda:1 ...:
 // the free memory now less what the CUDA context and kernels' scratch take, and the copy

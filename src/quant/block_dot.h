@@ -41,14 +41,14 @@ template <bool kAligned16, int n>
 TANDEM_HD void load_words(const uint8_t* p, uint32_t (&w)[n]) {
 #if defined(__CUDA_ARCH__)
   if constexpr (kAligned16 && n % 4 == 0) {
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < n / 4; ++i) {
       const uint4 v = reinterpret_cast<const uint4*>(p)[i];
       w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
     }
   } else {
     const auto* h = reinterpret_cast<const uint16_t*>(p);
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < n; ++i) w[i] = uint32_t(h[2 * i]) | (uint32_t(h[2 * i + 1]) << 16);
   }
 #else
@@ -56,7 +56,9 @@ TANDEM_UNROLL
 #endif
 }
 
-TANDEM_HD uint32_t byte_of(const uint32_t* w, int i) { return (w[i / 4] >> (8 * (i % 4))) & 0xFF; }
+TANDEM_HD uint32_t byte_of(const uint32_t* w, int i) {
+  return (w[i / 4] >> (8 * (i % 4))) & 0xFF;
+}
 
 // a · b + c: one fused instruction on the device, two roundings on the host (g++ in ISO mode does
 // not fuse). The two sides agree within rounding, not to the bit.
@@ -74,20 +76,21 @@ TANDEM_HD float madd(float a, float b, float c) {
 TANDEM_HD KScaleMin k_scale_min_words(uint32_t w0, uint32_t w1, uint32_t w2, int sub) {
   auto byte = [&](int i) { return int(((i < 4 ? w0 : i < 8 ? w1 : w2) >> (8 * (i % 4))) & 0xFF); };
   if (sub < 4) return {byte(sub) & 63, byte(sub + 4) & 63};
-  return {(byte(sub + 4) & 0xF) | ((byte(sub - 4) >> 6) << 4), (byte(sub + 4) >> 4) | ((byte(sub) >> 6) << 4)};
+  return {(byte(sub + 4) & 0xF) | ((byte(sub - 4) >> 6) << 4),
+          (byte(sub + 4) >> 4) | ((byte(sub) >> 6) << 4)};
 }
 
 // acc[t] += Σ_g scale[g] · Σ_{i in g} q[i] · x[t][i] + offset[g] · Σ_{i in g} x[t][i] over the
 // 32 / kGroup groups of kGroup elements (offset null: none).
 template <int kGroup, int NT, class X>
-TANDEM_HD void scaled_sums(const float (&q)[32], const float* scale, const float* offset, const X& x,
-                           float (&acc)[NT]) {
-TANDEM_UNROLL
+TANDEM_HD void scaled_sums(const float (&q)[32], const float* scale, const float* offset,
+                           const X& x, float (&acc)[NT]) {
+  TANDEM_UNROLL
   for (int t = 0; t < NT; ++t) {
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int g = 0; g < 32 / kGroup; ++g) {
       float qx = 0.0f, sx = 0.0f;
-TANDEM_UNROLL
+      TANDEM_UNROLL
       for (int i = kGroup * g; i < kGroup * (g + 1); ++i) {
         qx = madd(q[i], x[t][i], qx);
         if (offset) sx += x[t][i];
@@ -118,7 +121,7 @@ struct BlockDot<DType::Q4_0> {
     uint32_t w[4];
     load_words<false>(block + offsetof(BlockQ4_0, qs), w);
     float q[32];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < 16; ++i) {
       q[i] = biased_to_float(byte_of(w, i) & 0xF, 8);
       q[i + 16] = biased_to_float(byte_of(w, i) >> 4, 8);
@@ -132,8 +135,9 @@ template <int kBias, int kQs, int kQh>
 TANDEM_HD void q5_quants32(const uint8_t* block, float (&q)[32]) {
   uint32_t w[4];
   load_words<false>(block + kQs, w);
-  const uint32_t high = uint32_t(hd::load_u16(block + kQh)) | (uint32_t(hd::load_u16(block + kQh + 2)) << 16);
-TANDEM_UNROLL
+  const uint32_t high =
+      uint32_t(hd::load_u16(block + kQh)) | (uint32_t(hd::load_u16(block + kQh + 2)) << 16);
+  TANDEM_UNROLL
   for (int i = 0; i < 16; ++i) {
     q[i] = biased_to_float((byte_of(w, i) & 0xF) | (((high >> i) & 1) << 4), kBias);
     q[i + 16] = biased_to_float((byte_of(w, i) >> 4) | (((high >> (i + 16)) & 1) << 4), kBias);
@@ -175,7 +179,7 @@ struct BlockDot<DType::Q8_0> {
     uint32_t w[8];
     load_words<false>(block + offsetof(BlockQ8_0, qs), w);
     float q[32];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < 32; ++i) q[i] = biased_to_float(byte_of(w, i) ^ 0x80, 128);  // int8 + 128
     scaled_sums<32>(q, &d, nullptr, x, acc);
   }
@@ -190,18 +194,19 @@ struct BlockDot<DType::Q2_K> {
     const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ2_K, d)));
     const float dmin = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ2_K, dmin)));
     float scale[2], offset[2];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int s = 0; s < 2; ++s) {
       const uint32_t sc = block[offsetof(BlockQ2_K, scales) + 2 * chunk + s];
       scale[s] = hd::mul_rn(d, float(sc & 0xF));
       offset[s] = -hd::mul_rn(dmin, float(sc >> 4));
     }
-    // Element e = 32 chunk + i: byte 32 (e / 128) + e % 32 = 32 (chunk / 4) + i, bits 2 (chunk % 4).
+    // Element e = 32 chunk + i: byte 32 (e / 128) + e % 32 = 32 (chunk / 4) + i, bits 2 (chunk %
+    // 4).
     uint32_t w[8];
     load_words<false>(block + offsetof(BlockQ2_K, qs) + 32 * (chunk / 4), w);
     const int shift = 2 * (chunk % 4);
     float q[32];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < 32; ++i) q[i] = biased_to_float((byte_of(w, i) >> shift) & 3, 0);
     scaled_sums<16>(q, scale, offset, x, acc);
   }
@@ -215,17 +220,19 @@ struct BlockDot<DType::Q3_K> {
   TANDEM_HD static void dot32(const uint8_t* block, int chunk, const X& x, float (&acc)[NT]) {
     const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ3_K, d)));
     float scale[2];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int s = 0; s < 2; ++s)
-      scale[s] = hd::mul_rn(d, float(Decoder<DType::Q3_K>::scale(block + offsetof(BlockQ3_K, scales), 2 * chunk + s)));
+      scale[s] = hd::mul_rn(d, float(Decoder<DType::Q3_K>::scale(
+                                   block + offsetof(BlockQ3_K, scales), 2 * chunk + s)));
     uint32_t low[8], high[8];
     load_words<false>(block + offsetof(BlockQ3_K, qs) + 32 * (chunk / 4), low);
     load_words<false>(block + offsetof(BlockQ3_K, hmask), high);  // bit chunk of hmask[i]
     const int shift = 2 * (chunk % 4);
     float q[32];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < 32; ++i)
-      q[i] = biased_to_float(((byte_of(low, i) >> shift) & 3) | (((byte_of(high, i) >> chunk) & 1) << 2), 4);
+      q[i] = biased_to_float(
+          ((byte_of(low, i) >> shift) & 3) | (((byte_of(high, i) >> chunk) & 1) << 2), 4);
     scaled_sums<16>(q, scale, nullptr, x, acc);
   }
 };
@@ -252,11 +259,12 @@ struct KQuantDot {
     if constexpr (kQh >= 0) {
       uint32_t h[8];
       load_words<true>(block + kQh, h);
-TANDEM_UNROLL
+      TANDEM_UNROLL
       for (int i = 0; i < 32; ++i)
-        q[i] = biased_to_float(((byte_of(w, i) >> shift) & 0xF) | (((byte_of(h, i) >> chunk) & 1) << 4), 0);
+        q[i] = biased_to_float(
+            ((byte_of(w, i) >> shift) & 0xF) | (((byte_of(h, i) >> chunk) & 1) << 4), 0);
     } else {
-TANDEM_UNROLL
+      TANDEM_UNROLL
       for (int i = 0; i < 32; ++i) q[i] = biased_to_float((byte_of(w, i) >> shift) & 0xF, 0);
     }
     scaled_sums<32>(q, &scale, &offset, x, acc);
@@ -278,7 +286,7 @@ struct BlockDot<DType::Q6_K> {
     const int h = chunk / 4, k = chunk % 4;
     const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ6_K, d)));
     float scale[2];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int s = 0; s < 2; ++s)
       scale[s] = hd::mul_rn(d, float(int8_t(block[offsetof(BlockQ6_K, scales) + 2 * chunk + s])));
     uint32_t low[8], high[8];
@@ -286,9 +294,11 @@ TANDEM_UNROLL
     load_words<false>(block + offsetof(BlockQ6_K, qh) + 32 * h, high);
     const int low_shift = 4 * (k >> 1), high_shift = 2 * k;
     float q[32];
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int i = 0; i < 32; ++i)
-      q[i] = biased_to_float(((byte_of(low, i) >> low_shift) & 0xF) | (((byte_of(high, i) >> high_shift) & 3) << 4), 32);
+      q[i] = biased_to_float(
+          ((byte_of(low, i) >> low_shift) & 0xF) | (((byte_of(high, i) >> high_shift) & 3) << 4),
+          32);
     scaled_sums<16>(q, scale, nullptr, x, acc);
   }
 };
@@ -298,16 +308,35 @@ TANDEM_UNROLL
 template <class Fn>
 bool visit_block_dot(DType type, Fn&& fn) {
   switch (type) {
-    case DType::Q4_0: fn(Decoder<DType::Q4_0>{}, BlockDot<DType::Q4_0>{}); return true;
-    case DType::Q5_0: fn(Decoder<DType::Q5_0>{}, BlockDot<DType::Q5_0>{}); return true;
-    case DType::Q5_1: fn(Decoder<DType::Q5_1>{}, BlockDot<DType::Q5_1>{}); return true;
-    case DType::Q8_0: fn(Decoder<DType::Q8_0>{}, BlockDot<DType::Q8_0>{}); return true;
-    case DType::Q2_K: fn(Decoder<DType::Q2_K>{}, BlockDot<DType::Q2_K>{}); return true;
-    case DType::Q3_K: fn(Decoder<DType::Q3_K>{}, BlockDot<DType::Q3_K>{}); return true;
-    case DType::Q4_K: fn(Decoder<DType::Q4_K>{}, BlockDot<DType::Q4_K>{}); return true;
-    case DType::Q5_K: fn(Decoder<DType::Q5_K>{}, BlockDot<DType::Q5_K>{}); return true;
-    case DType::Q6_K: fn(Decoder<DType::Q6_K>{}, BlockDot<DType::Q6_K>{}); return true;
-    default: return false;
+    case DType::Q4_0:
+      fn(Decoder<DType::Q4_0>{}, BlockDot<DType::Q4_0>{});
+      return true;
+    case DType::Q5_0:
+      fn(Decoder<DType::Q5_0>{}, BlockDot<DType::Q5_0>{});
+      return true;
+    case DType::Q5_1:
+      fn(Decoder<DType::Q5_1>{}, BlockDot<DType::Q5_1>{});
+      return true;
+    case DType::Q8_0:
+      fn(Decoder<DType::Q8_0>{}, BlockDot<DType::Q8_0>{});
+      return true;
+    case DType::Q2_K:
+      fn(Decoder<DType::Q2_K>{}, BlockDot<DType::Q2_K>{});
+      return true;
+    case DType::Q3_K:
+      fn(Decoder<DType::Q3_K>{}, BlockDot<DType::Q3_K>{});
+      return true;
+    case DType::Q4_K:
+      fn(Decoder<DType::Q4_K>{}, BlockDot<DType::Q4_K>{});
+      return true;
+    case DType::Q5_K:
+      fn(Decoder<DType::Q5_K>{}, BlockDot<DType::Q5_K>{});
+      return true;
+    case DType::Q6_K:
+      fn(Decoder<DType::Q6_K>{}, BlockDot<DType::Q6_K>{});
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -105,8 +105,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
   // decide what the GPUs should hold; simulated runs assume fixed ones.
   plan::Hardware hardware;
   if (any_gpu) {
-    hardware = plan::detect_hardware(n_threads);
-    hardware.gpus.clear();
+    hardware = plan::detect_hardware(n_threads, /*with_gpus=*/false);
   } else {
     hardware.host = {.name = "cpu", .kind = plan::DeviceKind::Cpu, .model = "host CPU",
                      .bandwidth_bytes_per_s = 20e9, .flops_per_s = 0.2e12,
@@ -116,7 +115,13 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
   int n_sims = 0;
   for (const DeviceRequest& r : requests) {
     if (r.cuda) {
-      hardware.gpus.push_back(gpus.at(size_t(r.cuda_index)));
+      const std::string name = fmt::format("cuda:{}", r.cuda_index);
+      auto gpu = std::find_if(gpus.begin(), gpus.end(), [&](const plan::DeviceSpec& g) { return g.name == name; });
+      if (gpu == gpus.end())
+        fail("--devices {}: {} is there but cannot be used (held by another process in exclusive mode, or "
+             "failing; see nvidia-smi)",
+             devices, name);
+      hardware.gpus.push_back(*gpu);
       continue;
     }
     hardware.gpus.push_back({.name = fmt::format("sim:{}", n_sims++), .kind = plan::DeviceKind::Sim,

@@ -57,7 +57,11 @@ Engine::Engine(const EngineOptions& options) {
     devices = DevicePlan::single(*backends_[0], file_hp.n_layer - file_hp.n_nextn_layers, file_hp.n_expert);
   } else {
     // Devices with budgets need a real context length to plan the KV cache.
-    if (options.n_ctx <= 0) n_ctx = std::min<int64_t>(n_ctx, 4096);
+    if (options.n_ctx <= 0 && n_ctx > 4096) {
+      std::fprintf(stderr, "tandem: context %d tokens (the model's is %lld) to plan the devices' memory; set "
+                   "--ctx to choose\n", 4096, (long long)n_ctx);
+      n_ctx = 4096;
+    }
     DeviceSetup setup = setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_,
                                       n_ctx, options.n_seq, options.pin_threads);
     backends_ = std::move(setup.backends);
@@ -128,7 +132,8 @@ Engine::Engine(const EngineOptions& options) {
                  n_threads_, load_seconds_);
 }
 
-Engine::~Engine() = default;
+// The model first: it waits for work still queued on the devices, which writes the KV cache.
+Engine::~Engine() { model_.reset(); }
 
 const Deepseek2Hparams& Engine::hparams() const { return model_->hparams(); }
 

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/quant.h"
+#include "test_weights.h"
 
 namespace tandem::cpu {
 namespace {
@@ -82,50 +83,9 @@ bool is_k_quant(DType type) {
 
 // Formats quantize_row cannot write get random blocks with sane fp16 scales (the kernels only
 // need to agree with dequantize_row, not with any particular quantizer).
-bool written_raw(DType type) {
-  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q5_1;
-}
-
-std::vector<float> gaussian(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& f : v) f = normal(rng);
-  return v;
-}
-
-std::vector<uint8_t> random_raw_blocks(DType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> bytes(size_t(rows) * row_bytes(type, uint64_t(cols)));
-  for (uint8_t& b : bytes) b = uint8_t(rng());
-  std::uniform_real_distribution<float> scale(0.5f, 1.5f);
-  auto put = [](uint16_t* field, float value) { *field = f32_to_f16(value); };
-  const int64_t n_blocks = rows * cols / dtype_info(type).block_elems;
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    if (type == DType::Q2_K) {
-      auto* block = reinterpret_cast<BlockQ2_K*>(bytes.data()) + b;
-      put(&block->d, 0.02f * scale(rng));
-      put(&block->dmin, 0.02f * scale(rng));
-    } else if (type == DType::Q3_K) {
-      put(&reinterpret_cast<BlockQ3_K*>(bytes.data())[b].d, 0.01f * scale(rng));
-    } else {
-      auto* block = reinterpret_cast<BlockQ5_1*>(bytes.data()) + b;
-      put(&block->d, 0.05f * scale(rng));
-      put(&block->m, -0.8f * scale(rng));
-    }
-  }
-  return bytes;
-}
-
-std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols, uint32_t seed) {
-  if (written_raw(type)) return random_raw_blocks(type, rows, cols, seed);
-  const std::vector<float> values = gaussian(rows * cols, seed);
-  const size_t stride = row_bytes(type, uint64_t(cols));
-  std::vector<uint8_t> bytes(size_t(rows) * stride);
-  for (int64_t r = 0; r < rows; ++r)
-    quantize_row(type, values.data() + r * cols, bytes.data() + size_t(r) * stride, cols);
-  return bytes;
-}
+using test::gaussian;
+using test::make_weights;
+using test::written_raw;
 
 struct Reference {
   std::vector<double> y;        // [n_tokens, rows]
@@ -198,7 +158,7 @@ TEST(Matmul, EveryIsaFormatShapeAndPrecisionMatchesScalarReference) {
       for (int64_t cols : test_cols(format.type)) {
         const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, uint32_t(cols));
         for (int64_t n_tokens : {1, 3, 17}) {
-          const std::vector<float> x = gaussian(n_tokens * cols, uint32_t(1000 + cols + n_tokens));
+          const std::vector<float> x = gaussian(size_t(n_tokens * cols), uint32_t(1000 + cols + n_tokens));
           const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
           for (CpuIsa isa : supported_cpu_isas()) {
             const std::vector<float> y =
@@ -224,7 +184,7 @@ TEST(Matmul, EveryIsaFormatShapeAndPrecisionMatchesScalarReference) {
 TEST(Matmul, Int16ActivationsStayAccurateWithOutlierChannels) {
   ThreadPool pool(1);
   const int64_t rows = 16, cols = 2048, n_tokens = 2;
-  std::vector<float> x = gaussian(n_tokens * cols, 51);
+  std::vector<float> x = gaussian(size_t(n_tokens * cols), 51);
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t k : {5, 700, 1500}) x[size_t(t * cols + k)] *= 300.0f;
   double worst = 0.0;
@@ -247,7 +207,7 @@ TEST(Matmul, ManyRowsSplitOverThreadsMatchReference) {
   const int64_t rows = 1029, cols = 512, n_tokens = 3;
   for (DType type : {DType::Q4_K, DType::Q8_0, DType::BF16}) {
     const std::vector<uint8_t> weights = make_weights(type, rows, cols, 7);
-    const std::vector<float> x = gaussian(n_tokens * cols, 8);
+    const std::vector<float> x = gaussian(size_t(n_tokens * cols), 8);
     const Reference ref = reference_matmul(type, weights, rows, cols, x, n_tokens);
     for (CpuIsa isa : supported_cpu_isas()) {
       for (ActPrecision precision : kPrecisions) {
@@ -271,7 +231,7 @@ TEST(Matmul, AllIsaVariantsAgreeWithPortable) {
     for (const FormatBound& format : error_bounds(precision)) {
       const int64_t cols = is_k_quant(format.type) ? 2048 : 1408;
       const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, 11);
-      const std::vector<float> x = gaussian(n_tokens * cols, 12);
+      const std::vector<float> x = gaussian(size_t(n_tokens * cols), 12);
       const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
       const std::vector<float> portable =
           run(CpuIsa::Portable, format.type, weights, rows, cols, x, n_tokens, pool, precision);
@@ -294,7 +254,7 @@ TEST(Matmul, AllIsaVariantsAgreeWithPortable) {
 // preparation must produce the portable bytes exactly, or the levels would stop agreeing.
 TEST(Matmul, ActivationQuantizationIsBitIdenticalAcrossIsas) {
   const int64_t cols = 2048;
-  std::vector<float> x = gaussian(cols, 41);
+  std::vector<float> x = gaussian(size_t(cols), 41);
   x[5] = 0.0f;                                            // zeros and exact ties
   for (int64_t k = 32; k < 64; ++k) x[size_t(k)] = 0.0f;  // an all-zero block
   for (int64_t k = 64; k < 96; ++k) x[size_t(k)] = float(k % 5) * 0.5f - 1.0f;
@@ -319,7 +279,7 @@ TEST(Matmul, PortableKernelsAreExercisedOnEveryMachine) {
   for (ActPrecision precision : kPrecisions) {
     for (const FormatBound& format : error_bounds(precision)) {
       const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, 21);
-      const std::vector<float> x = gaussian(n_tokens * cols, 22);
+      const std::vector<float> x = gaussian(size_t(n_tokens * cols), 22);
       const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
       const std::vector<float> y =
           run(CpuIsa::Portable, format.type, weights, rows, cols, x, n_tokens, pool, precision);
@@ -333,7 +293,7 @@ TEST(Matmul, DefaultEntryUsesTheBestIsaAndInt16) {
   ThreadPool pool(2);
   const int64_t rows = 40, cols = 256, n_tokens = 2;
   const std::vector<uint8_t> weights = make_weights(DType::Q6_K, rows, cols, 31);
-  const std::vector<float> x = gaussian(n_tokens * cols, 32);
+  const std::vector<float> x = gaussian(size_t(n_tokens * cols), 32);
   std::vector<float> y(size_t(rows * n_tokens));
   matmul({.weight_type = DType::Q6_K,
           .weights = weights.data(),
@@ -412,7 +372,7 @@ TEST(MatmulMany, EachOutputBitIdenticalToItsOwnMatmul) {
     std::vector<std::vector<float>> inputs;
     for (size_t i = 0; i < specs.size(); ++i) {
       weights.push_back(make_weights(specs[i].type, specs[i].rows, specs[i].cols, 40 + i));
-      inputs.push_back(gaussian(specs[i].n_tokens * specs[i].cols, 50 + uint32_t(i)));
+      inputs.push_back(gaussian(size_t(specs[i].n_tokens * specs[i].cols), 50 + uint32_t(i)));
     }
     for (CpuIsa isa : supported_cpu_isas()) {
       std::vector<std::vector<float>> outputs(specs.size());
@@ -459,7 +419,7 @@ TEST(MatmulLanes, Avx512GivesThePortableBits) {
     const int64_t cols = is_k_quant(type) ? 2048 : 1408;
     const std::vector<uint8_t> weights = make_weights(type, rows, cols, 21);
     for (int64_t n_tokens : {kLanesMinTokens, int64_t(16), int64_t(33)}) {
-      const std::vector<float> x = gaussian(n_tokens * cols, 22);
+      const std::vector<float> x = gaussian(size_t(n_tokens * cols), 22);
       const std::vector<float> portable = run(CpuIsa::Portable, type, weights, rows, cols, x,
                                               n_tokens, pool, ActPrecision::Int16);
       const std::vector<float> avx512 = run(CpuIsa::Avx512, type, weights, rows, cols, x,
@@ -479,7 +439,7 @@ TEST(MatmulLanes, ATokensResultDoesNotDependOnItsCompanions) {
   for (CpuIsa isa : supported_cpu_isas()) {
     for (DType type : kLanesFormats) {
       const std::vector<uint8_t> weights = make_weights(type, rows, cols, 31);
-      const std::vector<float> x = gaussian(many * cols, 32);
+      const std::vector<float> x = gaussian(size_t(many * cols), 32);
       const std::vector<float> among_many =
           run(isa, type, weights, rows, cols, x, many, pool, ActPrecision::Int16);
       const std::vector<float> x_few(x.begin(), x.begin() + few * cols);

@@ -29,6 +29,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "quant/quant.h"
+#include "test_weights.h"
 
 namespace tandem::test {
 
@@ -114,14 +115,6 @@ std::vector<T> to_host(Backend& backend, const DeviceArray<T>& array) {
   return host;
 }
 
-inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& f : v) f = normal(rng);
-  return v;
-}
-
 // Bit-for-bit equality (NaN payloads included).
 inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() &&
@@ -161,41 +154,6 @@ inline WeightView weight_view(DType type, const void* data, int64_t rows, int64_
           .rows = rows,
           .n_mats = n_mats,
           .row_bytes = row_bytes(type, uint64_t(cols))};
-}
-
-// Random weights of `type`, rows x cols (times n_mats). Formats quantize_row writes are quantized
-// from Gaussian values of deviation `sigma`; the others (Q2_K, Q3_K, Q5_1) get random bytes with
-// sane f16 scales, as tests/cpu/matmul_test.cpp makes them (the kernels must agree with
-// dequantize_row, not with any quantizer), and then `sigma` does not apply.
-inline std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols, uint32_t seed,
-                                         float sigma = 1.0f) {
-  const size_t stride = row_bytes(type, uint64_t(cols));
-  std::vector<uint8_t> bytes(size_t(rows) * stride);
-  if (type == DType::Q2_K || type == DType::Q3_K || type == DType::Q5_1) {
-    std::mt19937 rng(seed);
-    for (uint8_t& b : bytes) b = uint8_t(rng());
-    std::uniform_real_distribution<float> scale(0.5f, 1.5f);
-    auto put = [](uint16_t* field, float value) { *field = f32_to_f16(value); };
-    const int64_t n_blocks = rows * cols / int64_t(dtype_info(type).block_elems);
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      if (type == DType::Q2_K) {
-        auto* block = reinterpret_cast<BlockQ2_K*>(bytes.data()) + b;
-        put(&block->d, 0.02f * scale(rng));
-        put(&block->dmin, 0.02f * scale(rng));
-      } else if (type == DType::Q3_K) {
-        put(&reinterpret_cast<BlockQ3_K*>(bytes.data())[b].d, 0.01f * scale(rng));
-      } else {
-        auto* block = reinterpret_cast<BlockQ5_1*>(bytes.data()) + b;
-        put(&block->d, 0.05f * scale(rng));
-        put(&block->m, -0.8f * scale(rng));
-      }
-    }
-    return bytes;
-  }
-  const std::vector<float> values = gaussian(size_t(rows * cols), seed, sigma);
-  for (int64_t r = 0; r < rows; ++r)
-    quantize_row(type, values.data() + r * cols, bytes.data() + size_t(r) * stride, cols);
-  return bytes;
 }
 
 // The weights as F32, exactly (dequantize_row): what an exact reference multiplies with.

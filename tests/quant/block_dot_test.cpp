@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "core/half.h"
 #include "quant/quant.h"
+#include "test_weights.h"
 
 namespace tandem {
 namespace {
@@ -21,42 +21,11 @@ namespace {
 constexpr DType kFormats[] = {DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
                               DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
-// A row of `blocks` blocks: quantized from Gaussian values where the format can be written,
-// random bytes with finite f16 fields otherwise (every bit pattern of the quants is valid).
-std::vector<uint8_t> random_row(DType type, int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> row(row_bytes(type, uint64_t(n)));
-  if (can_quantize(type)) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> values(static_cast<size_t>(n));
-    for (float& v : values) v = normal(rng);
-    quantize_row(type, values.data(), row.data(), n);
-    return row;
-  }
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (uint8_t& b : row) b = uint8_t(byte(rng));
-  // The f16 fields: small finite scales.
-  const int block_bytes = int(dtype_info(type).block_bytes);
-  std::uniform_real_distribution<float> scale(0.001f, 0.1f);
-  for (size_t b = 0; b < row.size(); b += size_t(block_bytes)) {
-    auto put = [&](size_t offset) {
-      const uint16_t h = f32_to_f16(scale(rng));
-      row[b + offset] = uint8_t(h & 0xFF), row[b + offset + 1] = uint8_t(h >> 8);
-    };
-    switch (type) {
-      case DType::Q5_1: put(offsetof(BlockQ5_1, d)), put(offsetof(BlockQ5_1, m)); break;
-      case DType::Q2_K: put(offsetof(BlockQ2_K, d)), put(offsetof(BlockQ2_K, dmin)); break;
-      case DType::Q3_K: put(offsetof(BlockQ3_K, d)); break;
-      default: ADD_FAILURE() << "no f16 fields known for " << dtype_name(type);
-    }
-  }
-  return row;
-}
-
 // acc[t] for the whole row, chunk by chunk in order, as a kernel lane would (here one lane does
 // all the chunks; on the GPU lanes take every 32nd and a shuffle tree sums them).
 template <int NT>
-void row_dots(DType type, const uint8_t* row, int64_t n, const float* const (&x)[NT], float (&acc)[NT]) {
+void row_dots(DType type, const uint8_t* row, int64_t n, const float* const (&x)[NT],
+              float (&acc)[NT]) {
   for (float& a : acc) a = 0.0f;
   const bool known = blocks::visit_block_dot(type, [&](auto decoder, auto dot) {
     using Dec = decltype(decoder);
@@ -75,7 +44,7 @@ TEST(BlockDot, dot32_matches_the_dequantized_row_within_f32_rounding) {
   for (const DType type : kFormats) {
     const int64_t n = dtype_info(type).block_elems == 256 ? 4 * 256 : 4 * 32;
     for (uint32_t seed = 1; seed <= 4; ++seed) {
-      const std::vector<uint8_t> row = random_row(type, n, seed);
+      const std::vector<uint8_t> row = test::make_weights(type, 1, n, seed);
       std::vector<float> w(static_cast<size_t>(n));
       dequantize_row(type, row.data(), w.data(), n);
       std::mt19937 rng(seed * 7);
@@ -83,7 +52,9 @@ TEST(BlockDot, dot32_matches_the_dequantized_row_within_f32_rounding) {
       std::vector<float> x(static_cast<size_t>(n));
       for (float& v : x) v = normal(rng) * (seed == 4 ? 1e3f : 1.0f);
       double exact = 0, magnitude = 0;
-      for (int64_t i = 0; i < n; ++i) exact += double(w[size_t(i)]) * x[size_t(i)], magnitude += std::fabs(double(w[size_t(i)]) * x[size_t(i)]);
+      for (int64_t i = 0; i < n; ++i)
+        exact += double(w[size_t(i)]) * x[size_t(i)],
+            magnitude += std::fabs(double(w[size_t(i)]) * x[size_t(i)]);
       const float* xs[1] = {x.data()};
       float acc[1];
       row_dots<1>(type, row.data(), n, xs, acc);
@@ -91,7 +62,8 @@ TEST(BlockDot, dot32_matches_the_dequantized_row_within_f32_rounding) {
       // each round on the scale of Σ|terms|: a few n·2^-24 relative to Σ|w·x|. A wrong bit, nibble,
       // scale or min costs 1e-2 or more.
       const double error = std::fabs(double(acc[0]) - exact) / magnitude;
-      EXPECT_LT(error, 2e-5) << dtype_name(type) << " seed " << seed << ": " << acc[0] << " vs " << exact;
+      EXPECT_LT(error, 2e-5) << dtype_name(type) << " seed " << seed << ": " << acc[0] << " vs "
+                             << exact;
     }
   }
 }
@@ -99,7 +71,7 @@ TEST(BlockDot, dot32_matches_the_dequantized_row_within_f32_rounding) {
 TEST(BlockDot, a_tokens_result_is_the_same_alone_and_beside_others) {
   for (const DType type : kFormats) {
     const int64_t n = dtype_info(type).block_elems == 256 ? 2 * 256 : 2 * 32;
-    const std::vector<uint8_t> row = random_row(type, n, 11);
+    const std::vector<uint8_t> row = test::make_weights(type, 1, n, 11);
     std::mt19937 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(3 * n));
@@ -111,13 +83,15 @@ TEST(BlockDot, a_tokens_result_is_the_same_alone_and_beside_others) {
       const float* one[1] = {three[t]};
       float alone[1];
       row_dots<1>(type, row.data(), n, one, alone);
-      EXPECT_EQ(std::memcmp(&alone[0], &together[t], sizeof(float)), 0) << dtype_name(type) << " token " << t;
+      EXPECT_EQ(std::memcmp(&alone[0], &together[t], sizeof(float)), 0)
+          << dtype_name(type) << " token " << t;
     }
   }
 }
 
 TEST(BlockDot, every_quantized_decoder_has_a_32_weight_step_and_the_float_formats_do_not) {
-  for (const DType type : kFormats) EXPECT_TRUE(blocks::visit_block_dot(type, [](auto, auto) {})) << dtype_name(type);
+  for (const DType type : kFormats)
+    EXPECT_TRUE(blocks::visit_block_dot(type, [](auto, auto) {})) << dtype_name(type);
   for (const DType type : {DType::F32, DType::F16, DType::BF16, DType::Q4_K_R16})
     EXPECT_FALSE(blocks::visit_block_dot(type, [](auto, auto) {})) << dtype_name(type);
 }

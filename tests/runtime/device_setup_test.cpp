@@ -50,9 +50,11 @@ TEST(DeviceSetup, NamedGpusAndSimulatedDevicesKeepTheirOrder) {
 }
 
 TEST(DeviceSetup, MistakesAreNamedWithTheFix) {
-  EXPECT_NE(error_of("cuda", 0).find("no CUDA GPU found"), std::string::npos) << error_of("cuda", 0);
+  EXPECT_NE(error_of("cuda", 0).find("no CUDA GPU found"), std::string::npos)
+      << error_of("cuda", 0);
   EXPECT_NE(error_of("cuda", 0).find("--devices cpu"), std::string::npos);
-  EXPECT_NE(error_of("cuda:1", 1).find("there is no cuda:1: 1 GPU found"), std::string::npos) << error_of("cuda:1", 1);
+  EXPECT_NE(error_of("cuda:1", 1).find("there is no cuda:1: 1 GPU found"), std::string::npos)
+      << error_of("cuda:1", 1);
   EXPECT_NE(error_of("cuda:0,cuda:0", 1).find("cuda:0 is named twice"), std::string::npos);
   EXPECT_NE(error_of("cuda:x", 1).find("bad GPU index in 'cuda:x'"), std::string::npos);
   EXPECT_NE(error_of("gpu:0", 1).find("unknown device 'gpu:0'"), std::string::npos);

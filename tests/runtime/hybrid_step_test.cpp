@@ -26,6 +26,7 @@
 #include "backends/sim/sim_backend.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
+#include "greedy_steps.h"
 #include "model/deepseek2.h"
 #include "model/repack.h"
 #include "runtime/kv_cache.h"
@@ -85,13 +86,19 @@ class Recording final : public Backend {
     return inner_.host_task(std::move(task));
   }
   void synchronize() override { note("synchronize"), inner_.synchronize(); }
-  std::shared_ptr<Event> record_event() override { return note("record_event"), inner_.record_event(); }
-  void wait_for(std::shared_ptr<Event> event) override { note("wait_for"), inner_.wait_for(std::move(event)); }
+  std::shared_ptr<Event> record_event() override {
+    return note("record_event"), inner_.record_event();
+  }
+  void wait_for(std::shared_ptr<Event> event) override {
+    note("wait_for"), inner_.wait_for(std::move(event));
+  }
   size_t free_bytes() const override { return inner_.free_bytes(); }
   bool can_multiply(DType type) const override { return inner_.can_multiply(type); }
   bool can_capture() const override { return inner_.can_capture(); }
   void begin_capture() override { note("begin_capture"), inner_.begin_capture(); }
-  std::unique_ptr<Graph> end_capture() override { return note("end_capture"), inner_.end_capture(); }
+  std::unique_ptr<Graph> end_capture() override {
+    return note("end_capture"), inner_.end_capture();
+  }
   void replay(Graph& graph) override { note("replay"), inner_.replay(graph); }
   void get_rows(const WeightView& t, const int32_t* ids, int64_t n, float* out) override {
     note("get_rows"), inner_.get_rows(t, ids, n, out);
@@ -100,7 +107,9 @@ class Recording final : public Backend {
   void rms_norm(const RmsNormOp& op) override { note("rms_norm"), inner_.rms_norm(op); }
   void rope(const RopeOp& op) override { note("rope"), inner_.rope(op); }
   void kv_store(const KvStoreOp& op) override { note("kv_store"), inner_.kv_store(op); }
-  void mla_attention(const MlaAttentionOp& op) override { note("mla_attention"), inner_.mla_attention(op); }
+  void mla_attention(const MlaAttentionOp& op) override {
+    note("mla_attention"), inner_.mla_attention(op);
+  }
   void moe_route(const MoeRouteOp& op) override { note("moe_route"), inner_.moe_route(op); }
   void moe(const MoeOp& op) override {
     note(op.n_expert == 1 ? "moe(shared)" : "moe(routed)"), inner_.moe(op);
@@ -119,38 +128,22 @@ class Recording final : public Backend {
 };
 
 constexpr size_t kSimMemory = size_t(64) << 20;
-const std::vector<int32_t> kPrompt = {0, 671, 645, 1193, 291, 1072, 80, 285, 1876, 597, 395};
-
-// Prompt logits (every position), then `n_decode` greedy steps of one token.
-std::vector<float> run(Deepseek2Model& model, const std::vector<Backend*>& layer_devices, int n_decode,
-                       CallLog* log = nullptr, std::vector<std::vector<Call>>* per_step = nullptr) {
-  const auto& hp = model.hparams();
-  KvCache cache(layer_devices, hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
-  std::vector<int32_t> tokens = kPrompt, positions, seq(tokens.size(), 0), rows;
-  for (size_t i = 0; i < tokens.size(); ++i) positions.push_back(int32_t(i)), rows.push_back(int32_t(i));
-  std::vector<float> all(tokens.size() * hp.n_vocab);
-  model.forward({.tokens = tokens, .positions = positions, .seq_ids = seq, .logit_rows = rows}, cache.views(),
-                all.data());
-  for (int step = 0; step < n_decode; ++step) {
-    const float* last = all.data() + all.size() - hp.n_vocab;
-    const int32_t next = int32_t(std::max_element(last, last + hp.n_vocab) - last);
-    const int32_t pos = int32_t(tokens.size()), zero = 0;
-    tokens.push_back(next);
-    std::vector<float> one(hp.n_vocab);
-    if (log) log->take();
-    model.forward({.tokens = {&tokens.back(), 1}, .positions = {&pos, 1}, .seq_ids = {&zero, 1},
-                   .logit_rows = {&zero, 1}},
-                  cache.views(), one.data());
-    if (per_step) per_step->push_back(log->take());
-    all.insert(all.end(), one.begin(), one.end());
-  }
-  return all;
+// The decode steps' calls, one list per step.
+std::vector<float> run(Deepseek2Model& model, const std::vector<Backend*>& layer_devices,
+                       int n_decode, CallLog* log = nullptr,
+                       std::vector<std::vector<Call>>* per_step = nullptr) {
+  return test::prompt_then_greedy(model, layer_devices, n_decode, [&](bool after) {
+    if (!log) return;
+    std::vector<Call> calls = log->take();  // before a step: the prompt's and the last step's
+    if (after) per_step->push_back(std::move(calls));
+  });
 }
 
 class HybridStep : public ::testing::Test {
  protected:
   void SetUp() override {
-    file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(test::fixture("small-v3-Q4_K_M.gguf").string()));
+    file_ = std::make_unique<gguf::GgufFile>(
+        gguf::GgufFile::open(test::fixture("small-v3-Q4_K_M.gguf").string()));
     hp_ = read_deepseek2_hparams(*file_);
     n_layers_ = hp_.n_layer - hp_.n_nextn_layers;
     Deepseek2Model reference(*file_, cpu_);
@@ -185,11 +178,13 @@ TEST_F(HybridStep, HostExpertsRunInAHostTaskWhileTheDeviceComputesTheSharedExper
   Deepseek2Model model(*file_, hybrid(device, host));
   model.set_graphs_enabled(false);
   std::vector<std::vector<Call>> steps;
-  expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
+  expect_reference_bits(
+      run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
 
   // The first MoE layer of a decode step, as the device was asked: from its routing to its sum.
   const std::vector<Call>& calls = steps.front();
-  auto route = std::find_if(calls.begin(), calls.end(), [](const Call& c) { return c.op == "moe_route"; });
+  auto route =
+      std::find_if(calls.begin(), calls.end(), [](const Call& c) { return c.op == "moe_route"; });
   ASSERT_NE(route, calls.end());
   std::vector<std::string> device_ops;
   for (auto it = route; it != calls.end(); ++it) {
@@ -197,10 +192,18 @@ TEST_F(HybridStep, HostExpertsRunInAHostTaskWhileTheDeviceComputesTheSharedExper
     device_ops.push_back(it->op);
     if (it->op == "moe_reduce" && device_ops.size() > 8) break;  // the routed sum ends the layer
   }
-  const std::vector<std::string> expected = {
-      "moe_route",          "zero",        "copy_to_host_async", "copy_to_host_async",
-      "host_task",          "moe(shared)", "moe_reduce",         "moe(routed)",
-      "wait_for",           "copy_from_host_async", "add",       "moe_reduce"};
+  const std::vector<std::string> expected = {"moe_route",
+                                             "zero",
+                                             "copy_to_host_async",
+                                             "copy_to_host_async",
+                                             "host_task",
+                                             "moe(shared)",
+                                             "moe_reduce",
+                                             "moe(routed)",
+                                             "wait_for",
+                                             "copy_from_host_async",
+                                             "add",
+                                             "moe_reduce"};
   EXPECT_EQ(device_ops, expected);
   // The CPU computed experts once per MoE layer, each time on another thread (besides the
   // lookup of the embeddings and their copy to the device, on this one).
@@ -210,7 +213,8 @@ TEST_F(HybridStep, HostExpertsRunInAHostTaskWhileTheDeviceComputesTheSharedExper
   ASSERT_EQ(host_calls.size(), size_t(n_layers_ - hp_.n_leading_dense));
   for (const Call* c : host_calls) {
     EXPECT_EQ(c->op, "moe(routed)");
-    EXPECT_NE(c->thread, std::this_thread::get_id()) << "the CPU's experts ran on the submitting thread";
+    EXPECT_NE(c->thread, std::this_thread::get_id())
+        << "the CPU's experts ran on the submitting thread";
   }
 }
 
@@ -221,11 +225,14 @@ TEST_F(HybridStep, ACapturedStepReplaysTheHostTaskAndSubmitsNothingElse) {
   Deepseek2Model model(*file_, hybrid(device, host));
   ASSERT_TRUE(model.captures_steps());
   std::vector<std::vector<Call>> steps;
-  expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
+  expect_reference_bits(
+      run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
 
   // Step 0 runs op by op (it sizes the buffers), step 1 captures then replays, later steps replay.
-  auto count = [](const std::vector<Call>& calls, const std::string& device, const std::string& op) {
-    return std::count_if(calls.begin(), calls.end(), [&](const Call& c) { return c.device == device && c.op == op; });
+  auto count = [](const std::vector<Call>& calls, const std::string& device,
+                  const std::string& op) {
+    return std::count_if(calls.begin(), calls.end(),
+                         [&](const Call& c) { return c.device == device && c.op == op; });
   };
   const int moe_layers = int(n_layers_ - hp_.n_leading_dense);
   EXPECT_EQ(count(steps[0], "sim:0", "host_task"), moe_layers);
@@ -234,7 +241,8 @@ TEST_F(HybridStep, ACapturedStepReplaysTheHostTaskAndSubmitsNothingElse) {
   for (size_t s = 2; s < steps.size(); ++s) {
     const std::vector<Call>& calls = steps[s];
     EXPECT_EQ(count(calls, "sim:0", "replay"), 1);
-    EXPECT_EQ(count(calls, "sim:0", "matmul"), 0) << "step " << s << " submitted ops instead of replaying";
+    EXPECT_EQ(count(calls, "sim:0", "matmul"), 0)
+        << "step " << s << " submitted ops instead of replaying";
     EXPECT_EQ(count(calls, "sim:0", "host_task"), 0);
     // The host task is part of the graph: the CPU's experts ran again, once per MoE layer.
     EXPECT_EQ(count(calls, "cpu", "moe(routed)"), moe_layers) << "step " << s;
@@ -261,9 +269,11 @@ TEST_F(HybridStep, GraphsAndOpByOpGiveTheSameBitsOnEveryPlanTheyCapture) {
 
 TEST_F(HybridStep, ARepackedModelRunsOnADeviceWithoutInterleavedKernelsWithTheOriginalBits) {
   const std::filesystem::path repacked =
-      std::filesystem::temp_directory_path() / ("tandem-hybrid-repacked-" + std::to_string(::getpid()) + ".gguf");
+      std::filesystem::temp_directory_path() /
+      ("tandem-hybrid-repacked-" + std::to_string(::getpid()) + ".gguf");
   ThreadPool pool(2);
-  repack_model({.input_path = test::fixture("small-v3-Q4_K_M.gguf").string(), .output_path = repacked.string(),
+  repack_model({.input_path = test::fixture("small-v3-Q4_K_M.gguf").string(),
+                .output_path = repacked.string(),
                 .show_progress = false},
                pool);
   {

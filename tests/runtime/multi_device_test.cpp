@@ -12,6 +12,7 @@
 #include "gguf/gguf_file.h"
 #include "model/deepseek2.h"
 #include "runtime/kv_cache.h"
+#include "greedy_steps.h"
 #include "test_support.h"
 
 namespace tandem {
@@ -27,27 +28,7 @@ struct Machine {
 // Logits of the prompt (every position) and then of `n_decode` greedy steps, one token each.
 std::vector<float> run_plan(const gguf::GgufFile& file, const DevicePlan& plan, int n_decode) {
   Deepseek2Model model(file, plan);
-  const auto& hp = model.hparams();
-  KvCache cache(plan.layers, hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
-  std::vector<int32_t> tokens = {0, 671, 645, 1193, 291, 1072, 80, 285, 1876, 597, 395};
-  std::vector<float> all;
-  std::vector<int32_t> positions, seq(tokens.size(), 0), rows;
-  for (size_t i = 0; i < tokens.size(); ++i) positions.push_back(int32_t(i)), rows.push_back(int32_t(i));
-  std::vector<float> logits(tokens.size() * hp.n_vocab);
-  model.forward({.tokens = tokens, .positions = positions, .seq_ids = seq, .logit_rows = rows}, cache.views(),
-                logits.data());
-  all.insert(all.end(), logits.begin(), logits.end());
-  for (int step = 0; step < n_decode; ++step) {
-    const float* last = all.data() + all.size() - hp.n_vocab;
-    const int32_t next = int32_t(std::max_element(last, last + hp.n_vocab) - last);
-    const int32_t pos = int32_t(tokens.size()), zero = 0;
-    tokens.push_back(next);
-    std::vector<float> one(hp.n_vocab);
-    model.forward({.tokens = {&tokens.back(), 1}, .positions = {&pos, 1}, .seq_ids = {&zero, 1}, .logit_rows = {&zero, 1}},
-                  cache.views(), one.data());
-    all.insert(all.end(), one.begin(), one.end());
-  }
-  return all;
+  return test::prompt_then_greedy(model, plan.layers, n_decode);
 }
 
 class MultiDevice : public ::testing::TestWithParam<const char*> {

@@ -5,16 +5,23 @@
 
 namespace tandem::cuda {
 
-bool built_with_cuda() { return false; }
+bool built_with_cuda() {
+  return false;
+}
 
-int count_gpus() { return 0; }
+int count_gpus() {
+  return 0;
+}
 
-std::vector<GpuInfo> list_gpus() { return {}; }
+std::vector<GpuInfo> list_gpus() {
+  return {};
+}
 
 std::unique_ptr<Backend> make_cuda_backend(int index) {
-  fail("cuda:{}: this tandem was built without CUDA; install the CUDA toolkit (nvcc) and "
-       "rebuild (cmake finds it; -DTANDEM_CUDA=OFF turns it off)",
-       index);
+  fail(
+      "cuda:{}: this tandem was built without CUDA; install the CUDA toolkit (nvcc) and "
+      "rebuild (cmake finds it; -DTANDEM_CUDA=OFF turns it off)",
+      index);
 }
 
 GpuRates measure_gpu_rates(int index) {

@@ -19,9 +19,9 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kGroup = 8;          // heads per block: they share each tile of cache rows
-constexpr int kKeyTile = 8;        // cache rows per shared-memory tile (8 x 576 floats for DeepSeek)
-constexpr int kMaxColumns = 4;     // latent columns per thread: kv_lora up to 1024 (DeepSeek: 512)
+constexpr int kGroup = 8;       // heads per block: they share each tile of cache rows
+constexpr int kKeyTile = 8;     // cache rows per shared-memory tile (8 x 576 floats for DeepSeek)
+constexpr int kMaxColumns = 4;  // latent columns per thread: kv_lora up to 1024 (DeepSeek: 512)
 // Keys per split, at fixed positions (0-255, 256-511, ...): a token's result is the same fold of
 // the same splits however many tokens share the step and whichever mode computes it.
 constexpr int64_t kSplitKeys = 256;
@@ -29,7 +29,8 @@ constexpr int64_t kSplitKeys = 256;
 __global__ void rope_kernel(RopeOp op, float low, float high) {
   const int64_t half = op.params.rope_dims / 2;
   const int64_t n = op.n_tokens * op.n_heads * half;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = idx % half, h = (idx / half) % op.n_heads, t = idx / (half * op.n_heads);
     float c, s;
     rope_cos_sin(op.params, low, high, float(op.positions[t]), i, &c, &s);
@@ -43,8 +44,10 @@ __global__ void rope_kernel(RopeOp op, float low, float high) {
 __global__ void kv_store_kernel(KvStoreOp op) {
   const int64_t t = blockIdx.x, row = op.cache.kv_lora_rank + op.cache.rope_dims;
   // The host checked positions and sequences before the step (Engine::evaluate_batch); a bad one
-  // here is a bug in tandem, and stops the device rather than writing elsewhere (CPU: TANDEM_CHECK).
-  if (op.seq_ids[t] < 0 || op.seq_ids[t] >= op.cache.n_seq || op.positions[t] < 0 || op.positions[t] >= op.cache.n_ctx)
+  // here is a bug in tandem, and stops the device rather than writing elsewhere (CPU:
+  // TANDEM_CHECK).
+  if (op.seq_ids[t] < 0 || op.seq_ids[t] >= op.cache.n_seq || op.positions[t] < 0 ||
+      op.positions[t] >= op.cache.n_ctx)
     __trap();
   float* dst = op.cache.data + (int64_t(op.seq_ids[t]) * op.cache.n_ctx + op.positions[t]) * row;
   const float* src = op.rows + t * row;
@@ -60,8 +63,8 @@ struct MlaArgs {
   const int32_t* seq_ids;
   int64_t n_heads;
   float scale;
-  float* o_lat;     // [T, H, lora]
-  float* partial;   // parallel mode: [T, H, max_splits, 2 + lora] (max, sum, unnormalized sums)
+  float* o_lat;    // [T, H, lora]
+  float* partial;  // parallel mode: [T, H, max_splits, 2 + lora] (max, sum, unnormalized sums)
   int64_t max_splits;
 };
 
@@ -73,7 +76,9 @@ struct HeadState {
   float o[kColumns];
 };
 
-__device__ __forceinline__ int64_t keys_of(const MlaArgs& a, int64_t t) { return int64_t(a.positions[t]) + 1; }
+__device__ __forceinline__ int64_t keys_of(const MlaArgs& a, int64_t t) {
+  return int64_t(a.positions[t]) + 1;
+}
 __device__ __forceinline__ int64_t splits_of(const MlaArgs& a, int64_t t) {
   return (keys_of(a, t) + kSplitKeys - 1) / kSplitKeys;
 }
@@ -86,7 +91,8 @@ __device__ __forceinline__ void merge(HeadState<kColumns>& a, const HeadState<kC
   const float ca = expf(__fsub_rn(a.max, m)), cb = expf(__fsub_rn(b.max, m));
   a.sum = __fadd_rn(__fmul_rn(a.sum, ca), __fmul_rn(b.sum, cb));
 #pragma unroll
-  for (int i = 0; i < kColumns; ++i) a.o[i] = __fadd_rn(__fmul_rn(a.o[i], ca), __fmul_rn(b.o[i], cb));
+  for (int i = 0; i < kColumns; ++i)
+    a.o[i] = __fadd_rn(__fmul_rn(a.o[i], ca), __fmul_rn(b.o[i], cb));
   a.max = m;
 }
 
@@ -103,7 +109,9 @@ __device__ __forceinline__ Smem carve(float* base, int64_t row) {
   return {base, base + kGroup * row, p, p + kGroup * kKeyTile};
 }
 
-size_t smem_bytes(int64_t row) { return size_t((kGroup + kKeyTile) * row + kGroup * kKeyTile + kGroup) * sizeof(float); }
+size_t smem_bytes(int64_t row) {
+  return size_t((kGroup + kKeyTile) * row + kGroup * kKeyTile + kGroup) * sizeof(float);
+}
 
 // The queries [q_lat | q_rope] of token t's heads h0 .. h0 + n_heads - 1 into shared memory.
 __device__ void load_queries(const MlaArgs& a, int64_t t, int64_t h0, int n_heads, const Smem& sm) {
@@ -112,7 +120,8 @@ __device__ void load_queries(const MlaArgs& a, int64_t t, int64_t h0, int n_head
     const int64_t g = i / row, c = i % row, h = h0 + g;
     float v = 0.0f;
     if (g < n_heads)
-      v = c < lora ? a.q_lat[(t * a.n_heads + h) * lora + c] : a.q[(t * a.n_heads + h) * a.q_stride + a.nope + c - lora];
+      v = c < lora ? a.q_lat[(t * a.n_heads + h) * lora + c]
+                   : a.q[(t * a.n_heads + h) * a.q_stride + a.nope + c - lora];
     sm.query[i] = v;
   }
 }
@@ -122,8 +131,9 @@ __device__ void load_queries(const MlaArgs& a, int64_t t, int64_t h0, int n_head
 // values are the same latent rows for every head), four threads per score, then each thread
 // folds the tile into its columns for every head.
 template <int kColumns>
-__device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads, int64_t begin, int64_t end,
-                                       const Smem& sm, HeadState<kColumns> (&state)[kGroup]) {
+__device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads, int64_t begin,
+                                       int64_t end, const Smem& sm,
+                                       HeadState<kColumns> (&state)[kGroup]) {
   const int64_t lora = a.cache.kv_lora_rank, row = lora + a.cache.rope_dims;
   const int tid = threadIdx.x;
   const float* cache = a.cache.data + int64_t(a.seq_ids[t]) * a.cache.n_ctx * row;
@@ -141,10 +151,12 @@ __device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads,
     {  // scores: 64 = kGroup x kKeyTile, four threads each, summed by a fixed shuffle tree
       const int score = tid / 4, part = tid % 4, g = score / kKeyTile, j = score % kKeyTile;
       float partial = 0.0f;
-      for (int64_t c = part; c < row; c += 4) partial = fmaf(sm.query[g * row + c], sm.keys[j * row + c], partial);
+      for (int64_t c = part; c < row; c += 4)
+        partial = fmaf(sm.query[g * row + c], sm.keys[j * row + c], partial);
       partial += __shfl_xor_sync(0xffffffffu, partial, 1);
       partial += __shfl_xor_sync(0xffffffffu, partial, 2);
-      if (part == 0) sm.p[g * kKeyTile + j] = g < n_heads && j < n_keys ? partial * a.scale : -INFINITY;
+      if (part == 0)
+        sm.p[g * kKeyTile + j] = g < n_heads && j < n_keys ? partial * a.scale : -INFINITY;
     }
     __syncthreads();
     float correction[kGroup];
@@ -190,7 +202,8 @@ __device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads,
 }
 
 template <int kColumns>
-__device__ __forceinline__ void write_result(const MlaArgs& a, int64_t t, int64_t h, const HeadState<kColumns>& st) {
+__device__ __forceinline__ void write_result(const MlaArgs& a, int64_t t, int64_t h,
+                                             const HeadState<kColumns>& st) {
   const int64_t lora = a.cache.kv_lora_rank;
 #pragma unroll
   for (int i = 0; i < kColumns; ++i) {
@@ -213,7 +226,8 @@ __global__ void __launch_bounds__(kThreads) mla_sequential_kernel(MlaArgs a, int
   HeadState<kColumns> total[kGroup], split[kGroup];
   attend(a, t, n_heads, 0, n_keys < kSplitKeys ? n_keys : kSplitKeys, sm, total);
   for (int64_t s = 1; s < splits_of(a, t); ++s) {
-    const int64_t begin = s * kSplitKeys, end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
+    const int64_t begin = s * kSplitKeys,
+                  end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
     attend(a, t, n_heads, begin, end, sm, split);
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) merge(total[g], split[g]);
@@ -236,7 +250,8 @@ __global__ void __launch_bounds__(kThreads) mla_split_kernel(MlaArgs a, int64_t 
   load_queries(a, t, h0, n_heads, sm);
   __syncthreads();
   HeadState<kColumns> state[kGroup];
-  const int64_t begin = s * kSplitKeys, end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
+  const int64_t begin = s * kSplitKeys,
+                end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
   attend(a, t, n_heads, begin, end, sm, state);
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -273,25 +288,28 @@ __global__ void __launch_bounds__(kThreads) mla_merge_kernel(MlaArgs a) {
 }
 
 template <int kColumns>
-void launch_mla(const MlaArgs& args, int64_t n_tokens, int64_t n_heads, int64_t n_groups, int64_t max_splits,
-                size_t shared, cudaStream_t stream) {
+void launch_mla(const MlaArgs& args, int64_t n_tokens, int64_t n_heads, int64_t n_groups,
+                int64_t max_splits, size_t shared, cudaStream_t stream) {
   static bool opted_in = false;  // shared memory past 48 KiB is asked for once (kv_lora 1024)
   if (shared > (size_t(48) << 10) && !opted_in) {
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(mla_sequential_kernel<kColumns>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<kColumns>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(shared)));
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(
+        mla_sequential_kernel<kColumns>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(
+        mla_split_kernel<kColumns>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
     opted_in = true;
   }
   if (args.partial) {
-    mla_split_kernel<kColumns><<<dim3(unsigned(n_tokens * n_groups), unsigned(max_splits)), kThreads, shared, stream>>>(
-        args, n_groups);
+    mla_split_kernel<kColumns>
+        <<<dim3(unsigned(n_tokens * n_groups), unsigned(max_splits)), kThreads, shared, stream>>>(
+            args, n_groups);
     TANDEM_CUDA_CHECK_LAUNCH(mla_split_kernel);
-    mla_merge_kernel<kColumns><<<dim3(unsigned(n_tokens), unsigned(n_heads)), kThreads, 0, stream>>>(args);
+    mla_merge_kernel<kColumns>
+        <<<dim3(unsigned(n_tokens), unsigned(n_heads)), kThreads, 0, stream>>>(args);
     TANDEM_CUDA_CHECK_LAUNCH(mla_merge_kernel);
     return;
   }
-  mla_sequential_kernel<kColumns><<<unsigned(n_tokens * n_groups), kThreads, shared, stream>>>(args, n_groups);
+  mla_sequential_kernel<kColumns>
+      <<<unsigned(n_tokens * n_groups), kThreads, shared, stream>>>(args, n_groups);
   TANDEM_CUDA_CHECK_LAUNCH(mla_sequential_kernel);
 }
 
@@ -324,15 +342,15 @@ int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n
 }
 
 void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
-                             const KvLayerView& cache, const int32_t* positions, const int32_t* seq_ids,
-                             int64_t n_tokens, int64_t n_heads, float scale, float* o_lat, float* partial,
-                             cudaStream_t stream) {
+                             const KvLayerView& cache, const int32_t* positions,
+                             const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads, float scale,
+                             float* o_lat, float* partial, cudaStream_t stream) {
   if (cache.kv_lora_rank > int64_t(kMaxColumns) * kThreads)
     cuda_failed(cudaErrorInvalidValue, "MLA with kv_lora_rank above 1024", __FILE__, __LINE__);
   const int64_t max_splits = (cache.n_ctx + kSplitKeys - 1) / kSplitKeys;
   const int64_t n_groups = (n_heads + kGroup - 1) / kGroup;
-  const MlaArgs args{q_lat,   q,     q_stride, nope, cache, positions, seq_ids,
-                     n_heads, scale, o_lat,    partial, max_splits};
+  const MlaArgs args{q_lat,   q,       q_stride, nope,  cache,   positions,
+                     seq_ids, n_heads, scale,    o_lat, partial, max_splits};
   const int64_t row = cache.kv_lora_rank + cache.rope_dims;
   const size_t shared = smem_bytes(row);
   // kv_lora up to 512 (every DeepSeek): two latent columns per thread; up to 1024: four.

@@ -15,8 +15,8 @@ namespace tandem::cuda {
 
 void cuda_failed(cudaError_t error, const char* call, const char* file, int line) {
   (void)cudaGetLastError();  // a sticky launch error would fail every later call too
-  fail("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(error), cudaGetErrorString(error), call, file,
-       line);
+  fail("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(error), cudaGetErrorString(error),
+       call, file, line);
 }
 
 namespace {
@@ -36,9 +36,12 @@ constexpr size_t kDirectCopyBytes = size_t(4) << 20;
 
 bool tiled(KernelChoice kernels, int64_t n_tokens) {
   switch (kernels) {
-    case KernelChoice::PerToken: return false;
-    case KernelChoice::Tiled: return true;
-    case KernelChoice::ByTokenCount: return n_tokens >= kTiledMinTokens;
+    case KernelChoice::PerToken:
+      return false;
+    case KernelChoice::Tiled:
+      return true;
+    case KernelChoice::ByTokenCount:
+      return n_tokens >= kTiledMinTokens;
   }
   return false;
 }
@@ -66,9 +69,10 @@ class PinnedBuffer final : public DeviceBuffer {
     const cudaError_t error = cudaHostRegister(buffer_.data(), bytes, cudaHostRegisterPortable);
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
-      fail("{}: cannot page-lock {} of host memory for {} ({}); raise the locked-memory limit "
-           "(`ulimit -l unlimited`) or free memory",
-           device, format_bytes(bytes), what, cudaGetErrorString(error));
+      fail(
+          "{}: cannot page-lock {} of host memory for {} ({}); raise the locked-memory limit "
+          "(`ulimit -l unlimited`) or free memory",
+          device, format_bytes(bytes), what, cudaGetErrorString(error));
     }
   }
   ~PinnedBuffer() override { cudaHostUnregister(buffer_.data()); }
@@ -130,13 +134,15 @@ CudaBackend::CudaBackend(int device) : device_(device), name_(fmt::format("cuda:
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("{}: no usable CUDA device ({}); check the NVIDIA driver (`nvidia-smi`)", name_, cudaGetErrorString(error));
+    fail("{}: no usable CUDA device ({}); check the NVIDIA driver (`nvidia-smi`)", name_,
+         cudaGetErrorString(error));
   }
   if (device < 0 || device >= count)
     fail("{}: this machine has {} CUDA device{}", name_, count, count == 1 ? "" : "s");
   activate();
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  if (const cudaError_t error = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking); error != cudaSuccess) {
+  if (const cudaError_t error = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking);
+      error != cudaSuccess) {
     cudaStreamDestroy(stream_);
     cuda_failed(error, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
   }
@@ -156,13 +162,16 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
-void CudaBackend::activate() const { TANDEM_CUDA_CHECK(cudaSetDevice(device_)); }
+void CudaBackend::activate() const {
+  TANDEM_CUDA_CHECK(cudaSetDevice(device_));
+}
 
 void CudaBackend::check_not_capturing(const char* what) const {
   if (capturing_)
-    fail("{}: {} while capturing a graph; this is a bug in tandem's executor (every buffer of a "
-         "step is sized by running its shape once before capturing it)",
-         name_, what);
+    fail(
+        "{}: {} while capturing a graph; this is a bug in tandem's executor (every buffer of a "
+        "step is sized by running its shape once before capturing it)",
+        name_, what);
 }
 
 void CudaBackend::record_task_error(std::exception_ptr error) {
@@ -180,9 +189,11 @@ std::shared_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes, const std::str
     (void)cudaGetLastError();
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
-    fail("{}: out of memory: {} requested for {}, {} free of {} ({}); plan with less on this GPU "
-         "(`tandem plan`, --ctx, --parallel) or leave it to the CPU",
-         name_, format_bytes(bytes), what, format_bytes(free), format_bytes(total), cudaGetErrorString(error));
+    fail(
+        "{}: out of memory: {} requested for {}, {} free of {} ({}); plan with less on this GPU "
+        "(`tandem plan`, --ctx, --parallel) or leave it to the CPU",
+        name_, format_bytes(bytes), what, format_bytes(free), format_bytes(total),
+        cudaGetErrorString(error));
   }
   return std::make_shared<CudaBuffer>(device_, data, bytes);
 }
@@ -197,7 +208,9 @@ void* CudaBackend::scratch(Scratch which, size_t bytes) {
   std::shared_ptr<DeviceBuffer>& buffer = scratch_[which];
   if (!buffer || buffer->size() < bytes) {
     if (capturing_)
-      fail("{}: a kernel's scratch grew while capturing a graph; this is a bug in tandem's executor", name_);
+      fail(
+          "{}: a kernel's scratch grew while capturing a graph; this is a bug in tandem's executor",
+          name_);
     buffer.reset();
     buffer = allocate(std::max<size_t>(bytes, 256), "kernel scratch");
   }
@@ -213,21 +226,26 @@ void CudaBackend::synchronous_copy(void* dst, const void* src, size_t bytes, cud
 }
 
 void CudaBackend::copy_from_host(void* device_dst, const void* host_src, size_t bytes) {
-  if (bytes <= kDirectCopyBytes) return synchronous_copy(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+  if (bytes <= kDirectCopyBytes)
+    return synchronous_copy(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
   check_not_capturing("copy_from_host");
   activate();
   for (int i = 0; i < 2; ++i) {
     if (!staging_[i]) staging_[i] = allocate_host(kStagingBytes, "upload staging");
-    if (!staging_done_[i]) TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
+    if (!staging_done_[i])
+      TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
   }
   const auto* src = static_cast<const uint8_t*>(host_src);
   auto* dst = static_cast<uint8_t*>(device_dst);
   for (size_t offset = 0, piece = 0; offset < bytes; offset += kStagingBytes, ++piece) {
     const int i = int(piece % 2);
     const size_t n = std::min(kStagingBytes, bytes - offset);
-    if (piece >= 2) TANDEM_CUDA_CHECK(cudaEventSynchronize(staging_done_[i]));  // its last DMA is done
-    std::memcpy(staging_[i]->data(), src + offset, n);  // reads the source while the other piece flies
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst + offset, staging_[i]->data(), n, cudaMemcpyHostToDevice, stream_));
+    if (piece >= 2)
+      TANDEM_CUDA_CHECK(cudaEventSynchronize(staging_done_[i]));  // its last DMA is done
+    std::memcpy(staging_[i]->data(), src + offset,
+                n);  // reads the source while the other piece flies
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyAsync(dst + offset, staging_[i]->data(), n, cudaMemcpyHostToDevice, stream_));
     TANDEM_CUDA_CHECK(cudaEventRecord(staging_done_[i], stream_));
   }
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -237,18 +255,21 @@ void CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t by
   synchronous_copy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
 }
 
-bool CudaBackend::copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes) {
+bool CudaBackend::copy_from_peer(Backend& from, void* device_dst, const void* peer_src,
+                                 size_t bytes) {
   auto* peer = dynamic_cast<CudaBackend*>(&from);
   if (!peer) return false;
   if (peer == this) {
     activate();
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_dst, peer_src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyAsync(device_dst, peer_src, bytes, cudaMemcpyDeviceToDevice, stream_));
     return true;
   }
   // Direct access where the hardware allows it, asked for once per pair.
   {
     std::lock_guard lock(peer_mutex_);
-    if (std::find(peers_enabled_.begin(), peers_enabled_.end(), peer->device_) == peers_enabled_.end()) {
+    if (std::find(peers_enabled_.begin(), peers_enabled_.end(), peer->device_) ==
+        peers_enabled_.end()) {
       int can = 0;
       activate();
       // Refused (already on, too many peers): the driver stages the copies through the host.
@@ -260,7 +281,8 @@ bool CudaBackend::copy_from_peer(Backend& from, void* device_dst, const void* pe
   }
   wait_for(from.record_event());  // the source is written
   activate();
-  TANDEM_CUDA_CHECK(cudaMemcpyPeerAsync(device_dst, device_, peer_src, peer->device_, bytes, stream_));
+  TANDEM_CUDA_CHECK(
+      cudaMemcpyPeerAsync(device_dst, device_, peer_src, peer->device_, bytes, stream_));
   from.wait_for(record_event());  // the source is not overwritten before it is read
   return true;
 }
@@ -284,7 +306,8 @@ std::shared_ptr<Event> CudaBackend::host_task(std::function<void()> task) {
   // Tasks that have run are let go here too: a device that is never synchronized (a layer
   // device beside the head's) would otherwise keep every one.
   while (!capturing_ && !pending_tasks_.empty()) {
-    const cudaError_t state = cudaEventQuery(static_cast<CudaEvent&>(*pending_tasks_.front()->done).get());
+    const cudaError_t state =
+        cudaEventQuery(static_cast<CudaEvent&>(*pending_tasks_.front()->done).get());
     if (state == cudaErrorNotReady) break;
     if (state != cudaSuccess) cuda_failed(state, "cudaEventQuery", __FILE__, __LINE__);
     pending_tasks_.erase(pending_tasks_.begin());
@@ -296,7 +319,8 @@ std::shared_ptr<Event> CudaBackend::host_task(std::function<void()> task) {
   auto& tasks = capturing_ ? captured_tasks_ : pending_tasks_;
   tasks.push_back(std::make_unique<HostTask>(HostTask{std::move(task), this, done}));
   // Owned by the list before the driver holds a pointer to it; dropped again if the launch fails.
-  if (const cudaError_t error = cudaLaunchHostFunc(side_, &HostTask::call, tasks.back().get()); error != cudaSuccess) {
+  if (const cudaError_t error = cudaLaunchHostFunc(side_, &HostTask::call, tasks.back().get());
+      error != cudaSuccess) {
     tasks.pop_back();
     cuda_failed(error, "cudaLaunchHostFunc", __FILE__, __LINE__);
   }
@@ -349,7 +373,9 @@ size_t CudaBackend::free_bytes() const {
   return free > kScratchReserveBytes ? free - kScratchReserveBytes : 0;
 }
 
-bool CudaBackend::can_multiply(DType type) const { return matmul_supports(type); }
+bool CudaBackend::can_multiply(DType type) const {
+  return matmul_supports(type);
+}
 
 void CudaBackend::begin_capture() {
   check_not_capturing("begin_capture");
@@ -399,20 +425,27 @@ void CudaBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t 
 
 void CudaBackend::check_columns(const WeightView& w, const char* what) const {
   if (w.cols % 8 != 0)
-    fail("{}: {} with rows of {} elements: the GPU kernels take rows of a multiple of 8; keep this "
-         "weight on the CPU (--rules)",
-         name_, what, w.cols);
+    fail(
+        "{}: {} with rows of {} elements: the GPU kernels take rows of a multiple of 8; keep this "
+        "weight on the CPU (--rules)",
+        name_, what, w.cols);
 }
 
 void CudaBackend::matmul(const MatmulOp& op) {
   if (op.n_tokens == 0) return;
   check_columns(op.weight, "a matrix");
   activate();
-  const MatmulLaunch m{.type = op.weight.type, .weights = op.weight.data, .rows = op.weight.rows,
-                       .cols = op.weight.cols, .row_bytes = op.weight.row_bytes,
-                       .mat_bytes = op.weight.matrix_bytes(), .input = op.input,
-                       .input_stride = op.weight.cols, .output = op.output,
-                       .output_stride = op.weight.rows, .n_tokens = op.n_tokens};
+  const MatmulLaunch m{.type = op.weight.type,
+                       .weights = op.weight.data,
+                       .rows = op.weight.rows,
+                       .cols = op.weight.cols,
+                       .row_bytes = op.weight.row_bytes,
+                       .mat_bytes = op.weight.matrix_bytes(),
+                       .input = op.input,
+                       .input_stride = op.weight.cols,
+                       .output = op.output,
+                       .output_stride = op.weight.rows,
+                       .n_tokens = op.n_tokens};
   tiled(op.kernels, op.n_tokens) ? matmul_tiled(m, stream_) : matmul_rows(m, stream_);
 }
 
@@ -446,31 +479,50 @@ void CudaBackend::mla_attention(const MlaAttentionOp& op) {
   auto* q_lat = static_cast<float*>(scratch(kQueryLatent, size_t(T * H * lora) * sizeof(float)));
   auto* o_lat = static_cast<float*>(scratch(kOutputLatent, size_t(T * H * lora) * sizeof(float)));
   const bool use_tiles = tiled(op.kernels, T);
-  const MatmulLaunch absorb{.type = op.k_b.type, .weights = op.k_b.data, .rows = op.k_b.rows,
-                            .cols = op.k_b.cols, .row_bytes = op.k_b.row_bytes,
-                            .mat_bytes = op.k_b.matrix_bytes(), .input = op.q,
-                            .input_stride = H * q_stride, .input_mat_stride = q_stride,
-                            .output = q_lat, .output_stride = H * lora, .output_mat_stride = lora,
-                            .n_tokens = T, .n_mats = H};
+  const MatmulLaunch absorb{.type = op.k_b.type,
+                            .weights = op.k_b.data,
+                            .rows = op.k_b.rows,
+                            .cols = op.k_b.cols,
+                            .row_bytes = op.k_b.row_bytes,
+                            .mat_bytes = op.k_b.matrix_bytes(),
+                            .input = op.q,
+                            .input_stride = H * q_stride,
+                            .input_mat_stride = q_stride,
+                            .output = q_lat,
+                            .output_stride = H * lora,
+                            .output_mat_stride = lora,
+                            .n_tokens = T,
+                            .n_mats = H};
   use_tiles ? matmul_tiled(absorb, stream_) : matmul_rows(absorb, stream_);
   const int64_t partial_floats = mla_partial_floats(op.cache, T, H);
-  auto* partial = partial_floats ? static_cast<float*>(scratch(kAttentionSplits, size_t(partial_floats) * sizeof(float)))
-                                 : nullptr;
-  mla_scores_softmax_sums(q_lat, op.q, q_stride, op.nope_dims, op.cache, op.positions, op.seq_ids, T, H, op.scale,
-                          o_lat, partial, stream_);
-  const MatmulLaunch expand{.type = op.v_b.type, .weights = op.v_b.data, .rows = op.v_b.rows,
-                            .cols = op.v_b.cols, .row_bytes = op.v_b.row_bytes,
-                            .mat_bytes = op.v_b.matrix_bytes(), .input = o_lat,
-                            .input_stride = H * lora, .input_mat_stride = lora, .output = op.output,
-                            .output_stride = H * op.v_head_dims, .output_mat_stride = op.v_head_dims,
-                            .n_tokens = T, .n_mats = H};
+  auto* partial =
+      partial_floats
+          ? static_cast<float*>(scratch(kAttentionSplits, size_t(partial_floats) * sizeof(float)))
+          : nullptr;
+  mla_scores_softmax_sums(q_lat, op.q, q_stride, op.nope_dims, op.cache, op.positions, op.seq_ids,
+                          T, H, op.scale, o_lat, partial, stream_);
+  const MatmulLaunch expand{.type = op.v_b.type,
+                            .weights = op.v_b.data,
+                            .rows = op.v_b.rows,
+                            .cols = op.v_b.cols,
+                            .row_bytes = op.v_b.row_bytes,
+                            .mat_bytes = op.v_b.matrix_bytes(),
+                            .input = o_lat,
+                            .input_stride = H * lora,
+                            .input_mat_stride = lora,
+                            .output = op.output,
+                            .output_stride = H * op.v_head_dims,
+                            .output_mat_stride = op.v_head_dims,
+                            .n_tokens = T,
+                            .n_mats = H};
   use_tiles ? matmul_tiled(expand, stream_) : matmul_rows(expand, stream_);
 }
 
 void CudaBackend::moe_route(const MoeRouteOp& op) {
   if (op.n_tokens == 0) return;
   activate();
-  auto* route_scratch = static_cast<float*>(scratch(kRoute, size_t(moe_route_scratch_floats(op)) * sizeof(float)));
+  auto* route_scratch =
+      static_cast<float*>(scratch(kRoute, size_t(moe_route_scratch_floats(op)) * sizeof(float)));
   cuda::moe_route(op, route_scratch, stream_);
 }
 
@@ -484,8 +536,12 @@ void CudaBackend::moe(const MoeOp& op) {
   activate();
   const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
   const bool use_tiles = tiled(op.kernels, op.n_tokens);
-  auto ints = [&](Scratch which, int64_t n) { return static_cast<int32_t*>(scratch(which, size_t(n) * sizeof(int32_t))); };
-  auto floats = [&](Scratch which, int64_t n) { return static_cast<float*>(scratch(which, size_t(n) * sizeof(float))); };
+  auto ints = [&](Scratch which, int64_t n) {
+    return static_cast<int32_t*>(scratch(which, size_t(n) * sizeof(int32_t)));
+  };
+  auto floats = [&](Scratch which, int64_t n) {
+    return static_cast<float*>(scratch(which, size_t(n) * sizeof(float)));
+  };
   ExpertSlots s{.order = ints(kOrder, n_slots), .expert_of = ints(kExpertOf, n_slots)};
   int32_t* counters = ints(kCounters, 2);
   s.n_active = counters;
@@ -502,13 +558,14 @@ void CudaBackend::moe(const MoeOp& op) {
   float* gate_out = use_tiles ? floats(kGate, n_slots * op.ffn_dims) : nullptr;
   float* up_out = use_tiles ? floats(kUp, n_slots * op.ffn_dims) : nullptr;
   if (op.gate.type != op.up.type)
-    fail("{}: expert gate and up matrices stored in different formats ({} and {}) are not "
-         "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them alike",
-         name_, dtype_name(op.gate.type), dtype_name(op.up.type));
+    fail(
+        "{}: expert gate and up matrices stored in different formats ({} and {}) are not "
+        "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them alike",
+        name_, dtype_name(op.gate.type), dtype_name(op.up.type));
   expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim, op.gate.row_bytes,
                  op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act, use_tiles, stream_);
-  expert_down(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes, op.down.matrix_bytes(), act, s,
-              op.slots, use_tiles, stream_);
+  expert_down(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
+              op.down.matrix_bytes(), act, s, op.slots, use_tiles, stream_);
 }
 
 void CudaBackend::moe_reduce(const MoeReduceOp& op) {
@@ -529,8 +586,8 @@ void CudaBackend::zero(float* y, int64_t n) {
   cuda::fill(y, 0.0f, n, stream_);
 }
 
-void CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
-                            int64_t row_len) {
+void CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                            int64_t n_rows, int64_t row_len) {
   if (n_rows == 0 || row_len == 0) return;
   activate();
   cuda::copy_rows(dst, dst_stride, src, src_stride, n_rows, row_len, stream_);

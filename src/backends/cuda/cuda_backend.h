@@ -73,8 +73,21 @@ class CudaBackend final : public Backend {
   struct HostTask;
   // Kernels' own scratch, grown on demand and never inside a capture (the executor runs a
   // step's shape once op by op before capturing it).
-  enum Scratch { kRoute, kQueryLatent, kOutputLatent, kAttentionSplits, kOrder, kExpertOf, kCounters,
-                 kTileFirst, kTileCount, kGate, kUp, kAct, kScratchCount };
+  enum Scratch {
+    kRoute,
+    kQueryLatent,
+    kOutputLatent,
+    kAttentionSplits,
+    kOrder,
+    kExpertOf,
+    kCounters,
+    kTileFirst,
+    kTileCount,
+    kGate,
+    kUp,
+    kAct,
+    kScratchCount
+  };
   void* scratch(Scratch which, size_t bytes);
   void activate() const;  // makes this device current for the calling thread
   void rethrow_task_error();

@@ -10,11 +10,11 @@ namespace tandem::cuda {
 
 }  // namespace tandem::cuda
 
-#define TANDEM_CUDA_CHECK(call)                                                        \
-  do {                                                                                 \
-    const cudaError_t tandem_cuda_error_ = (call);                                     \
-    if (tandem_cuda_error_ != cudaSuccess)                                             \
-      ::tandem::cuda::cuda_failed(tandem_cuda_error_, #call, __FILE__, __LINE__);      \
+#define TANDEM_CUDA_CHECK(call)                                                   \
+  do {                                                                            \
+    const cudaError_t tandem_cuda_error_ = (call);                                \
+    if (tandem_cuda_error_ != cudaSuccess)                                        \
+      ::tandem::cuda::cuda_failed(tandem_cuda_error_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: configuration errors (too many threads, too much shared memory).

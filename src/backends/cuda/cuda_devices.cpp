@@ -14,7 +14,9 @@
 
 namespace tandem::cuda {
 
-bool built_with_cuda() { return true; }
+bool built_with_cuda() {
+  return true;
+}
 
 int count_gpus() {
   int count = 0;
@@ -36,8 +38,11 @@ std::vector<GpuInfo> list_gpus() {
       (void)cudaGetLastError();
       continue;
     }
-    GpuInfo info{.index = i, .name = prop.name, .total_bytes = prop.totalGlobalMem,
-                 .compute_major = prop.major, .compute_minor = prop.minor,
+    GpuInfo info{.index = i,
+                 .name = prop.name,
+                 .total_bytes = prop.totalGlobalMem,
+                 .compute_major = prop.major,
+                 .compute_minor = prop.minor,
                  .multiprocessors = prop.multiProcessorCount};
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) == cudaSuccess) info.free_bytes = free;
@@ -52,7 +57,9 @@ std::vector<GpuInfo> list_gpus() {
   return gpus;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
+std::unique_ptr<Backend> make_cuda_backend(int index) {
+  return std::make_unique<CudaBackend>(index);
+}
 
 namespace {
 
@@ -89,10 +96,12 @@ GpuRates measure_gpu_rates(int index) {
   const size_t bytes = std::min<size_t>(size_t(1) << 30, gpu.free_bytes() / 4);
 
   {
-    auto a = gpu.allocate(bytes, "bandwidth measurement"), b = gpu.allocate(bytes, "bandwidth measurement");
+    auto a = gpu.allocate(bytes, "bandwidth measurement"),
+         b = gpu.allocate(bytes, "bandwidth measurement");
     TANDEM_CUDA_CHECK(cudaMemsetAsync(a->data(), 1, bytes, stream));
     const double ms = best_ms(stream, 5, [&] {
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, stream));
+      TANDEM_CUDA_CHECK(
+          cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, stream));
     });
     rates.copy_bytes_per_s = 2.0 * double(bytes) / (ms * 1e-3);
   }
@@ -114,17 +123,28 @@ GpuRates measure_gpu_rates(int index) {
     for (float& v : x) v = normal(rng);
     auto weights = gpu.allocate(matrix * n_matrices, "decode kernel measurement");
     auto input = gpu.allocate(kCols * sizeof(float), "decode kernel measurement");
-    auto output = gpu.allocate(size_t(kRows * n_matrices) * sizeof(float), "decode kernel measurement");
+    auto output =
+        gpu.allocate(size_t(kRows * n_matrices) * sizeof(float), "decode kernel measurement");
     for (int64_t m = 0; m < n_matrices; ++m)
       gpu.copy_from_host(static_cast<uint8_t*>(weights->data()) + m * matrix, host.data(), matrix);
     gpu.copy_from_host(input->data(), x.data(), x.size() * sizeof(float));
     // One launch over all the matrices (the same token for each): the kernel's streaming rate,
     // without the launch gaps that graphs remove from a real decode step.
     const double ms = best_ms(stream, 5, [&] {
-      matmul_rows({.type = DType::Q4_K, .weights = weights->data(), .rows = kRows, .cols = kCols,
-                   .row_bytes = row, .mat_bytes = matrix, .input = input->floats(), .input_stride = kCols,
-                   .input_mat_stride = 0, .output = output->floats(), .output_stride = kRows,
-                   .output_mat_stride = kRows, .n_tokens = 1, .n_mats = n_matrices},
+      matmul_rows({.type = DType::Q4_K,
+                   .weights = weights->data(),
+                   .rows = kRows,
+                   .cols = kCols,
+                   .row_bytes = row,
+                   .mat_bytes = matrix,
+                   .input = input->floats(),
+                   .input_stride = kCols,
+                   .input_mat_stride = 0,
+                   .output = output->floats(),
+                   .output_stride = kRows,
+                   .output_mat_stride = kRows,
+                   .n_tokens = 1,
+                   .n_mats = n_matrices},
                   stream);
     });
     rates.decode_kernel_bytes_per_s = double(matrix * n_matrices) / (ms * 1e-3);

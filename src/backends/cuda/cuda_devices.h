@@ -13,9 +13,9 @@ namespace tandem::cuda {
 
 struct GpuInfo {
   int index = 0;
-  std::string name;            // "NVIDIA H200"
+  std::string name;  // "NVIDIA H200"
   uint64_t total_bytes = 0;
-  uint64_t free_bytes = 0;     // now, before tandem allocates
+  uint64_t free_bytes = 0;  // now, before tandem allocates
   int compute_major = 0, compute_minor = 0;
   int multiprocessors = 0;
   double peak_bandwidth_bytes_per_s = 0;  // from the memory clock and bus width the driver reports

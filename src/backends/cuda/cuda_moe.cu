@@ -33,7 +33,8 @@ __global__ void route_kernel(MoeRouteOp op, RouteParams p, float* scratch) {
 // with 8 experts each is 4096 slots: tens of microseconds, small beside its products.
 __global__ void sort_kernel(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots,
                             int64_t held, int32_t* order, int32_t* expert_of, int32_t* n_active,
-                            int32_t* tile_first, int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles) {
+                            int32_t* tile_first, int32_t* tile_count, int32_t* n_tiles,
+                            int64_t max_tiles) {
   extern __shared__ int32_t counts[];  // [held]: then the next free position of each expert
   for (int64_t m = threadIdx.x; m < held; m += blockDim.x) counts[m] = 0;
   __syncthreads();
@@ -73,11 +74,13 @@ __global__ void sort_kernel(const int32_t* expert_ids, const int32_t* local_inde
 
 __global__ void reduce_kernel(MoeReduceOp op) {
   const int64_t n = op.n_tokens * op.dim;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / op.dim, d = i % op.dim;
     float sum = 0.0f;
     for (int64_t k = 0; k < op.top_k; ++k)  // in routing order, as the CPU
-      sum = __fadd_rn(sum, __fmul_rn(op.weights[t * op.top_k + k], op.slots[(t * op.top_k + k) * op.dim + d]));
+      sum = __fadd_rn(
+          sum, __fmul_rn(op.weights[t * op.top_k + k], op.slots[(t * op.top_k + k) * op.dim + d]));
     op.output[i] = sum;
   }
 }
@@ -95,15 +98,17 @@ int64_t moe_route_scratch_floats(const MoeRouteOp& op) {
 
 void moe_route(const MoeRouteOp& op, float* scratch, cudaStream_t stream) {
   const int threads = 64;
-  route_kernel<<<unsigned((op.n_tokens + threads - 1) / threads), threads, 0, stream>>>(op, route_params(op), scratch);
+  route_kernel<<<unsigned((op.n_tokens + threads - 1) / threads), threads, 0, stream>>>(
+      op, route_params(op), scratch);
   TANDEM_CUDA_CHECK_LAUNCH(route_kernel);
 }
 
-void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots, int64_t held, int32_t* order, int32_t* expert_of, int32_t* n_active, int32_t* tile_first,
+void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots, int64_t held,
+              int32_t* order, int32_t* expert_of, int32_t* n_active, int32_t* tile_first,
               int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles, cudaStream_t stream) {
-  sort_kernel<<<1, 256, size_t(held) * sizeof(int32_t), stream>>>(expert_ids, local_index, n_slots, held, order,
-                                                                 expert_of, n_active, tile_first, tile_count,
-                                                                 n_tiles, max_tiles);
+  sort_kernel<<<1, 256, size_t(held) * sizeof(int32_t), stream>>>(
+      expert_ids, local_index, n_slots, held, order, expert_of, n_active, tile_first, tile_count,
+      n_tiles, max_tiles);
   TANDEM_CUDA_CHECK_LAUNCH(sort_kernel);
 }
 

@@ -38,30 +38,34 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormOp op) {
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __fadd_rn(y[i], x[i]);
 }
 
 __global__ void fill_kernel(float* y, float value, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     y[i] = value;
 }
 
-__global__ void copy_rows_kernel(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
-                                 int64_t n_rows, int64_t row_len) {
+__global__ void copy_rows_kernel(float* dst, int64_t dst_stride, const float* src,
+                                 int64_t src_stride, int64_t n_rows, int64_t row_len) {
   const int64_t n = n_rows * row_len;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / row_len, c = i % row_len;
     dst[r * dst_stride + c] = src[r * src_stride + c];
   }
 }
 
 template <class Dec>
-__global__ void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_t cols, int64_t rows,
-                                const int32_t* ids, float* output) {
+__global__ void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_t cols,
+                                int64_t rows, const int32_t* ids, float* output) {
   constexpr int kGroupsPerBlock = Dec::kElems / 8;
   const int64_t i = blockIdx.x;
-  if (ids[i] < 0 || ids[i] >= rows) __trap();  // checked on the host first (Deepseek2Model::forward)
+  if (ids[i] < 0 || ids[i] >= rows)
+    __trap();  // checked on the host first (Deepseek2Model::forward)
   const uint8_t* row = table + uint64_t(ids[i]) * row_bytes;
   for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x) {
     float v[8];
@@ -89,19 +93,23 @@ void fill(float* y, float value, int64_t n, cudaStream_t stream) {
 
 void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
                int64_t row_len, cudaStream_t stream) {
-  copy_rows_kernel<<<blocks_for(n_rows * row_len, 256), 256, 0, stream>>>(dst, dst_stride, src, src_stride,
-                                                                          n_rows, row_len);
+  copy_rows_kernel<<<blocks_for(n_rows * row_len, 256), 256, 0, stream>>>(
+      dst, dst_stride, src, src_stride, n_rows, row_len);
   TANDEM_CUDA_CHECK_LAUNCH(copy_rows_kernel);
 }
 
-void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output, cudaStream_t stream) {
+void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output,
+              cudaStream_t stream) {
   const bool known = blocks::visit_decoder(table.type, [&](auto dec) {
     using Dec = decltype(dec);
-    get_rows_kernel<Dec><<<unsigned(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table.data), table.row_bytes,
-                                                          table.cols, table.rows, ids, output);
+    get_rows_kernel<Dec><<<unsigned(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table.data),
+                                                          table.row_bytes, table.cols, table.rows,
+                                                          ids, output);
     TANDEM_CUDA_CHECK_LAUNCH(get_rows_kernel);
   });
-  if (!known) cuda_failed(cudaErrorInvalidValue, "an embedding format without a GPU decoder", __FILE__, __LINE__);
+  if (!known)
+    cuda_failed(cudaErrorInvalidValue, "an embedding format without a GPU decoder", __FILE__,
+                __LINE__);
 }
 
 }  // namespace tandem::cuda

@@ -59,8 +59,9 @@ struct ExpertSlots {
 // act[i] = silu(gate_e · x_t) * (up_e · x_t) for sorted entry i (expert e, token t), [max_slots,
 // ffn]: `tiled` picks the tensor-core tiles, else one warp per row and entry.
 void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
-                    uint64_t row_bytes, uint64_t mat_bytes, const float* input, const ExpertSlots& s,
-                    float* gate_out, float* up_out, float* act, bool tiled, cudaStream_t stream);
+                    uint64_t row_bytes, uint64_t mat_bytes, const float* input,
+                    const ExpertSlots& s, float* gate_out, float* up_out, float* act, bool tiled,
+                    cudaStream_t stream);
 // slots[order[i]] = down_e · act[i], [*, dim].
 void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                  uint64_t mat_bytes, const float* act, const ExpertSlots& s, float* slots,
@@ -74,10 +75,9 @@ int64_t moe_route_scratch_floats(const MoeRouteOp& op);
 void moe_route(const MoeRouteOp& op, float* scratch, cudaStream_t stream);
 // Sorts the slots of held experts by local expert (stable: by slot within an expert) and cuts
 // them into tiles: fills ExpertSlots' arrays.
-void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots,
-              int64_t held, int32_t* order, int32_t* expert_of, int32_t* n_active,
-              int32_t* tile_first, int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles,
-              cudaStream_t stream);
+void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots, int64_t held,
+              int32_t* order, int32_t* expert_of, int32_t* n_active, int32_t* tile_first,
+              int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles, cudaStream_t stream);
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order.
 void moe_reduce(const MoeReduceOp& op, cudaStream_t stream);
 
@@ -95,16 +95,16 @@ void kv_store(const KvStoreOp& op, cudaStream_t stream);
 int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads);
 void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
                              const KvLayerView& cache, const int32_t* positions,
-                             const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads,
-                             float scale, float* o_lat, float* partial, cudaStream_t stream);
+                             const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads, float scale,
+                             float* o_lat, float* partial, cudaStream_t stream);
 
 // ---- elementwise.cu ----
 
 void rms_norm(const RmsNormOp& op, cudaStream_t stream);
 void add(float* y, const float* x, int64_t n, cudaStream_t stream);
 void fill(float* y, float value, int64_t n, cudaStream_t stream);
-void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
-               int64_t n_rows, int64_t row_len, cudaStream_t stream);
+void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
+               int64_t row_len, cudaStream_t stream);
 // output[i] = dequantize(table row ids[i]).
 void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output,
               cudaStream_t stream);

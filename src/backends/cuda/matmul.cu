@@ -31,16 +31,17 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kWarpSize = 32;
-constexpr int kRowsPerBlock = 4;     // one warp per row
-constexpr int kMaxRowTokens = 8;     // tokens sharing one pass over the weights
-constexpr int kTile = 64;            // tiled kernel: rows and tokens per block
-constexpr int kTileK = 32;           // columns per shared-memory step
-constexpr int kLd = kTileK + 4;      // padded row of a shared tile (WMMA wants a multiple of 4)
-constexpr int kLdOut = kTile + 4;    // padded row of the output tile
+constexpr int kRowsPerBlock = 4;   // one warp per row
+constexpr int kMaxRowTokens = 8;   // tokens sharing one pass over the weights
+constexpr int kTile = 64;          // tiled kernel: rows and tokens per block
+constexpr int kTileK = 32;         // columns per shared-memory step
+constexpr int kLd = kTileK + 4;    // padded row of a shared tile (WMMA wants a multiple of 4)
+constexpr int kLdOut = kTile + 4;  // padded row of the output tile
 
 __device__ __forceinline__ float warp_sum(float v) {
   // A butterfly: every lane ends with the same bits (a + b == b + a), in a fixed order.
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
@@ -69,9 +70,11 @@ struct RowSteps {
   static constexpr int kWidth = kDot32 ? 32 : 8;
 
   template <int NT, class X>
-  __device__ __forceinline__ static void step(const uint8_t* row, int64_t s, const X& x, float (&acc)[NT]) {
+  __device__ __forceinline__ static void step(const uint8_t* row, int64_t s, const X& x,
+                                              float (&acc)[NT]) {
     if constexpr (kDot32) {
-      Dot::template dot32<NT>(row + (s / Dot::kChunks) * Dec::kBytes, int(s % Dot::kChunks), x, acc);
+      Dot::template dot32<NT>(row + (s / Dot::kChunks) * Dec::kBytes, int(s % Dot::kChunks), x,
+                              acc);
     } else {
       constexpr int kGroups = Dec::kElems / 8;
       float w[8];
@@ -91,7 +94,8 @@ struct RowSteps {
 // L1 traffic, not the memory, would set the pace); with more, each is read where it is.
 template <class Dec, int NT, int R>
 __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64_t cols,
-                                          const float* const (&x)[NT], bool aligned, float (&acc)[R][NT]) {
+                                          const float* const (&x)[NT], bool aligned,
+                                          float (&acc)[R][NT]) {
   using Steps = RowSteps<Dec>;
   constexpr int W = Steps::kWidth;
   const int lane = threadIdx.x % kWarpSize;
@@ -121,7 +125,9 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
 }
 
 // Rows per warp: two where the activations are staged (they serve both), else one.
-__host__ __device__ constexpr int rows_per_warp(int n_tokens) { return n_tokens <= 2 ? 2 : 1; }
+__host__ __device__ constexpr int rows_per_warp(int n_tokens) {
+  return n_tokens <= 2 ? 2 : 1;
+}
 
 // ---- rows: plain matmul, batched over matrices ----
 
@@ -140,7 +146,8 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     rows[r] = base + uint64_t(row0 + r < m.rows ? row0 + r : m.rows - 1) * m.row_bytes;
   const float* x[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) x[t] = m.input + mat * m.input_mat_stride + (token0 + t) * m.input_stride;
+  for (int t = 0; t < NT; ++t)
+    x[t] = m.input + mat * m.input_mat_stride + (token0 + t) * m.input_stride;
   float acc[R][NT];
   warp_dots<Dec, NT, R>(rows, m.cols, x, aligned, acc);
   if (lane == 0) {
@@ -153,7 +160,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
 
 template <class Dec, int NT>
 void launch_rows(const MatmulLaunch& m, int64_t token0, cudaStream_t stream) {
@@ -226,13 +235,14 @@ __device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
 }
 
 template <class Dec, class Map>
-__global__ void __launch_bounds__(128) tiled_kernel(Map map, int64_t rows, int64_t cols, uint64_t row_bytes) {
+__global__ void __launch_bounds__(128)
+    tiled_kernel(Map map, int64_t rows, int64_t cols, uint64_t row_bytes) {
   __shared__ __align__(128) float smem[2 * kTile * kLd];  // weights | tokens; then the output
   __shared__ const float* in_rows[kTile];
   __shared__ float* out_rows[kTile];
   __shared__ const uint8_t* weights;
   __shared__ int n_tokens;
-  float* w_tile = smem;               // [64 rows][kLd]
+  float* w_tile = smem;                // [64 rows][kLd]
   float* x_tile = smem + kTile * kLd;  // [64 tokens][kLd]
   const int tid = threadIdx.x, warp = tid / kWarpSize;
   const int64_t row0 = int64_t(blockIdx.x) * kTile;
@@ -303,8 +313,8 @@ __global__ void __launch_bounds__(128) tiled_kernel(Map map, int64_t rows, int64
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(out_tile + (32 * wr + 16 * i) * kLdOut + 32 * wt + 16 * j, acc[i][j], kLdOut,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(out_tile + (32 * wr + 16 * i) * kLdOut + 32 * wt + 16 * j, acc[i][j],
+                              kLdOut, wmma::mem_row_major);
   __syncthreads();
   for (int e = tid; e < kTile * kTile; e += blockDim.x) {
     const int j = e / kTile, r = e % kTile;  // consecutive threads write consecutive rows
@@ -347,22 +357,25 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
 template <class Dec>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
-                     uint64_t mat_bytes, const float* act, ExpertSlots s, float* slots, bool aligned) {
+                     uint64_t mat_bytes, const float* act, ExpertSlots s, float* slots,
+                     bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int entry = blockIdx.x;
   if (row >= dim || entry >= s.n_active[0]) return;
-  const uint8_t* rows[1] = {down + uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes};
+  const uint8_t* rows[1] = {down + uint64_t(s.expert_of[entry]) * mat_bytes +
+                            uint64_t(row) * row_bytes};
   const float* x[1] = {act + int64_t(entry) * ffn};
   float acc[1][1];
   warp_dots<Dec, 1, 1>(rows, ffn, x, aligned, acc);
   if (lane == 0) slots[int64_t(s.order[entry]) * dim + row] = acc[0][0];
 }
 
-__global__ void silu_mul_kernel(const float* gate, const float* up, float* act, const int32_t* n_active,
-                                int64_t ffn) {
+__global__ void silu_mul_kernel(const float* gate, const float* up, float* act,
+                                const int32_t* n_active, int64_t ffn) {
   const int64_t n = int64_t(n_active[0]) * ffn;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     act[i] = g / (1.0f + expf(-g)) * up[i];
   }
@@ -371,26 +384,45 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* act, 
 template <class Fn>
 void visit_or_fail(DType type, Fn&& fn) {
   const bool known = blocks::visit_decoder(type, fn);
-  if (!known) cuda_failed(cudaErrorInvalidValue, "a weight format without a GPU decoder", __FILE__, __LINE__);
+  if (!known)
+    cuda_failed(cudaErrorInvalidValue, "a weight format without a GPU decoder", __FILE__, __LINE__);
 }
 
 }  // namespace
 
-bool matmul_supports(DType type) { return blocks::has_block_decoder(type); }
+bool matmul_supports(DType type) {
+  return blocks::has_block_decoder(type);
+}
 
 void matmul_rows(const MatmulLaunch& m, cudaStream_t stream) {
   visit_or_fail(m.type, [&](auto dec) {
     using Dec = decltype(dec);
     for (int64_t t0 = 0; t0 < m.n_tokens; t0 += kMaxRowTokens) {
       switch (m.n_tokens - t0 < kMaxRowTokens ? int(m.n_tokens - t0) : kMaxRowTokens) {
-        case 1: launch_rows<Dec, 1>(m, t0, stream); break;
-        case 2: launch_rows<Dec, 2>(m, t0, stream); break;
-        case 3: launch_rows<Dec, 3>(m, t0, stream); break;
-        case 4: launch_rows<Dec, 4>(m, t0, stream); break;
-        case 5: launch_rows<Dec, 5>(m, t0, stream); break;
-        case 6: launch_rows<Dec, 6>(m, t0, stream); break;
-        case 7: launch_rows<Dec, 7>(m, t0, stream); break;
-        default: launch_rows<Dec, 8>(m, t0, stream); break;
+        case 1:
+          launch_rows<Dec, 1>(m, t0, stream);
+          break;
+        case 2:
+          launch_rows<Dec, 2>(m, t0, stream);
+          break;
+        case 3:
+          launch_rows<Dec, 3>(m, t0, stream);
+          break;
+        case 4:
+          launch_rows<Dec, 4>(m, t0, stream);
+          break;
+        case 5:
+          launch_rows<Dec, 5>(m, t0, stream);
+          break;
+        case 6:
+          launch_rows<Dec, 6>(m, t0, stream);
+          break;
+        case 7:
+          launch_rows<Dec, 7>(m, t0, stream);
+          break;
+        default:
+          launch_rows<Dec, 8>(m, t0, stream);
+          break;
       }
     }
   });
@@ -399,14 +431,15 @@ void matmul_rows(const MatmulLaunch& m, cudaStream_t stream) {
 void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream) {
   visit_or_fail(m.type, [&](auto dec) {
     using Dec = decltype(dec);
-    launch_tiled<Dec>(PlainMap{m}, m.rows, m.cols, m.row_bytes, unsigned((m.n_tokens + kTile - 1) / kTile),
-                      unsigned(m.n_mats), stream);
+    launch_tiled<Dec>(PlainMap{m}, m.rows, m.cols, m.row_bytes,
+                      unsigned((m.n_tokens + kTile - 1) / kTile), unsigned(m.n_mats), stream);
   });
 }
 
 void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
-                    uint64_t row_bytes, uint64_t mat_bytes, const float* input, const ExpertSlots& s,
-                    float* gate_out, float* up_out, float* act, bool tiled, cudaStream_t stream) {
+                    uint64_t row_bytes, uint64_t mat_bytes, const float* input,
+                    const ExpertSlots& s, float* gate_out, float* up_out, float* act, bool tiled,
+                    cudaStream_t stream) {
   visit_or_fail(type, [&](auto dec) {
     using Dec = decltype(dec);
     const auto* gate_bytes = static_cast<const uint8_t*>(gate);

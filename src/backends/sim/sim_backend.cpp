@@ -35,6 +35,7 @@ class SimBuffer final : public DeviceBuffer {
 class SimGraph final : public Graph {
  public:
   std::vector<std::function<void()>> ops;
+  std::vector<bool> always;
   std::vector<std::shared_ptr<void>> events;  // SimBackend::SimEvent, reset before each replay
 };
 
@@ -79,14 +80,16 @@ SimBackend::SimBackend(int index, size_t memory_bytes, int n_threads, bool inter
   host_tasks_.thread = std::thread([this] { run_lane(host_tasks_); });
 }
 
+// The stream first: it may still hand tasks to the host-task thread, which stops after it.
 SimBackend::~SimBackend() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+  for (Lane* lane : {&stream_, &host_tasks_}) {
+    {
+      std::lock_guard lock(mutex_);
+      lane->stop = true;
+    }
+    work_ready_.notify_all();
+    lane->thread.join();
   }
-  work_ready_.notify_all();
-  stream_.thread.join();
-  host_tasks_.thread.join();
 }
 
 size_t SimBackend::used_bytes() const {
@@ -128,36 +131,38 @@ std::shared_ptr<DeviceBuffer> SimBackend::allocate_host(size_t bytes, const std:
   return std::make_shared<SimBuffer>(bytes, [](size_t) {});
 }
 
-void SimBackend::submit(std::function<void()> work) {
+void SimBackend::submit(std::function<void()> work, bool always) {
   {
     std::lock_guard lock(mutex_);
     if (capturing_) {
-      captured_.push_back(std::move(work));
+      captured_.push_back({std::move(work), always});
       return;
     }
-    stream_.queue.push_back(std::move(work));
+    stream_.queue.push_back({std::move(work), always});
   }
   work_ready_.notify_all();
 }
 
+bool SimBackend::failed() {
+  std::lock_guard lock(mutex_);
+  return error_ != nullptr;
+}
+
 void SimBackend::run_lane(Lane& lane) {
   for (;;) {
-    std::function<void()> work;
+    Work work;
     {
       std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || !lane.queue.empty(); });
+      work_ready_.wait(lock, [&] { return lane.stop || !lane.queue.empty(); });
       if (lane.queue.empty()) return;  // stopping, and everything submitted has run
       work = std::move(lane.queue.front());
       lane.queue.pop_front();
       lane.busy = true;
     }
-    bool failed_before;
-    {
-      std::lock_guard lock(mutex_);
-      failed_before = error_ != nullptr;
-    }
+    // After a failure later ops are skipped (synchronize() reports it), but not event completions.
+    const bool skip = !work.always && failed();
     try {
-      if (!failed_before) work();  // after a failure later ops are skipped; synchronize() reports it
+      if (!skip) work.run();
     } catch (...) {
       std::lock_guard lock(mutex_);
       if (!error_) error_ = std::current_exception();
@@ -187,7 +192,7 @@ std::shared_ptr<SimBackend::SimEvent> SimBackend::new_event() {
 
 std::shared_ptr<Event> SimBackend::record_event() {
   auto event = new_event();
-  submit([event] { event->complete(); });
+  submit([event] { event->complete(); }, /*always=*/true);
   return event;
 }
 
@@ -199,19 +204,22 @@ void SimBackend::wait_for(std::shared_ptr<Event> event) {
 // task has run (also when it threw: the error waits for synchronize()).
 std::shared_ptr<Event> SimBackend::host_task(std::function<void()> task) {
   auto event = new_event();
-  submit([this, task = std::move(task), event] {
-    {
-      std::lock_guard lock(mutex_);
-      host_tasks_.queue.push_back([task, event] {
-        struct Complete {
-          SimEvent& event;
-          ~Complete() { event.complete(); }
-        } complete{*event};
-        task();
-      });
-    }
-    work_ready_.notify_all();
-  });
+  submit(
+      [this, task = std::move(task), event] {
+        {
+          std::lock_guard lock(mutex_);
+          host_tasks_.queue.push_back({[this, task, event] {
+                                         struct Complete {
+                                           SimEvent& event;
+                                           ~Complete() { event.complete(); }
+                                         } complete{*event};
+                                         if (!failed()) task();
+                                       },
+                                       /*always=*/true});
+        }
+        work_ready_.notify_all();
+      },
+      /*always=*/true);
   return event;
 }
 
@@ -228,7 +236,10 @@ std::unique_ptr<Graph> SimBackend::end_capture() {
   TANDEM_CHECK(capturing_);
   capturing_ = false;
   auto graph = std::make_unique<SimGraph>();
-  graph->ops = std::move(captured_);
+  for (Work& work : captured_) {
+    graph->ops.push_back(std::move(work.run));
+    graph->always.push_back(work.always);
+  }
   graph->events.assign(captured_events_.begin(), captured_events_.end());
   captured_.clear();
   captured_events_.clear();
@@ -242,7 +253,7 @@ void SimBackend::replay(Graph& graph) {
   auto& sim_graph = dynamic_cast<SimGraph&>(graph);
   synchronize();
   for (const std::shared_ptr<void>& event : sim_graph.events) static_cast<SimEvent*>(event.get())->rearm();
-  for (const std::function<void()>& op : sim_graph.ops) submit(op);
+  for (size_t i = 0; i < sim_graph.ops.size(); ++i) submit(sim_graph.ops[i], sim_graph.always[i]);
 }
 
 // Copies are synchronous for the caller, like a plain cudaMemcpy: the host buffer may be reused

@@ -73,13 +73,21 @@ class SimBackend final : public Backend {
  private:
   struct Budget;
   class SimEvent;
+  // Work of a lane; `always` runs even after an earlier op failed (event completions, so that
+  // nothing waiting on this device hangs: the failure is reported by synchronize()).
+  struct Work {
+    std::function<void()> run;
+    bool always = false;
+  };
   // A queue drained in order by one thread: the stream's worker, or the host-task thread.
   struct Lane {
-    std::deque<std::function<void()>> queue;
+    std::deque<Work> queue;
     bool busy = false;
+    bool stop = false;  // leave once the queue is empty
     std::thread thread;
   };
-  void submit(std::function<void()> work);
+  void submit(std::function<void()> work, bool always = false);
+  bool failed();
   void run_lane(Lane& lane);
   void check_not_capturing(const char* what) const;
   std::shared_ptr<SimEvent> new_event();
@@ -93,11 +101,10 @@ class SimBackend final : public Backend {
   std::mutex mutex_;
   std::condition_variable work_ready_, work_done_;
   Lane stream_, host_tasks_;
-  bool stopping_ = false;
   std::exception_ptr error_;  // first failure of an op or task, rethrown by synchronize()
   // Capture: submitted ops are recorded instead of run, with the events they complete.
   bool capturing_ = false;
-  std::vector<std::function<void()>> captured_;
+  std::vector<Work> captured_;
   std::vector<std::shared_ptr<SimEvent>> captured_events_;
 };
 

@@ -1,0 +1,171 @@
+#pragma once
+// Internal to model/deepseek2*.cpp: the per-layer weights, expert shards and per-device buffers
+// of Deepseek2Model, shared by the forward pass (deepseek2.cpp) and the step machinery around it
+// (deepseek2_steps.cpp: buffers, step inputs, transfers between devices, graphs).
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "model/deepseek2.h"
+
+namespace tandem {
+
+// Weights of one block; shapes in [rows, cols] of the matrices as the ops see them.
+struct Deepseek2Model::Layer {
+  const float* attn_norm = nullptr;  // [n_embd]
+  WeightView q;                      // [n_head * (nope + rope), n_embd]   (no q LoRA)
+  WeightView q_a;                    // [q_lora, n_embd]                   (q LoRA)
+  const float* q_a_norm = nullptr;   // [q_lora]
+  WeightView q_b;                    // [n_head * (nope + rope), q_lora]
+  WeightView kv_a_mqa;               // [kv_lora + rope, n_embd]: latent and shared rope key
+  const float* kv_a_norm = nullptr;  // [kv_lora]
+  WeightView k_b;                    // n_head x [kv_lora, nope]: absorbs the key projection
+  WeightView v_b;                    // n_head x [v_head, kv_lora]
+  WeightView attn_output;            // [n_embd, n_head * v_head]
+  const float* ffn_norm = nullptr;   // [n_embd]
+
+  // Dense layers: one SwiGLU FFN, as a one-expert stack.
+  WeightView ffn_gate, ffn_up, ffn_down;  // [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
+  // MoE layers.
+  WeightView router;                            // [n_expert, n_embd] F32 logits
+  const float* expert_bias = nullptr;           // [n_expert] selection-only bias (V3), or null
+  std::vector<ExpertShard> shards;              // the routed experts, by device
+  WeightView gate_shexp, up_shexp, down_shexp;  // shared experts, width n_ff_expert * n_shared
+  // The file's tensors of the routed experts (gate, up, down stacks of all experts).
+  std::array<const gguf::TensorInfo*, 3> expert_stacks{};
+  uint64_t* route_counts = nullptr;  // [n_expert] choices so far, on `device`
+  bool moe = false;
+  Backend* device = nullptr;  // runs everything above but the expert shards
+};
+
+// The routed experts of one layer that live on one device: stacks of their gate, up and down
+// matrices (n_expert_here x the dense shapes with n_ff_expert) and where each expert sits.
+struct Deepseek2Model::ExpertShard {
+  Backend* device = nullptr;
+  WeightView gate, up, down;
+  std::vector<int32_t> local_index;  // [n_expert]: matrix in the stacks, -1 if elsewhere (host)
+  const int32_t* device_local_index = nullptr;  // the same in the device's memory
+  std::shared_ptr<DeviceBuffer> local_index_buffer;
+};
+
+// The step's per-token arrays as one device's ops read them (its memory).
+struct Deepseek2Model::StepInputs {
+  const int32_t* tokens = nullptr;       // [T], on the embeddings device only
+  const int32_t* positions = nullptr;    // [T]
+  const int32_t* seq_ids = nullptr;      // [T]
+  const int32_t* dense_ids = nullptr;    // [T] zeros: a dense FFN is expert 0 of 1
+  const float* dense_weights = nullptr;  // [T] ones
+};
+
+// A decode step's graph for one shape; `seen` before it is captured: the first step of a shape
+// runs op by op and sizes every buffer, so that nothing allocates inside the capture.
+struct Deepseek2Model::GraphEntry {
+  int64_t n_tokens;
+  KernelChoice kernels;
+  bool sized = false;            // a step of this shape ran op by op and sized every buffer
+  bool capture_failed = false;   // then this shape runs op by op
+  uint64_t generation = 0;       // buffer_generation_ when captured
+  const float* cache = nullptr;  // the KV cache it was captured with (first layer's rows)
+  std::unique_ptr<Graph> graph;
+};
+
+// Activation buffers of one device, allocated on first use and grown for larger batches: a
+// device that only holds experts gets only the buffers the experts need.
+struct Deepseek2Model::Workspace {
+  enum Buffer {
+    kResidual,       // [T, n_embd] residual stream
+    kNormed,         // [T, n_embd] normed input of a sub-layer
+    kQueryLora,      // [T, q_lora]
+    kQuery,          // [T, n_head, nope + rope]
+    kLatent,         // [T, kv_lora + rope]
+    kAttention,      // [T, n_head * v_head]
+    kOutput,         // [T, n_embd] sub-layer output
+    kShared,         // [T, n_embd] shared experts output
+    kSharedSlot,     // [T, 1, n_embd] shared experts before weighting
+    kRouter,         // [T, n_expert]
+    kSlots,          // [T, top_k, n_embd] expert outputs before weighting
+    kOtherSlots,     // [T, top_k, n_embd] slots another device computed, to be added
+    kExpertIds,      // [T, top_k] int32 routing of the current MoE layer
+    kExpertWeights,  // [T, top_k]
+    kGuessIds,       // [T, top_k] int32 the next layer's routing guessed from this one's input
+    kGuessWeights,   // [T, top_k]
+    kTokens,         // [T] int32
+    kPositions,      // [T] int32
+    kSeqIds,         // [T] int32
+    kDenseIds,       // [T] int32 zeros
+    kDenseWeights,   // [T] ones
+    kLast,           // [rows, n_embd] hidden states that need logits
+    kLogits,         // [rows, n_vocab]
+    kCount
+  };
+  // Host memory of this device's kind (page-locked for a GPU) for its asynchronous copies.
+  enum HostBuffer {
+    kHostInput,   // [T, n_embd] a MoE layer's input, for the host's experts
+    kHostIds,     // [T, top_k] int32 its routing
+    kHostSlots,   // [T, top_k, n_embd] the host's expert outputs
+    kHostLogits,  // [rows, n_vocab] logits of a replayed graph
+    kHostCount
+  };
+  Backend* device = nullptr;
+  uint64_t* generation = nullptr;  // the model's buffer_generation_
+  std::shared_ptr<DeviceBuffer> buffers[kCount];
+  std::shared_ptr<DeviceBuffer> host_buffers[kHostCount];
+  StepInputs inputs;
+  int64_t dense_filled = 0;  // entries of kDenseIds / kDenseWeights holding their constants
+
+  float* get(Buffer which, int64_t n_floats) {
+    return static_cast<float*>(grow(which, size_t(n_floats) * 4));
+  }
+  int32_t* ints(Buffer which, int64_t n) {
+    return static_cast<int32_t*>(grow(which, size_t(n) * 4));
+  }
+  void* host(HostBuffer which, size_t bytes) {
+    static constexpr const char* kNames[kHostCount] = {
+        "host experts' input", "host experts' routing", "host experts' outputs", "logits (host)"};
+    std::shared_ptr<DeviceBuffer>& buffer = host_buffers[which];
+    if (!buffer || buffer->size() < std::max<size_t>(bytes, 1)) {
+      ++*generation;  // before the old one goes: graphs captured with it are stale even if this
+                      // fails
+      buffer.reset();
+      buffer = device->allocate_host(std::max<size_t>(bytes, 1), kNames[which]);
+    }
+    return buffer->data();
+  }
+
+ private:
+  void* grow(Buffer which, size_t bytes) {
+    static constexpr const char* kNames[kCount] = {"residual stream",
+                                                   "normed activations",
+                                                   "q LoRA activations",
+                                                   "queries",
+                                                   "latent keys",
+                                                   "attention output",
+                                                   "sub-layer output",
+                                                   "shared experts output",
+                                                   "shared experts slot",
+                                                   "router logits",
+                                                   "expert outputs",
+                                                   "expert outputs of another device",
+                                                   "expert ids",
+                                                   "expert weights",
+                                                   "guessed expert ids",
+                                                   "guessed expert weights",
+                                                   "token ids",
+                                                   "positions",
+                                                   "sequence ids",
+                                                   "dense routing ids",
+                                                   "dense routing weights",
+                                                   "final hidden states",
+                                                   "logits"};
+    bytes = std::max<size_t>(bytes, 4);
+    std::shared_ptr<DeviceBuffer>& buffer = buffers[which];
+    if (!buffer || buffer->size() < bytes) {
+      ++*generation;   // graphs captured with the old pointer are stale now, even if this fails
+      buffer.reset();  // give the old one back first: budgets are tight on small devices
+      buffer = device->allocate(bytes, kNames[which]);
+    }
+    return buffer->data();
+  }
+};
+
+}  // namespace tandem

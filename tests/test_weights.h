@@ -1,0 +1,63 @@
+#pragma once
+// Random activations and weights for the kernel tests of every backend (CPU, CUDA) and of the
+// block functions: one generator, so that a format's test data means the same everywhere.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/blocks.h"
+#include "core/dtype.h"
+#include "core/half.h"
+#include "quant/quant.h"
+
+namespace tandem::test {
+
+inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
+// The formats quantize_row cannot write: their tests use random blocks.
+inline bool written_raw(DType type) {
+  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q5_1;
+}
+
+// `rows` x `cols` weights of `type`. Formats quantize_row writes are quantized from Gaussian
+// values of deviation `sigma`; the others get random bytes (every quant pattern is valid) with
+// sane f16 scales, and `sigma` does not apply: kernels must agree with dequantize_row, not with
+// any quantizer.
+inline std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols, uint32_t seed,
+                                         float sigma = 1.0f) {
+  const size_t stride = row_bytes(type, uint64_t(cols));
+  std::vector<uint8_t> bytes(size_t(rows) * stride);
+  if (!written_raw(type)) {
+    const std::vector<float> values = gaussian(size_t(rows * cols), seed, sigma);
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row(type, values.data() + r * cols, bytes.data() + size_t(r) * stride, cols);
+    return bytes;
+  }
+  std::mt19937 rng(seed);
+  for (uint8_t& b : bytes) b = uint8_t(rng());
+  std::uniform_real_distribution<float> scale(0.5f, 1.5f);
+  auto put = [](uint16_t* field, float value) { *field = f32_to_f16(value); };
+  const int64_t n_blocks = rows * cols / int64_t(dtype_info(type).block_elems);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    if (type == DType::Q2_K) {
+      auto* block = reinterpret_cast<BlockQ2_K*>(bytes.data()) + b;
+      put(&block->d, 0.02f * scale(rng));
+      put(&block->dmin, 0.02f * scale(rng));
+    } else if (type == DType::Q3_K) {
+      put(&reinterpret_cast<BlockQ3_K*>(bytes.data())[b].d, 0.01f * scale(rng));
+    } else {
+      auto* block = reinterpret_cast<BlockQ5_1*>(bytes.data()) + b;
+      put(&block->d, 0.05f * scale(rng));
+      put(&block->m, -0.8f * scale(rng));
+    }
+  }
+  return bytes;
+}
+
+}  // namespace tandem::test
