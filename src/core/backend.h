@@ -230,7 +230,8 @@ class Backend {
   // graph and runs again at every replay. This is how the CPU computes its share of a step that
   // a device runs: a task may run another backend that uses host memory (the CPU's experts)
   // while this one goes on (cudaLaunchHostFunc on a side stream). A task must not submit to this
-  // backend. An exception thrown by the task is rethrown by synchronize().
+  // backend. An exception thrown by the task is rethrown by synchronize() (the CPU, which runs
+  // the task at once, lets it through host_task itself).
   virtual std::shared_ptr<Event> host_task(std::function<void()> task) = 0;
   // Waits until every submitted op has finished.
   virtual void synchronize() = 0;
