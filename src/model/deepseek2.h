@@ -143,6 +143,7 @@ class Deepseek2Model {
   Backend* graph_device_ = nullptr;
   bool graphs_enabled_ = true;
   std::vector<GraphEntry> graphs_;
+  std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
   // Bumped whenever a workspace buffer is allocated anew: captured graphs hold its pointers.
   uint64_t buffer_generation_ = 0;
 };

@@ -103,11 +103,13 @@ void Deepseek2Model::prepare_step(const Batch& batch) {
     on.copy_from_host(dst, values.data(), values.size_bytes());
     return dst;
   };
-  std::vector<Backend*> devices(devices_.layers.begin(), devices_.layers.end());
-  devices.push_back(devices_.embeddings);
-  std::sort(devices.begin(), devices.end());
-  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
-  for (Backend* on : devices) {
+  if (step_devices_.empty()) {  // once: the embeddings' and the layers' devices
+    step_devices_.assign(devices_.layers.begin(), devices_.layers.end());
+    step_devices_.push_back(devices_.embeddings);
+    std::sort(step_devices_.begin(), step_devices_.end());
+    step_devices_.erase(std::unique(step_devices_.begin(), step_devices_.end()), step_devices_.end());
+  }
+  for (Backend* on : step_devices_) {
     Workspace& ws = workspace(*on);
     StepInputs& in = ws.inputs;
     if (on == devices_.embeddings) in.tokens = upload(*on, W::kTokens, batch.tokens);
