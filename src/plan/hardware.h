@@ -45,7 +45,7 @@ struct Hardware {
   // GPU to GPU: NVLink, or peer copies over PCIe. Host to GPU is always PCIe: gen 5 when the
   // machine's GPUs link over PCIe 5, gen 4 otherwise (A100 systems, NVLink or not).
   LinkKind gpu_link = LinkKind::Pcie4;
-  std::string link_source = "assumed: PCIe 4 (give --link nvlink|pcie4|pcie5)";
+  std::string link_source = "assumed PCIe 4: give --link nvlink|pcie4|pcie5";
   double disk_bytes_per_s = 2e9;  // for weights streamed from disk
   // RAM as described or available now, and the share of it kept free for the operating system and
   // the page cache (default_ram_reserve); host.memory_bytes is what is left for the plan.
