@@ -113,9 +113,9 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
   for (const std::string& r : p.reasons) fmt::print("  - {}\n", r);
   if (explain) {
     fmt::print("\ncandidates weighed (cost model, not measured):\n");
-    fmt::print("  {:<66} {:>14} {:>15}  {}\n", "", "decode tok/s", "prefill tok/s", "memory used");
+    fmt::print("  {:<62} {:>14} {:>15}  {}\n", "", "decode tok/s", "prefill tok/s", "memory used");
     for (const Candidate& c : p.candidates)
-      fmt::print("{} {:<66} {:>14.2f} {:>15.1f}  {}{}{}\n", c.chosen ? "  *" : "   ", c.name,
+      fmt::print("{} {:<62} {:>14.2f} {:>15.1f}  {}{}{}\n", c.chosen ? "  *" : "   ", c.name,
                  c.predicted.decode_tokens_per_s, c.predicted.prefill_tokens_per_s, c.layout,
                  c.idle_gpus.empty() ? "" : fmt::format("; idle: {}", fmt::join(c.idle_gpus, ", ")),
                  c.fits ? "" : "; streams experts from disk");

@@ -360,10 +360,9 @@ void Planner::place_experts_spread(CandidateSpec& spec) {
         n_whole ? fmt::format("all of {} layer{}' and ", n_whole, n_whole == 1 ? "" : "s") : "",
         partial, n_whole ? "other " : "", where,
         100.0 * double(placed_bytes) / double(expert_total));
-    spec.name = fmt::format(
-        "hybrid: {} whole expert layer{} + {} experts of each other layer, {}", n_whole,
-        n_whole == 1 ? "" : "s", partial,
-        spec.spread ? fmt::format("spread over {} GPUs", gpus.size()) : "on the layer's GPU");
+    spec.name = fmt::format("hybrid: {} whole expert layer{} + {} experts/layer, {}", n_whole,
+                            n_whole == 1 ? "" : "s", partial,
+                            spec.spread ? fmt::format("over {} GPUs", gpus.size()) : "own GPU");
   }
   p_.reasons.push_back(
       fmt::format("{}; {} experts ({}) on GPUs", what, placed, format_bytes(placed_bytes)));

@@ -429,7 +429,7 @@ void Planner::explain() {
                         built_.size(), built_.size() == 1 ? "" : "s", objective)
           : fmt::format("weighed {} placements built around the same budgets and pins and kept "
                         "the one that predicts the most {}: {}, {:.2f} against {:.2f} for the "
-                        "layer split ({:+.0f}%)",
+                        "layer split ({:+.1f}%)",
                         built_.size(), objective, specs_[chosen_].name,
                         chosen.predicted.decode_tokens_per_s, base_decode,
                         100.0 * (chosen.predicted.decode_tokens_per_s / base_decode - 1)));
