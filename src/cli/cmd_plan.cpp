@@ -38,7 +38,8 @@ struct PlanOptions {
   int32_t threads = 0;
   int64_t n_ctx = 4096, n_parallel = 1, prefill_batch = 512;
   std::string rules_path, profile_path, rules_out;
-  bool json = false;
+  std::string link, ram_reserve;
+  bool json = false, explain = false;
 };
 
 std::string kind_name(DeviceKind kind) {
@@ -73,7 +74,7 @@ Counts counts_on(const Placement& p, const ModelInventory& inv, int32_t d) {
   return c;
 }
 
-void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl) {
+void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl, bool explain) {
   fmt::print(
       "plan for {} {}: {} of weights in {} groups; context {} x {} sequence{}, prefill "
       "batch {}\n\n",
@@ -110,13 +111,25 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
       s.decode_seconds_disk * 1e3);
   fmt::print("\nwhy:\n");
   for (const std::string& r : p.reasons) fmt::print("  - {}\n", r);
+  if (explain) {
+    fmt::print("\ncandidates weighed (cost model, not measured):\n");
+    fmt::print("  {:<62} {:>14} {:>15}  {}\n", "", "decode tok/s", "prefill tok/s", "memory used");
+    for (const Candidate& c : p.candidates)
+      fmt::print("{} {:<62} {:>14.2f} {:>15.1f}  {}{}{}\n", c.chosen ? "  *" : "   ", c.name,
+                 c.predicted.decode_tokens_per_s, c.predicted.prefill_tokens_per_s, c.layout,
+                 c.idle_gpus.empty() ? "" : fmt::format("; idle: {}", fmt::join(c.idle_gpus, ", ")),
+                 c.fits ? "" : "; streams experts from disk");
+    fmt::print("\nexplanation:\n");
+    for (const std::string& r : p.explanation) fmt::print("  - {}\n", r);
+  }
   if (!p.problems.empty()) {
     fmt::print("\nPROBLEMS:\n");
     for (const std::string& r : p.problems) fmt::print("  ! {}\n", r);
   }
 }
 
-void print_json(const Placement& p, const ModelInventory& inv, const Workload& wl) {
+void print_json(const Placement& p, const ModelInventory& inv, const Workload& wl,
+                const Hardware& hw) {
   ordered_json out;
   out["model"] = {{"name", inv.name},
                   {"quant_mix", inv.quant_mix},
@@ -125,6 +138,11 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                   {"layers", inv.n_layers}};
   out["workload"] = {
       {"n_ctx", wl.n_ctx}, {"n_parallel", wl.n_parallel}, {"prefill_batch", wl.prefill_batch}};
+  out["machine"] = {{"gpu_link", link_name(hw.gpu_link)},
+                    {"link_source", hw.link_source},
+                    {"ram_bytes", hw.ram_bytes},
+                    {"ram_reserve_bytes", hw.ram_reserve_bytes},
+                    {"ram_reserve_source", hw.ram_reserve_source}};
   out["fits"] = p.fits;
   ordered_json devices = ordered_json::array();
   for (size_t d = 0; d < p.devices.size(); ++d) {
@@ -161,6 +179,22 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                         {"disk", s.decode_seconds_disk}}}};
   out["reasons"] = p.reasons;
   out["problems"] = p.problems;
+  ordered_json candidates = ordered_json::array();
+  for (const Candidate& c : p.candidates)
+    candidates.push_back({{"name", c.name},
+                          {"chosen", c.chosen},
+                          {"fits", c.fits},
+                          {"decode_tokens_per_s", c.predicted.decode_tokens_per_s},
+                          {"prefill_tokens_per_s", c.predicted.prefill_tokens_per_s},
+                          {"decode_step_seconds",
+                           {{"gpu", c.predicted.decode_seconds_gpu},
+                            {"cpu", c.predicted.decode_seconds_cpu},
+                            {"transfer", c.predicted.decode_seconds_transfer},
+                            {"disk", c.predicted.decode_seconds_disk}}},
+                          {"layout", c.layout},
+                          {"idle_gpus", c.idle_gpus}});
+  out["candidates"] = candidates;
+  out["explanation"] = p.explanation;
   fmt::print("{}\n", out.dump(2));
 }
 
@@ -185,6 +219,13 @@ void run_plan(const PlanOptions& o) {
     hw.cpu_cores = o.cpu_cores;
     hw.host.model = fmt::format("CPU ({} cores, given)", o.cpu_cores);
   }
+  if (!o.link.empty()) {
+    hw.gpu_link = parse_link(o.link);
+    hw.link_source = "given";
+  }
+  if (!o.ram_reserve.empty())
+    set_ram_reserve(hw, parse_ram_reserve(o.ram_reserve, hw.ram_bytes),
+                    fmt::format("--ram-reserve {}", o.ram_reserve));
   const Rules rules = o.rules_path.empty() ? Rules{} : load_rules(o.rules_path);
   std::optional<RoutingProfile> profile;
   if (!o.profile_path.empty()) profile = load_routing_profile(o.profile_path);
@@ -192,9 +233,9 @@ void run_plan(const PlanOptions& o) {
   const Placement p = plan_placement(inv, hw, wl, rules, profile ? &*profile : nullptr);
 
   if (o.json)
-    print_json(p, inv, wl);
+    print_json(p, inv, wl, hw);
   else
-    print_text(p, inv, wl);
+    print_text(p, inv, wl, o.explain);
   if (!o.rules_out.empty()) {
     std::ofstream out(o.rules_out, std::ios::binary | std::ios::trunc);
     const std::string yaml = rules_to_yaml(p, inv);
@@ -237,7 +278,17 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--rules", o->rules_path, "YAML rule file pinning weight groups to devices");
   cmd->add_option("--profile", o->profile_path, "routing profile (from `tandem profile`)");
   cmd->add_option("--rules-out", o->rules_out, "write the plan as a rule file");
-  cmd->add_flag("--json", o->json, "print one JSON object instead of tables");
+  cmd->add_option("--link", o->link,
+                  "how the GPUs reach each other: nvlink, pcie4 or pcie5 (default: pcie4, said "
+                  "to be assumed); host to GPU is PCIe 5 with pcie5, PCIe 4 otherwise")
+      ->check(CLI::IsMember({"nvlink", "pcie4", "pcie5"}));
+  cmd->add_option("--ram-reserve", o->ram_reserve,
+                  "RAM kept free for the system and the page cache: 8GiB or 10% (default: 10% of "
+                  "RAM, at least 4 GiB, at most half)");
+  cmd->add_flag("--explain", o->explain,
+                "also print the candidate placements weighed, with their predicted speeds, and "
+                "why an idle GPU stays idle");
+  cmd->add_flag("--json", o->json, "print one JSON object instead of tables (with candidates)");
   cmd->callback([o] { run_plan(*o); });
 }
 

@@ -19,6 +19,22 @@ const DeviceKindCost& CostParams::of(DeviceKind kind) const {
   return cpu;
 }
 
+const LinkCost& CostParams::gpu_link(LinkKind kind) const {
+  switch (kind) {
+    case LinkKind::Nvlink:
+      return nvlink;
+    case LinkKind::Pcie5:
+      return pcie5;
+    case LinkKind::Pcie4:
+      return pcie4;
+  }
+  return pcie4;
+}
+
+const LinkCost& CostParams::host_link(LinkKind kind) const {
+  return kind == LinkKind::Pcie5 ? host_pcie5 : host_pcie4;
+}
+
 double expected_distinct_experts(uint32_t n_expert, uint32_t n_used, int64_t batch) {
   if (n_expert == 0 || batch <= 0) return 0;
   const double p = std::min(1.0, double(n_used) / double(n_expert));
@@ -91,6 +107,51 @@ struct StepShape {
   int64_t logit_rows = 1;     // rows the output head computes
 };
 
+// P(X = c) for X ~ Binomial(n, q), c = 0..n, with negligible tails dropped: (c, probability).
+std::vector<std::pair<int, double>> binomial(int n, double q) {
+  std::vector<std::pair<int, double>> pmf;
+  if (n <= 0 || q <= 0) return {{0, 1.0}};
+  if (q >= 1) return {{n, 1.0}};
+  const double lq = std::log(q), lr = std::log1p(-q), lgn = std::lgamma(n + 1.0);
+  double kept = 0;
+  for (int c = 0; c <= n; ++c) {
+    const double p =
+        std::exp(lgn - std::lgamma(c + 1.0) - std::lgamma(n - c + 1.0) + c * lq + (n - c) * lr);
+    if (p < 1e-12) continue;
+    pmf.emplace_back(c, p);
+    kept += p;
+  }
+  for (auto& [c, p] : pmf) p /= kept;
+  return pmf;
+}
+
+// E[max_i X_i] for independent discrete X_i given as (value, probability) lists.
+double expected_max(const std::vector<std::vector<std::pair<double, double>>>& dists) {
+  struct Point {
+    double value, p;
+    size_t which;
+  };
+  std::vector<Point> points;
+  for (size_t i = 0; i < dists.size(); ++i)
+    for (const auto& [v, p] : dists[i]) points.push_back({v, p, i});
+  if (points.empty()) return 0;
+  std::sort(points.begin(), points.end(), [](const Point& a, const Point& b) {
+    return a.value != b.value ? a.value < b.value : a.which < b.which;
+  });
+  // Sweep up the values: P(max <= v) is the product of each one's CDF at v.
+  std::vector<double> cdf(dists.size(), 0.0);
+  double expected = 0, before = 0;
+  for (size_t i = 0; i < points.size(); ++i) {
+    cdf[points[i].which] += points[i].p;
+    if (i + 1 < points.size() && points[i + 1].value == points[i].value) continue;
+    double after = 1;
+    for (double c : cdf) after *= std::min(c, 1.0);
+    expected += points[i].value * (after - before);
+    before = after;
+  }
+  return expected;
+}
+
 class StepModel {
  public:
   StepModel(const ModelInventory& inv, const Hardware& hw, const Placement& placement,
@@ -99,6 +160,7 @@ class StepModel {
     TANDEM_CHECK(placement.group_device.size() == inv.groups.size());
     TANDEM_CHECK(placement.layer_device.size() == inv.n_layers);
     layers_.resize(inv.n_layers);
+    used_.assign(placement.devices.size(), false);
     for (size_t i = 0; i < inv.groups.size(); ++i) {
       const InventoryGroup& g = inv.groups[i];
       if (g.layer >= 0 && uint32_t(g.layer) < inv.n_layers)
@@ -107,7 +169,9 @@ class StepModel {
         output_ = int64_t(i);
       else if (g.kind == WeightGroup::Embedding)
         embedding_ = int64_t(i);
+      used_[size_t(compute_device(placement.group_device[i]))] = true;
     }
+    for (int32_t d : placement.layer_device) used_[size_t(compute_device(d))] = true;
     for (uint32_t l = 0; l < inv.n_layers; ++l)
       choice_.push_back(expert_choice_probabilities(inv, profile, l));
   }
@@ -117,6 +181,10 @@ class StepModel {
     Prediction t;
     const Deepseek2Hparams& hp = inv_.hparams;
     const double activation_bytes = double(s.batch) * hp.n_embd * 4;  // F32 hidden state
+    // What a MoE layer sends to a device holding some of its experts (input rows and routing)
+    // and takes back (one output row per token and chosen expert: k times the input).
+    const double expert_in_bytes = activation_bytes + double(s.batch) * hp.n_expert_used * 4;
+    const double expert_out_bytes = activation_bytes * std::max<uint32_t>(hp.n_expert_used, 1);
     int32_t prev =
         compute_device(embedding_ >= 0 ? placement_.group_device[size_t(embedding_)] : 0);
     for (uint32_t l = 0; l < inv_.n_layers; ++l) {
@@ -144,8 +212,13 @@ class StepModel {
                                : 0;
           const double touched = 1.0 - std::pow(1.0 - p, double(s.batch));
           Part& part = ffn[size_t(dev)];
-          if (where == kOnDisk) part.disk_bytes += touched * double(g.bytes);
-          else part.bytes += touched * kernel_bytes(g, dev);
+          if (where == kOnDisk) {
+            part.disk_bytes += touched * double(g.bytes);
+          } else if (p > 0) {
+            part.experts += 1;
+            part.touched += touched;
+            part.touched_bytes += touched * kernel_bytes(g, dev);
+          }
           part.flops += flops * p * double(s.batch);
           part.ops = params_.ffn_ops;
         } else if (g.kind == WeightGroup::Attention || g.kind == WeightGroup::Router ||
@@ -163,34 +236,7 @@ class StepModel {
         }
       }
       add_to(t, owner, seconds(owner, attn));
-
-      // The FFN parts run at the same time; the layer waits for the slowest one. Parts away
-      // from the owner pay the hidden state there and the partial sum back, and a sync.
-      // Simulated devices compute on the host's cores, so their parts and the host's take turns
-      // rather than overlap: they count as one part.
-      double slowest = 0;
-      Prediction slowest_split, on_host_cores;
-      for (size_t d = 0; d < ffn.size(); ++d) {
-        const Part& part = ffn[d];
-        if (part.ops == 0) continue;
-        Prediction split;
-        add_to(split, int32_t(d), seconds(int32_t(d), part) - disk_s(part));
-        split.decode_seconds_disk += disk_s(part);
-        if (int32_t(d) != owner)
-          split.decode_seconds_transfer +=
-              2 * transfer_s(owner, int32_t(d), activation_bytes) + params_.sync_s;
-        if (spec(int32_t(d)).kind != DeviceKind::Cuda) {
-          on_host_cores.decode_seconds_cpu += split.decode_seconds_cpu;
-          on_host_cores.decode_seconds_transfer += split.decode_seconds_transfer;
-          on_host_cores.decode_seconds_disk += split.decode_seconds_disk;
-          split = on_host_cores;
-        }
-        if (total(split) > slowest) slowest = total(split), slowest_split = split;
-      }
-      t.decode_seconds_gpu += slowest_split.decode_seconds_gpu;
-      t.decode_seconds_cpu += slowest_split.decode_seconds_cpu;
-      t.decode_seconds_transfer += slowest_split.decode_seconds_transfer;
-      t.decode_seconds_disk += slowest_split.decode_seconds_disk;
+      add(t, ffn_seconds(owner, ffn, expert_in_bytes, expert_out_bytes));
     }
     if (output_ >= 0) {
       const InventoryGroup& g = inv_.groups[size_t(output_)];
@@ -204,23 +250,157 @@ class StepModel {
                 .ops = 2};
       add_to(t, dev, seconds(dev, head) - disk_s(head));
       t.decode_seconds_disk += disk_s(head);
+      // The host reads the logits back from a GPU at the step's end.
+      if (spec(dev).kind == DeviceKind::Cuda)
+        t.decode_seconds_transfer += transfer_s(dev, 0, double(s.logit_rows) * hp.n_vocab * 4);
     }
+    // Each GPU in the step launches its captured graph once.
+    for (size_t d = 0; d < used_.size(); ++d)
+      if (used_[d] && spec(int32_t(d)).kind == DeviceKind::Cuda)
+        t.decode_seconds_gpu += params_.gpu_step_launch_s;
     return t;
   }
 
  private:
   struct Part {
-    double bytes = 0;       // read from the device's memory
-    double disk_bytes = 0;  // read from the file first
-    double flops = 0;
+    double bytes = 0;       // read from the device's memory whatever the routing
+    double disk_bytes = 0;  // read from the file first (expected)
+    double flops = 0;       // expected
     int ops = 0;
     double extra_s = 0;  // transfers the part needs on its own
+    // Routed experts in memory that the step may choose: how many, how many it touches on
+    // average, and the bytes those read on average. Which ones it touches is random.
+    double experts = 0, touched = 0, touched_bytes = 0;
+  };
+  // One thing a parallel layer waits for: a device's part after its input arrived, or the host's
+  // cores taking their parts in turn. Its time is random when it is one device's routed experts.
+  struct Branch {
+    int32_t dev = 0;
+    double start_s = 0;  // copies before it can start
+    Part part;           // its compute, when `random`
+    bool random = false;
+    double fixed_s = 0;  // its whole time, when not random
+    Prediction mean;     // its average time by kind
   };
 
   // Groups streamed from disk are computed by the host.
   static int32_t compute_device(int32_t where) { return where == kOnDisk ? 0 : where; }
 
+  static void add(Prediction& t, const Prediction& u) {
+    t.decode_seconds_gpu += u.decode_seconds_gpu;
+    t.decode_seconds_cpu += u.decode_seconds_cpu;
+    t.decode_seconds_transfer += u.decode_seconds_transfer;
+    t.decode_seconds_disk += u.decode_seconds_disk;
+  }
+
   const DeviceSpec& spec(int32_t dev) const { return placement_.devices[size_t(dev)].spec; }
+  bool is_gpu(int32_t dev) const { return spec(dev).kind == DeviceKind::Cuda; }
+
+  // A part with `touched` of its routed experts read (the average when negative).
+  Part with_touched(Part part, double touched) const {
+    const double per_expert = part.touched > 0 ? part.touched_bytes / part.touched : 0;
+    part.bytes += touched < 0 ? part.touched_bytes : touched * per_expert;
+    return part;
+  }
+  double part_seconds(int32_t dev, const Part& part, double touched) const {
+    return seconds(dev, with_touched(part, touched));
+  }
+  Prediction part_mean(int32_t dev, const Part& part) const {
+    Prediction p;
+    const Part avg = with_touched(part, -1);
+    add_to(p, dev, seconds(dev, avg) - disk_s(avg));
+    p.decode_seconds_disk += disk_s(avg);
+    return p;
+  }
+
+  // The FFN block of a layer whose attention is on `owner`: every device's part at once, the
+  // layer waiting for the slowest (the expected maximum over the routing, not the maximum of the
+  // averages: with experts spread over many devices some device usually gets more than its
+  // share), then the gather of the other GPUs' outputs on the owner, one after another.
+  Prediction ffn_seconds(int32_t owner, const std::vector<Part>& ffn, double in_bytes,
+                         double out_bytes) const {
+    std::vector<Branch> branches;
+    // Parts on host memory (the CPU, simulated devices, disk) take turns on the host's cores: one
+    // branch, the sum of their parts, each away from the owner with its round trip and a sync.
+    Branch host{.dev = 0};
+    int host_parts = 0;
+    int32_t host_dev = -1;
+    for (size_t d = 0; d < ffn.size(); ++d) {
+      const Part& part = ffn[d];
+      if (part.ops == 0 || is_gpu(int32_t(d))) continue;
+      Prediction p = part_mean(int32_t(d), part);
+      if (int32_t(d) != owner) {
+        host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
+                        transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
+        p.decode_seconds_transfer += transfer_s(owner, int32_t(d), in_bytes) +
+                                     transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
+      }
+      add(host.mean, p);
+      ++host_parts, host_dev = int32_t(d);
+    }
+    if (host_parts > 0) {
+      const Part& only = ffn[size_t(host_dev)];
+      host.dev = host_dev;
+      host.random = host_parts == 1 && only.disk_bytes == 0 && only.experts > 0;
+      host.part = only;
+      host.fixed_s = total(host.mean);
+      branches.push_back(host);
+    }
+    // GPU parts: the owner's starts at once; another GPU's after the broadcast of the input,
+    // which shares the sender's link among the receivers.
+    int remote_gpus = 0;
+    for (size_t d = 0; d < ffn.size(); ++d)
+      remote_gpus += ffn[d].ops > 0 && is_gpu(int32_t(d)) && int32_t(d) != owner;
+    double gather_s = 0, gather_copy_s = 0;
+    for (size_t d = 0; d < ffn.size(); ++d) {
+      if (ffn[d].ops == 0 || !is_gpu(int32_t(d))) continue;
+      Branch b{.dev = int32_t(d), .part = ffn[d]};
+      const bool remote = int32_t(d) != owner;
+      if (remote) {
+        const LinkCost link = link_between(owner, int32_t(d));
+        b.start_s = link.latency_s + remote_gpus * in_bytes / link.bandwidth_bytes_per_s;
+        // There it zeroes its slots and runs one moe op.
+        b.part.ops = 1;
+        b.part.extra_s += params_.gpu_small_op_s;
+        const double copy_s = link.latency_s + out_bytes / link.bandwidth_bytes_per_s;
+        gather_copy_s += copy_s;
+        gather_s += copy_s + small_op_s(owner);
+      } else if (remote_gpus > 0 || host_parts > 0) {
+        b.part.extra_s += params_.gpu_small_op_s;  // its slots zeroed before the others add in
+      }
+      b.random = b.part.experts > 0 && b.part.disk_bytes == 0;
+      b.mean = part_mean(b.dev, b.part);
+      b.mean.decode_seconds_transfer += b.start_s;
+      b.fixed_s = total(b.mean);
+      branches.push_back(b);
+    }
+    Prediction out;
+    if (branches.empty()) return out;
+
+    std::vector<std::vector<std::pair<double, double>>> dists;
+    size_t slowest = 0;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      const Branch& b = branches[i];
+      if (b.fixed_s > branches[slowest].fixed_s) slowest = i;
+      std::vector<std::pair<double, double>> dist;
+      if (!b.random) {
+        dist.emplace_back(b.fixed_s, 1.0);
+      } else {
+        const int n = int(std::lround(b.part.experts));
+        for (const auto& [c, p] : binomial(n, b.part.touched / std::max(b.part.experts, 1.0)))
+          dist.emplace_back(b.start_s + part_seconds(b.dev, b.part, c), p);
+      }
+      dists.push_back(std::move(dist));
+    }
+    // The slowest branch on average carries the time; what the layer waits beyond its average
+    // (another device's unlucky routing) counts as that branch's kind of time.
+    out = branches[slowest].mean;
+    const double wait_s = std::max(expected_max(dists) - total(out), 0.0);
+    add_to(out, branches[slowest].dev, wait_s);
+    out.decode_seconds_transfer += gather_copy_s;
+    add_to(out, owner, gather_s - gather_copy_s);
+    return out;
+  }
 
   // Weight bytes per second the device's kernels read: measured on the host where known (our
   // decode kernel, not the memory bus, is the limit on a few cores), else a share of the spec.
@@ -249,16 +429,23 @@ class StepModel {
     return std::max((part.bytes + part.disk_bytes) / bandwidth(dev), part.flops / flops(dev)) +
            part.ops * params_.of(spec(dev).kind).op_overhead_s + part.extra_s + disk_s(part);
   }
+  double small_op_s(int32_t dev) const {
+    return is_gpu(dev) ? params_.gpu_small_op_s : params_.of(spec(dev).kind).op_overhead_s;
+  }
+  // The link a copy between two devices takes: GPU to GPU by the machine's kind, host to GPU over
+  // PCIe; between host-memory devices (cpu, sim) a memcpy at the host's speed.
+  LinkCost link_between(int32_t from, int32_t to) const {
+    if (is_gpu(from) && is_gpu(to)) return params_.gpu_link(hw_.gpu_link);
+    if (is_gpu(from) || is_gpu(to)) return params_.host_link(hw_.gpu_link);
+    return {.bandwidth_bytes_per_s = bandwidth(0), .latency_s = params_.host_copy_latency_s};
+  }
   double transfer_s(int32_t from, int32_t to, double bytes) const {
     if (from == to) return 0;
-    const bool over_pcie = spec(from).kind == DeviceKind::Cuda || spec(to).kind == DeviceKind::Cuda;
-    // sim devices live in host memory: their copies are memcpy at host speed.
-    const double rate =
-        over_pcie ? hw_.host_to_device_bytes_per_s * params_.transfer_efficiency : bandwidth(0);
-    return params_.transfer_latency_s + bytes / std::max(rate, 1e6);
+    const LinkCost link = link_between(from, to);
+    return link.latency_s + bytes / std::max(link.bandwidth_bytes_per_s, 1e6);
   }
   void add_to(Prediction& t, int32_t dev, double s) const {
-    (spec(dev).kind == DeviceKind::Cuda ? t.decode_seconds_gpu : t.decode_seconds_cpu) += s;
+    (is_gpu(dev) ? t.decode_seconds_gpu : t.decode_seconds_cpu) += s;
   }
 
   const ModelInventory& inv_;
@@ -267,6 +454,7 @@ class StepModel {
   const CostParams& params_;
   std::vector<std::vector<size_t>> layers_;  // group indices per layer
   std::vector<std::vector<double>> choice_;  // per layer, per expert: P(token chooses it)
+  std::vector<bool> used_;                   // devices the step runs anything on
   int64_t output_ = -1, embedding_ = -1;
 };
 

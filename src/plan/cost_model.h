@@ -1,15 +1,25 @@
 #pragma once
 // Predicts prefill and decode tokens/s of a Placement without running it: bytes each step reads
 // over each device's bandwidth, FLOPs over its throughput, activations copied at every device
-// cut, and CPU/GPU overlap (a MoE layer's parts on different devices run at the same time, so
-// the layer costs the slowest part plus a sync, not the sum). Every number it gives is a
-// prediction and is printed as one. All tuning values live in CostParams, each with its reason.
+// cut over the link between the two (NVLink or PCIe between GPUs, PCIe to the host), and the
+// overlap of a MoE layer's parts on different devices: they run at the same time, so the layer
+// costs the expected slowest part (which experts a step chooses is random, and with experts
+// spread over many devices one of them usually gets more than its share), plus the broadcast of
+// the input to them and the gather of their outputs, not the sum. Each GPU's graph launch and
+// the logits' trip back to the host are paid once a step. Every number it gives is a prediction
+// and is printed as one. All tuning values live in CostParams, each with its source.
 #include <cstdint>
 #include <vector>
 
 #include "plan/placement.h"
 
 namespace tandem::plan {
+
+// One kind of link: the rate a copy reaches in one direction, and a small copy's time.
+struct LinkCost {
+  double bandwidth_bytes_per_s = 0;
+  double latency_s = 0;
+};
 
 // How close one kind of device gets to its DeviceSpec, and what a step costs besides bytes.
 struct DeviceKindCost {
@@ -56,12 +66,55 @@ struct CostParams {
                         .fallback_bandwidth_bytes_per_s = 20e9,
                         .fallback_flops_per_s = 0.1e12};
 
-  // Copies between host and device: pinned-memory copies reach ~80% of the PCIe rate, and each
-  // copy plus its event costs ~10 us however small (decode copies are a few KiB).
-  double transfer_efficiency = 0.8;
-  double transfer_latency_s = 10e-6;
-  // When a MoE layer's experts span devices, the owner waits on the others' events and adds
-  // their partial sums: one event wait and one small add.
+  // ---- links -----------------------------------------------------------------------------
+  // What one copy over each kind of link costs: the rate copies reach in one direction and the
+  // time of a small copy end to end (its latency: a captured copy node plus the event the next op
+  // waits on). Decode copies are a few KiB to a few hundred KiB, so the latency dominates them.
+  // GPU to GPU over NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA
+  // A100 datasheet, "600 GB/s" counts both); copies reach ~230 GB/s (NCCL maintainer in
+  // nccl-tests issue 149: 128-byte payloads give 20 of each link's 25 GB/s). Latency: 1.8-2.3 us
+  // for a P2P write between NVLink-connected GPUs (cuda-samples p2pBandwidthLatencyTest, as
+  // reported in cuda-samples issue 230). H100/H200 NVLink 4 is 1.5x this: the plan is
+  // conservative for them.
+  LinkCost nvlink = {.bandwidth_bytes_per_s = 230e9, .latency_s = 2.5e-6};
+  // GPU to GPU over PCIe 4.0 x16: 31.5 GB/s per direction line rate (PCI-SIG); peer copies
+  // measure 20-22 GB/s (p2pBandwidthLatencyTest on A100 PCIe in nccl issue 814). Latency:
+  // 11-20 us where peer access is off and copies go through the host (cuda-samples issue 230);
+  // consumer cards have no peer access.
+  LinkCost pcie4 = {.bandwidth_bytes_per_s = 21e9, .latency_s = 12e-6};
+  // PCIe 5.0 x16: 63 GB/s line rate (PCI-SIG), the same share of it as PCIe 4 reaches (one
+  // H100 node measures 37 GB/s between GPUs through the host, nccl issue 1264); the latency is
+  // the protocol's and the copy engines', unchanged by the generation.
+  LinkCost pcie5 = {.bandwidth_bytes_per_s = 42e9, .latency_s = 12e-6};
+  // Host to GPU over PCIe 4.0 / 5.0 x16 from pinned memory: ~80% of the line rate (CUDA's
+  // bandwidthTest: 25-26 GB/s on PCIe 4, ~50 GB/s on PCIe 5), ~10 us for a small copy and its
+  // event however small (measured on tandem's hybrid steps, a few KiB each).
+  LinkCost host_pcie4 = {.bandwidth_bytes_per_s = 25e9, .latency_s = 10e-6};
+  LinkCost host_pcie5 = {.bandwidth_bytes_per_s = 50e9, .latency_s = 10e-6};
+  // Between host-memory devices (cpu, sim:N) a copy is a memcpy at the host's bandwidth; it
+  // still costs a hand-over between threads (the sim calibration above includes it).
+  double host_copy_latency_s = 10e-6;
+
+  // ---- collectives of a parallel MoE layer ----------------------------------------------------
+  // The executor (model/deepseek2.cpp routed_experts) sends the layer's input and routing to each
+  // device that holds some of its experts (one copy each, on that device's stream, all at once:
+  // a broadcast that shares the sender's link), and takes back each device's slot outputs one
+  // after another on the layer's device, adding each in (a gather-reduce in a fixed order). Each
+  // peer in the gather costs a copy (latency + bytes) and one small add kernel. For scale: an
+  // 8-byte NCCL all_reduce over NVLink 3 takes ~10 us (nccl-tests issue 331, A100); the gather
+  // of one peer is ~2.5 us + an add here, so seven peers cost about two such collectives.
+  // One small kernel (an add, a zero) inside a captured CUDA graph: the ~2-3 us each kernel of a
+  // coarse op costs (see cuda.op_overhead_s).
+  double gpu_small_op_s = 3e-6;
+
+  // ---- per step ----------------------------------------------------------------------------
+  // Each GPU that runs a part of a step launches its captured graph once (cudaGraphLaunch:
+  // ~2.5 us on the host for a straight-line graph, NVIDIA's "Constant Time Launch for
+  // Straight-Line CUDA Graphs", plus its wait for the step's inputs); and the host waits for the
+  // step's end and reads the logits back over PCIe (one small copy's latency plus their bytes).
+  double gpu_step_launch_s = 5e-6;
+  // When a MoE layer's experts span devices, the owner waits on the host's event and adds its
+  // partial sums: one event wait and one small add (the host's share of a hybrid layer).
   double sync_s = 20e-6;
   // Experts streamed from the file are read whole (tens of MB each), close to sequential NVMe
   // speed, less page-cache overhead.
@@ -74,6 +127,8 @@ struct CostParams {
   int ffn_ops = 4;
 
   const DeviceKindCost& of(DeviceKind kind) const;
+  const LinkCost& gpu_link(LinkKind kind) const;   // GPU to GPU
+  const LinkCost& host_link(LinkKind kind) const;  // host to GPU on a machine of that kind
 };
 
 // Expected number of distinct experts a step of `batch` tokens reads, when each token chooses

@@ -374,6 +374,13 @@ GpuRates gpu_rates(const std::string& gpu_model, int index) {
           fmt::format("measured {} (device copy and decode kernel)", date)};
 }
 
+// RAM as seen (described, or available now) with the default share kept free.
+void set_ram(Hardware& hw, uint64_t ram_bytes) {
+  hw.ram_bytes = ram_bytes;
+  set_ram_reserve(hw, default_ram_reserve(ram_bytes),
+                  "default: 10% of RAM, at least 4 GiB, at most half; --ram-reserve to change");
+}
+
 Hardware detect_host(int32_t threads, bool measure_bandwidth) {
   Hardware hw;
   hw.cpu_cores = physical_core_count();
@@ -383,7 +390,7 @@ Hardware detect_host(int32_t threads, bool measure_bandwidth) {
   hw.host.name = "cpu";
   hw.host.kind = DeviceKind::Cpu;
   hw.host.model = fmt::format("{} ({} cores)", cpu, hw.cpu_cores);
-  hw.host.memory_bytes = available_ram_bytes();
+  set_ram(hw, available_ram_bytes());
   // Threads past the physical cores share their units, so they add no matmul throughput.
   hw.host.flops_per_s = cpu_ops_per_core() * std::min(threads, hw.cpu_cores);
   if (measure_bandwidth) {
@@ -476,6 +483,53 @@ DeviceSpec parse_gpu(std::string_view text, int32_t index, DeviceKind kind) {
   return spec;
 }
 
+uint64_t default_ram_reserve(uint64_t ram_bytes) {
+  constexpr uint64_t kAtLeast = uint64_t(4) << 30;
+  return std::min(std::max(ram_bytes / 10, kAtLeast), ram_bytes / 2);
+}
+
+void set_ram_reserve(Hardware& hw, uint64_t reserve_bytes, std::string source) {
+  hw.ram_reserve_bytes = std::min(reserve_bytes, hw.ram_bytes);
+  hw.ram_reserve_source = std::move(source);
+  hw.host.memory_bytes = hw.ram_bytes - hw.ram_reserve_bytes;
+}
+
+uint64_t parse_ram_reserve(std::string_view text, uint64_t ram_bytes) {
+  const std::string_view t = trim(text);
+  if (t.ends_with('%')) {
+    double percent = -1;
+    const std::string number(trim(t.substr(0, t.size() - 1)));
+    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), percent);
+    if (ec == std::errc() && end == number.data() + number.size() && percent >= 0 && percent <= 100)
+      return uint64_t(double(ram_bytes) * percent / 100.0);
+  } else if (const auto bytes = try_parse_bytes(t)) {
+    return *bytes;
+  }
+  fail(
+      "--ram-reserve '{}': give an amount of RAM to keep free (\"8GiB\") or a share of it "
+      "(\"10%\", 0-100)",
+      text);
+}
+
+LinkKind parse_link(std::string_view text) {
+  const std::string name = lower(trim(text));
+  for (LinkKind kind : {LinkKind::Nvlink, LinkKind::Pcie4, LinkKind::Pcie5})
+    if (name == link_name(kind)) return kind;
+  fail("--link '{}': expected nvlink, pcie4 or pcie5 (how the GPUs reach each other)", text);
+}
+
+const char* link_name(LinkKind kind) {
+  switch (kind) {
+    case LinkKind::Nvlink:
+      return "nvlink";
+    case LinkKind::Pcie5:
+      return "pcie5";
+    case LinkKind::Pcie4:
+      return "pcie4";
+  }
+  return "pcie4";
+}
+
 double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved) {
   if (interleaved <= 0 || device.decode_kernel_bytes_per_s <= 0 || device.interleaved_kernel_bytes_per_s <= 0)
     return bytes;
@@ -528,7 +582,7 @@ Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_vie
     hw.host.bandwidth_source = "given";
   }
   // Described RAM is taken as what tandem may use; a person who runs other things gives less.
-  if (!trim(ram).empty()) hw.host.memory_bytes = parse_bytes(ram);
+  if (!trim(ram).empty()) set_ram(hw, parse_bytes(ram));
   for (size_t i = 0; i < gpus.size(); ++i)
     hw.gpus.push_back(parse_gpu(gpus[i], int32_t(i), DeviceKind::Cuda));
   return hw;

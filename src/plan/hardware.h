@@ -32,14 +32,44 @@ struct DeviceSpec {
 // plain kernel's rate. Plain bytes where either rate is unknown.
 double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved);
 
+// How the GPUs reach each other (one kind for the whole machine) and the host. Their costs are
+// in CostParams (cost_model.h), each with its source.
+enum class LinkKind { Pcie4, Pcie5, Nvlink };
+
 struct Hardware {
-  DeviceSpec host;                  // kind Cpu: RAM and the CPU's bandwidth and compute
+  DeviceSpec host;                  // kind Cpu: RAM and the CPU's bandwidth and compute; its
+                                    // memory_bytes is the RAM less ram_reserve_bytes
   std::vector<DeviceSpec> gpus;     // cuda:0.. or sim:0.., in order
   int32_t cpu_cores = 1;
   int32_t numa_nodes = 1;
-  double host_to_device_bytes_per_s = 25e9;  // PCIe 4.0 x16 in practice
-  double disk_bytes_per_s = 2e9;             // for weights streamed from disk
+  // GPU to GPU: NVLink, or peer copies over PCIe. Host to GPU is always PCIe: gen 5 when the
+  // machine's GPUs link over PCIe 5, gen 4 otherwise (A100 systems, NVLink or not).
+  LinkKind gpu_link = LinkKind::Pcie4;
+  std::string link_source = "assumed PCIe 4: give --link nvlink|pcie4|pcie5";
+  double disk_bytes_per_s = 2e9;  // for weights streamed from disk
+  // RAM as described or available now, and the share of it kept free for the operating system and
+  // the page cache (default_ram_reserve); host.memory_bytes is what is left for the plan.
+  uint64_t ram_bytes = 0;
+  uint64_t ram_reserve_bytes = 0;
+  std::string ram_reserve_source;  // "default: 10% of RAM, at least 4 GiB", "given"
 };
+
+// What is kept free of `ram_bytes` unless said otherwise: 10% of it, at least 4 GiB, at most half.
+// The kernel starts evicting page-cache pages before MemAvailable reaches zero, and the weights
+// tandem maps live in that page cache: planned to the last byte, the next allocation anywhere on
+// the machine evicts weights that every token then reads again from disk. 4 GiB is an idle
+// desktop session plus what tandem holds beyond its planned buffers (tokenizer, server, thread
+// stacks, page tables of a mapping of hundreds of GiB); 10% covers the watermarks and other
+// programs on bigger machines; half keeps a tiny described machine plannable.
+uint64_t default_ram_reserve(uint64_t ram_bytes);
+// Keeps `reserve_bytes` of hw.ram_bytes free (host.memory_bytes = the rest), saying `source`.
+void set_ram_reserve(Hardware& hw, uint64_t reserve_bytes, std::string source);
+// "8GiB" or "10%" of `ram_bytes`; throws tandem::Error with the accepted forms.
+uint64_t parse_ram_reserve(std::string_view text, uint64_t ram_bytes);
+
+// "nvlink", "pcie4", "pcie5" (throws tandem::Error naming the choices); and back.
+LinkKind parse_link(std::string_view text);
+const char* link_name(LinkKind kind);
 
 // A GPU from a description: "48GiB", "24GiB:1000GBps", or a known card name ("4090", "3090",
 // "a6000", "a100", "a100-80g", "h100", "h200", "l40s", "5090") optionally with ":NNGiB" or
@@ -64,7 +94,8 @@ Hardware detect_hardware(int32_t threads, bool with_gpus = true);
 std::vector<DeviceSpec> detect_gpus(bool measure = true);
 
 // The same host with RAM and GPUs replaced by a description (what `tandem plan --gpu --ram`
-// gives); host bandwidth stays measured unless `host_bandwidth` is given.
+// gives); host bandwidth stays measured unless `host_bandwidth` is given. Both keep the default
+// RAM reserve and assume PCIe 4 links (link_source says so).
 Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_view ram,
                            double host_bandwidth_bytes_per_s, int32_t threads);
 

@@ -59,6 +59,17 @@ struct Prediction {
          decode_seconds_disk = 0;
 };
 
+// One placement the planner built and weighed (planner.h), with what the cost model predicts for
+// it; the chosen one is the Placement itself.
+struct Candidate {
+  std::string name;    // "layer split", "expert parallel over 8 GPUs", ...
+  std::string layout;  // what goes where, in one line
+  Prediction predicted;
+  bool fits = false;  // no weight streamed from disk
+  bool chosen = false;
+  std::vector<std::string> idle_gpus;  // GPUs it leaves without work
+};
+
 struct Placement {
   std::vector<DeviceUsage> devices;   // [0] = host ("cpu"), then the GPUs in order
   std::vector<int32_t> group_device;  // per inventory group
@@ -67,6 +78,8 @@ struct Placement {
   std::vector<std::string> reasons;   // one line per choice
   std::vector<std::string> problems;  // empty when it fits
   bool fits = false;
+  std::vector<Candidate> candidates;     // every placement weighed, in the order built
+  std::vector<std::string> explanation;  // why this one, why an idle GPU stays idle (--explain)
 };
 
 }  // namespace tandem::plan

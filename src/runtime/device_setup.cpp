@@ -111,7 +111,10 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                      .bandwidth_bytes_per_s = 20e9, .flops_per_s = 0.2e12,
                      .bandwidth_source = "assumed for simulated runs"};
   }
-  hardware.host.memory_bytes = uint64_t(1) << 50;
+  // No RAM reserve here: RAM is not a budget the plan can overfill, since the weights it gives the
+  // host are pages of the mapped file that the kernel may evict and read again.
+  hardware.ram_bytes = hardware.host.memory_bytes = uint64_t(1) << 50;
+  hardware.ram_reserve_bytes = 0;
   int n_sims = 0;
   for (const DeviceRequest& r : requests) {
     if (r.cuda) {

@@ -1,6 +1,7 @@
 // `tandem plan` end to end: exit codes, the JSON fields scripts rely on, and rule-file output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,52 @@ TEST(Plan, ModelThatDoesNotFitExitsThreeAndSaysWhatWould) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("GiB"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Q2_K"), std::string::npos) << r.output;
+}
+
+TEST(Plan, JsonListsTheCandidatesWithOneChosenAndTheMachinesLinkAndReserve) {
+  const std::string gpus = " --gpu a100-80g --gpu a100-80g --gpu a100-80g --gpu a100-80g";
+  const CliResult r = run_tandem("plan --preset deepseek-v3" + gpus + gpus +
+                                 " --ram 1TiB --link nvlink --ram-reserve 64GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output);
+  ASSERT_GE(json["candidates"].size(), 2u);
+  EXPECT_EQ(json["candidates"][0]["name"], "layer split");
+  int chosen = 0;
+  double best = 0;
+  for (const auto& c : json["candidates"]) {
+    chosen += c["chosen"].get<bool>();
+    best = std::max(best, c["decode_tokens_per_s"].get<double>());
+    EXPECT_GT(c["prefill_tokens_per_s"].get<double>(), 0.0) << c;
+  }
+  EXPECT_EQ(chosen, 1);
+  EXPECT_DOUBLE_EQ(json["predicted"]["decode_tokens_per_s"].get<double>(), best);
+  EXPECT_EQ(json["machine"]["gpu_link"], "nvlink");
+  EXPECT_EQ(json["machine"]["link_source"], "given");
+  EXPECT_EQ(json["machine"]["ram_reserve_bytes"].get<uint64_t>(), uint64_t(64) << 30);
+  EXPECT_EQ(json["devices"][0]["capacity_bytes"].get<uint64_t>(), uint64_t(1024 - 64) << 30);
+  EXPECT_FALSE(json["explanation"].empty());
+}
+
+TEST(Plan, ExplainShowsTheCandidatesAndWhyPcieIsSlower) {
+  const std::string gpus = " --gpu a100-80g --gpu a100-80g --gpu a100-80g --gpu a100-80g";
+  const CliResult r =
+      run_tandem("plan --preset deepseek-v3" + gpus + gpus + " --ram 1TiB --explain");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("candidates weighed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("layer split"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("expert parallel over"), std::string::npos) << r.output;
+  // No --link: PCIe 4 is assumed, and said; the explanation says what NVLink would give.
+  EXPECT_NE(r.output.find("assumed PCIe 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("over NVLink, which would predict"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kept free for the system"), std::string::npos) << r.output;
+  const CliResult bad =
+      run_tandem("plan --preset deepseek-v3 --gpu 24GiB --ram 512GiB --link pcie3");
+  EXPECT_NE(bad.exit_code, 0);
+  const CliResult bad_reserve =
+      run_tandem("plan --preset deepseek-v3 --gpu 24GiB --ram 512GiB --ram-reserve lots");
+  EXPECT_EQ(bad_reserve.exit_code, 1) << bad_reserve.output;
+  EXPECT_NE(bad_reserve.output.find("--ram-reserve 'lots'"), std::string::npos)
+      << bad_reserve.output;
 }
 
 TEST(Plan, RulesOutWritesAFileThatPlansTheSame) {

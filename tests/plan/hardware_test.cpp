@@ -44,6 +44,35 @@ TEST(ParseBytes, rejects_text_without_a_known_unit) {
   }
 }
 
+TEST(RamReserve, ten_percent_at_least_4_gib_at_most_half) {
+  EXPECT_EQ(default_ram_reserve(64 * kGiB), 64 * kGiB / 10);
+  EXPECT_EQ(default_ram_reserve(1024 * kGiB), 1024 * kGiB / 10);
+  EXPECT_EQ(default_ram_reserve(16 * kGiB), 4 * kGiB);
+  EXPECT_EQ(default_ram_reserve(2 * kGiB), kGiB);
+  EXPECT_EQ(parse_ram_reserve("8GiB", 64 * kGiB), 8 * kGiB);
+  EXPECT_EQ(parse_ram_reserve("25%", 64 * kGiB), 16 * kGiB);
+  EXPECT_EQ(parse_ram_reserve("0%", 64 * kGiB), 0u);
+  for (const char* bad : {"", "lots", "120%", "-5%", "8"})
+    EXPECT_NE(error_of([&] { parse_ram_reserve(bad, 64 * kGiB); }).find("--ram-reserve"),
+              std::string::npos)
+        << bad;
+  Hardware hw;
+  hw.ram_bytes = 64 * kGiB;
+  set_ram_reserve(hw, 8 * kGiB, "given");
+  EXPECT_EQ(hw.host.memory_bytes, 56 * kGiB);
+  EXPECT_EQ(hw.ram_reserve_source, "given");
+  set_ram_reserve(hw, 100 * kGiB, "given");  // never more than there is
+  EXPECT_EQ(hw.host.memory_bytes, 0u);
+}
+
+TEST(ParseLink, names_round_trip_and_errors_list_the_choices) {
+  for (LinkKind kind : {LinkKind::Nvlink, LinkKind::Pcie4, LinkKind::Pcie5})
+    EXPECT_EQ(parse_link(link_name(kind)), kind);
+  EXPECT_EQ(parse_link(" NVLink "), LinkKind::Nvlink);
+  EXPECT_NE(error_of([] { parse_link("pcie3"); }).find("nvlink, pcie4 or pcie5"),
+            std::string::npos);
+}
+
 TEST(ParseGpu, known_cards_get_their_memory_bandwidth_and_throughput) {
   const DeviceSpec g = parse_gpu("4090", 1);
   EXPECT_EQ(g.name, "cuda:1");
@@ -170,7 +199,12 @@ TEST_F(DetectHardwareTest, unwritable_or_damaged_cache_is_not_an_error) {
 
 TEST_F(DetectHardwareTest, describe_replaces_ram_and_gpus_and_keeps_a_given_bandwidth) {
   const Hardware hw = describe_hardware({"4090", "24GiB:1000GBps"}, "192GiB", 80e9, 2);
-  EXPECT_EQ(hw.host.memory_bytes, 192 * kGiB);
+  // Described RAM keeps the default reserve free: 10% of 192 GiB.
+  EXPECT_EQ(hw.ram_bytes, 192 * kGiB);
+  EXPECT_EQ(hw.ram_reserve_bytes, 192 * kGiB / 10);
+  EXPECT_EQ(hw.host.memory_bytes, 192 * kGiB - 192 * kGiB / 10);
+  EXPECT_EQ(hw.gpu_link, LinkKind::Pcie4);
+  EXPECT_TRUE(hw.link_source.starts_with("assumed")) << hw.link_source;
   EXPECT_DOUBLE_EQ(hw.host.bandwidth_bytes_per_s, 80e9);
   EXPECT_EQ(hw.host.bandwidth_source, "given");
   ASSERT_EQ(hw.gpus.size(), 2u);

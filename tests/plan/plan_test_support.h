@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/hardware.h"
 #include "plan/placement.h"
 
 namespace tandem::plan::test {
@@ -38,6 +39,15 @@ inline Hardware machine(const std::vector<double>& gpu_gib, double ram_gib,
   for (size_t i = 0; i < gpu_gib.size(); ++i)
     hw.gpus.push_back(
         gpu(int(i), gpu_gib[i], i < gpu_bandwidth.size() ? gpu_bandwidth[i] : 1000e9));
+  return hw;
+}
+
+// The same machine with its RAM reserve as `tandem plan` keeps it (hardware.h), and a link.
+inline Hardware with_reserve(Hardware hw, LinkKind link = LinkKind::Pcie4) {
+  hw.ram_bytes = hw.host.memory_bytes;
+  set_ram_reserve(hw, default_ram_reserve(hw.ram_bytes), "default");
+  hw.gpu_link = link;
+  hw.link_source = "given";
   return hw;
 }
 

@@ -1,0 +1,106 @@
+#pragma once
+// The planner's working state, shared by planner.cpp (budgets, pins, the choice among
+// candidates, the explanation) and candidates.cpp (how each candidate lays out the hot path and
+// the routed experts). Not part of the plan module's interface: planner.h is.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/planner.h"
+
+namespace tandem::plan::detail {
+
+constexpr int32_t kUnplaced = -2;
+
+// One placement the planner builds and the cost model weighs.
+struct CandidateSpec {
+  enum class Kind {
+    LayerSplit,      // today's plan: layers in ranges over the fewest of `gpus` that hold the
+                     // model (or all of them), each layer's experts beside its attention
+    ExpertParallel,  // the hot path in ranges over `gpus`, every MoE layer's experts spread over
+                     // all of them
+    Hybrid,          // GPUs too small for every expert: `whole_layers` MoE layers keep all their
+                     // experts on GPUs, the other layers share what VRAM is left, the same
+                     // fraction each; on the GPU that owns the layer or spread over all GPUs
+  };
+  Kind kind = Kind::LayerSplit;
+  std::vector<int32_t> gpus;  // device indices it uses, in index order
+  int32_t whole_layers = 0;   // Hybrid: quarters (0-4) of the most whole layers that fit
+  bool spread = false;
+  std::string name;  // Hybrid: filled in when built
+};
+
+class Planner {
+ public:
+  Planner(const ModelInventory& inv, const Hardware& hw, const Workload& wl,
+          const RoutingProfile* profile, const CostParams& cost);
+  Placement run(const Rules& rules, bool suggest_alternatives);
+
+ private:
+  // ---- accounting (planner.cpp) ----
+  uint64_t used(int32_t d) const { return p_.devices[size_t(d)].used_bytes(); }
+  uint64_t cap(int32_t d) const { return p_.devices[size_t(d)].spec.memory_bytes; }
+  uint64_t room(int32_t d) const { return cap(d) > used(d) ? cap(d) - used(d) : 0; }
+  int32_t n_devices() const { return int32_t(p_.devices.size()); }
+  const std::string& name(int32_t d) const { return p_.devices[size_t(d)].spec.name; }
+  double bandwidth(int32_t d) const;
+  uint64_t bytes(size_t g) const { return inv_.groups[g].bytes; }
+  bool put(size_t g, int32_t d);
+  uint64_t unplaced_hot_bytes(uint32_t l) const;
+  uint64_t unplaced_expert_bytes(uint32_t l) const;
+  bool put_layer(uint32_t l, int32_t d);
+  void put_on_host(size_t g);
+  void put_layer_on_host_anyway(uint32_t l);
+  int64_t top_group(WeightGroup kind) const;
+  double choice(size_t g) const;
+  bool have_profile() const;
+  std::vector<int32_t> gpus_by_speed() const;
+
+  void reserve_buffers();
+  int32_t device_index(const std::string& device, size_t rule) const;
+  void apply_pins(const Rules& rules);
+
+  // ---- candidates (candidates.cpp) ----
+  std::vector<CandidateSpec> candidate_specs() const;
+  void build(CandidateSpec& spec);
+  // The layer split, as the planner made it before it weighed candidates, on gpus_.
+  void place_hot_path();
+  void split_layers(const std::vector<uint32_t>& layers, const std::vector<int32_t>& gpus,
+                    const std::vector<double>& weight, bool all_fit);
+  void place_output_and_embeddings();
+  void place_experts_on_gpus();
+  // Expert-parallel and hybrid candidates.
+  void place_hot_path_over(const std::vector<int32_t>& gpus, bool spread);
+  void place_experts_spread(CandidateSpec& spec);
+  void place_rest_on_host();
+  std::vector<uint32_t> free_layers();
+
+  // ---- after a candidate is built (planner.cpp) ----
+  void settle();
+  void finish(bool suggest_alternatives, const Rules& rules);
+  void explain();
+  std::string holds(int32_t d) const;
+  void suggest(const Rules& rules);
+
+  const ModelInventory& inv_;
+  const Hardware& hw_;
+  const Workload& wl_;
+  const RoutingProfile* profile_;
+  const CostParams& cost_;
+  Placement p_;
+  std::vector<std::vector<size_t>> layer_hot_, layer_experts_;  // group indices per layer
+  std::vector<size_t> top_;                                     // groups outside the blocks
+  std::vector<std::vector<double>> choice_;                     // P(token chooses expert)
+  std::vector<int32_t> gpus_;                                   // usable GPU device indices
+  std::vector<uint32_t> overflow_;
+  uint64_t kv_per_layer_ = 0, buffer_ = 0;
+  size_t disk_experts_ = 0;
+  uint64_t disk_expert_bytes_ = 0;
+  // The candidates weighed, with their placements, and the one chosen.
+  std::vector<Placement> built_;
+  std::vector<CandidateSpec> specs_;
+  size_t chosen_ = 0;
+};
+
+}  // namespace tandem::plan::detail

@@ -1,0 +1,303 @@
+// The planner's candidates (issue 17): it weighs the layer split against expert-parallel and
+// hybrid placements and keeps the one the cost model predicts fastest, within every budget.
+// Values are predictions; these tests pin their direction and the acceptance figures.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "plan/hardware.h"
+#include "plan/planner.h"
+#include "plan_test_support.h"
+
+namespace tandem::plan {
+namespace {
+
+using test::expect_valid;
+using test::kGiB;
+using test::machine;
+using test::with_reserve;
+
+Placement plan(const ModelInventory& inv, const Hardware& hw, const Rules& rules = {},
+               const Workload& wl = {}) {
+  return plan_placement(inv, hw, wl, rules, nullptr);
+}
+
+// Eight A100 80GB (the datasheet's 2039 GB/s) and a host with `ram_gib` of RAM.
+Hardware a100s(size_t n, LinkKind link, double ram_gib = 1024) {
+  Hardware hw = machine({}, ram_gib);
+  for (size_t i = 0; i < n; ++i) hw.gpus.push_back(parse_gpu("a100-80g", int32_t(i)));
+  return with_reserve(hw, link);
+}
+
+const Candidate& layer_split(const Placement& p) {
+  EXPECT_FALSE(p.candidates.empty());
+  EXPECT_EQ(p.candidates.front().name, "layer split");
+  return p.candidates.front();
+}
+
+const Candidate& chosen(const Placement& p) {
+  const auto it = std::find_if(p.candidates.begin(), p.candidates.end(),
+                               [](const Candidate& c) { return c.chosen; });
+  EXPECT_NE(it, p.candidates.end());
+  return *it;
+}
+
+// Which GPUs hold routed experts of every MoE layer.
+std::vector<int32_t> gpus_in_every_moe_layer(const Placement& p, const ModelInventory& inv) {
+  std::vector<int32_t> every;
+  for (int32_t d = 1; d < int32_t(p.devices.size()); ++d) {
+    bool all = true;
+    for (uint32_t l = 0; l < inv.n_layers && all; ++l) {
+      if (!inv.hparams.is_moe_layer(l)) continue;
+      bool here = false;
+      for (size_t i = 0; i < inv.groups.size() && !here; ++i)
+        here = inv.groups[i].kind == WeightGroup::RoutedExperts &&
+               inv.groups[i].layer == int32_t(l) && p.group_device[i] == d;
+      all = here;
+    }
+    if (all) every.push_back(d);
+  }
+  return every;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string all;
+  for (const std::string& s : lines) all += s + "\n";
+  return all;
+}
+
+// Issue 17's first acceptance item. Assumed: Q4_K_M DeepSeek-V3, 8 x A100 80GB SXM at their
+// datasheet bandwidth, NVLink 3 between them (230 GB/s and 2.5 us a copy, CostParams::nvlink),
+// context 4096 x 1 stream, the cost model's CUDA op overheads (8 us a coarse op, 3 us a small
+// one, 5 us a graph launch). The layer split predicts 50.7 tokens/s, as before the candidates.
+// Expert parallel predicts ~65 tokens/s (+29%), not the issue's 2x (>= 101): a layer's attention
+// side (106 MiB of weights, router and KV on top) stays on one GPU and is read in series before
+// its experts, so it alone costs ~8 ms of the ~15 ms step; and the gather that every extra GPU
+// adds (a copy back and an add per MoE layer) outweighs reading one expert fewer on each, so
+// 5-7 GPUs predict faster than 8. Only head-split attention (not run by the executor yet)
+// removes the first; with no per-op overheads and no link latency at all the model would give
+// ~111 tokens/s for 8 GPUs.
+TEST(Candidates, v3_on_eight_a100s_with_nvlink_spreads_the_experts_and_beats_the_layer_split) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  const Placement p = plan(inv, a100s(8, LinkKind::Nvlink));
+  expect_valid(p, inv);
+  EXPECT_TRUE(p.fits);
+  EXPECT_NEAR(layer_split(p).predicted.decode_tokens_per_s, 50.7, 0.3);
+  EXPECT_EQ(layer_split(p).idle_gpus.size(), 3u);  // layers 0-60 on cuda:0-4
+  EXPECT_NE(chosen(p).name.find("expert parallel"), std::string::npos) << chosen(p).name;
+  EXPECT_GE(p.predicted.decode_tokens_per_s, 1.25 * layer_split(p).predicted.decode_tokens_per_s);
+  // Every GPU that holds experts holds a share of every MoE layer.
+  const std::vector<int32_t> spread = gpus_in_every_moe_layer(p, inv);
+  EXPECT_GE(spread.size(), 5u);
+  for (int32_t d = 1; d <= 8; ++d) {
+    const bool holds = p.devices[size_t(d)].weight_bytes > 0;
+    EXPECT_EQ(holds, std::find(spread.begin(), spread.end(), d) != spread.end()) << d;
+  }
+  // The candidate over all eight was weighed too: experts of every MoE layer on all 8 GPUs,
+  // predicted well above the layer split.
+  const auto all8 = std::find_if(p.candidates.begin(), p.candidates.end(), [](const Candidate& c) {
+    return c.name == "expert parallel over 8 GPUs";
+  });
+  ASSERT_NE(all8, p.candidates.end());
+  EXPECT_TRUE(all8->idle_gpus.empty());
+  EXPECT_GE(all8->predicted.decode_tokens_per_s,
+            1.2 * layer_split(p).predicted.decode_tokens_per_s);
+  // The idle GPUs are explained with the candidate that would use them.
+  const std::string why = joined(p.explanation);
+  for (int32_t d = 1; d <= 8; ++d)
+    if (p.devices[size_t(d)].used_bytes() == 0) {
+      EXPECT_NE(why.find(p.devices[size_t(d)].spec.name + " stays idle"), std::string::npos) << why;
+    }
+  EXPECT_NE(why.find("head"), std::string::npos) << why;  // what is not offered, and why
+}
+
+TEST(Candidates, over_pcie_the_same_machine_predicts_less_and_says_why) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  const Placement nvlink = plan(inv, a100s(8, LinkKind::Nvlink));
+  for (LinkKind link : {LinkKind::Pcie4, LinkKind::Pcie5}) {
+    const Placement pcie = plan(inv, a100s(8, link));
+    expect_valid(pcie, inv);
+    EXPECT_LT(pcie.predicted.decode_tokens_per_s, nvlink.predicted.decode_tokens_per_s);
+    EXPECT_GE(pcie.predicted.decode_tokens_per_s, layer_split(pcie).predicted.decode_tokens_per_s);
+    // Each candidate that spreads experts predicts less over PCIe than over NVLink.
+    for (const Candidate& c : pcie.candidates)
+      for (const Candidate& n : nvlink.candidates)
+        if (c.name == n.name && c.name != "layer split") {
+          EXPECT_LT(c.predicted.decode_tokens_per_s, n.predicted.decode_tokens_per_s) << c.name;
+        }
+    const std::string why = joined(pcie.explanation);
+    EXPECT_NE(why.find(std::string("over ") + link_name(link)), std::string::npos) << why;
+    EXPECT_NE(why.find("over NVLink, which would predict"), std::string::npos) << why;
+  }
+  // PCIe 5 is between the two.
+  EXPECT_GE(plan(inv, a100s(8, LinkKind::Pcie5)).predicted.decode_tokens_per_s,
+            plan(inv, a100s(8, LinkKind::Pcie4)).predicted.decode_tokens_per_s);
+}
+
+// The seed machines of the bar-style checks: the chosen plan is never predicted slower than the
+// layer split, fits every budget, and keeps the RAM reserve free.
+TEST(Candidates, seed_machines_never_predict_slower_than_the_layer_split_and_keep_the_reserve) {
+  struct Seed {
+    const char* model;
+    std::vector<double> gpu_gib;
+    double ram_gib;
+    std::vector<double> bandwidth;
+    bool fits;
+  };
+  const std::vector<Seed> seeds = {
+      {"deepseek-coder-v2", {48, 48}, 192, {}, true},
+      {"deepseek-coder-v2", {24, 24}, 64, {}, false},
+      {"deepseek-v3", {24}, 512, {}, true},
+      {"deepseek-v3", {48, 48, 48, 48}, 512, {}, true},
+      {"deepseek-v3", std::vector<double>(8, 80), 512, {}, true},
+      {"deepseek-coder-v2", {24, 48}, 256, {1008e9, 768e9}, true},
+  };
+  for (const Seed& seed : seeds) {
+    const ModelInventory inv = inventory_from_preset(seed.model, "Q4_K_M");
+    for (LinkKind link : {LinkKind::Pcie4, LinkKind::Nvlink}) {
+      const Hardware hw = with_reserve(machine(seed.gpu_gib, seed.ram_gib, seed.bandwidth), link);
+      const Placement p = plan(inv, hw);
+      const std::string what =
+          fmt::format("{} on {} GPUs, {} GiB RAM, {}: chose {}", seed.model, seed.gpu_gib.size(),
+                      seed.ram_gib, link_name(link), chosen(p).name);
+      expect_valid(p, inv);
+      EXPECT_EQ(p.fits, seed.fits) << what;
+      EXPECT_GE(p.predicted.decode_tokens_per_s, layer_split(p).predicted.decode_tokens_per_s)
+          << what;
+      for (const Candidate& c : p.candidates)  // the chosen one is the fastest weighed
+        if (c.fits || !seed.fits) {
+          EXPECT_LE(c.predicted.decode_tokens_per_s, p.predicted.decode_tokens_per_s * (1 + 1e-9))
+              << what << " / " << c.name;
+        }
+      // RAM: what the plan uses leaves the reserve free.
+      EXPECT_GT(hw.ram_reserve_bytes, 0u);
+      EXPECT_LE(p.devices[0].used_bytes() + hw.ram_reserve_bytes, hw.ram_bytes) << what;
+      EXPECT_NE(joined(p.reasons).find("kept free for the system"), std::string::npos);
+      std::printf("%s: decode %.2f tokens/s (layer split %.2f), prefill %.1f (%.1f)\n",
+                  what.c_str(), p.predicted.decode_tokens_per_s,
+                  layer_split(p).predicted.decode_tokens_per_s, p.predicted.prefill_tokens_per_s,
+                  layer_split(p).predicted.prefill_tokens_per_s);
+    }
+  }
+}
+
+// Issue 17's figure: a 64 GiB machine planned 63.99 GiB of RAM; now 10% stays free.
+TEST(Candidates, a_64_gib_machine_keeps_6_gib_of_ram_free) {
+  const ModelInventory inv = inventory_from_preset("deepseek-coder-v2", "Q4_K_M");
+  const Hardware hw = with_reserve(machine({24, 24}, 64));
+  const Placement p = plan(inv, hw);
+  EXPECT_EQ(hw.host.memory_bytes, 64 * kGiB - 64 * kGiB / 10);
+  EXPECT_LE(p.devices[0].used_bytes(), hw.host.memory_bytes);
+  EXPECT_GE(test::used_fraction(p, 0), 0.90);  // what is left is still used before the disk
+}
+
+TEST(Candidates, adding_a_gpu_never_predicts_slower) {
+  for (const char* model : {"deepseek-coder-v2", "deepseek-v3"}) {
+    const ModelInventory inv = inventory_from_preset(model, "Q4_K_M");
+    for (double gib : {24.0, 48.0, 80.0})
+      for (LinkKind link : {LinkKind::Pcie4, LinkKind::Nvlink}) {
+        double last = 0;
+        for (size_t n = 0; n <= 8; ++n) {
+          const Placement p =
+              plan(inv, with_reserve(machine(std::vector<double>(n, gib), 512), link));
+          expect_valid(p, inv);
+          EXPECT_GE(p.predicted.decode_tokens_per_s, last * (1 - 1e-9))
+              << model << ", " << n << " x " << gib << " GiB, " << link_name(link);
+          last = p.predicted.decode_tokens_per_s;
+        }
+      }
+  }
+}
+
+TEST(Candidates, adding_ram_never_predicts_slower) {
+  const ModelInventory inv = inventory_from_preset("deepseek-coder-v2", "Q4_K_M");
+  for (const std::vector<double>& gpus : {std::vector<double>{24, 24}, std::vector<double>{48}}) {
+    double last = 0;
+    for (double ram = 32; ram <= 512; ram *= 1.25) {
+      const Placement p = plan(inv, with_reserve(machine(gpus, ram)));
+      expect_valid(p, inv);
+      EXPECT_GE(p.predicted.decode_tokens_per_s, last * (1 - 1e-9)) << ram << " GiB";
+      last = p.predicted.decode_tokens_per_s;
+    }
+  }
+}
+
+TEST(Candidates, the_same_inputs_give_the_same_placement) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  for (const Hardware& hw : {a100s(8, LinkKind::Nvlink), with_reserve(machine({48, 48, 48}, 256)),
+                             with_reserve(machine({24, 48}, 512, {1008e9, 768e9}))}) {
+    const Placement a = plan(inv, hw), b = plan(inv, hw);
+    EXPECT_EQ(a.group_device, b.group_device);
+    EXPECT_EQ(a.layer_device, b.layer_device);
+    EXPECT_EQ(a.predicted.decode_tokens_per_s, b.predicted.decode_tokens_per_s);
+    ASSERT_EQ(a.candidates.size(), b.candidates.size());
+    for (size_t i = 0; i < a.candidates.size(); ++i) {
+      EXPECT_EQ(a.candidates[i].name, b.candidates[i].name);
+      EXPECT_EQ(a.candidates[i].chosen, b.candidates[i].chosen);
+    }
+  }
+}
+
+// Pins hold in every candidate: the experts and attention a rule puts somewhere stay there, and
+// the rest is built around them.
+TEST(Candidates, pins_are_honoured_by_every_candidate) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  Rules rules;
+  rules.pins.push_back({.pattern = R"(blk\.\d+\.expert\.\d+)",
+                        .layers = std::pair{10, 20},
+                        .experts = std::pair{0, 63},
+                        .device = "cuda:7"});
+  rules.pins.push_back({.pattern = R"(blk\.30\.attention)", .device = "cuda:2"});
+  rules.pins.push_back({.pattern = R"(blk\.40\.expert\.\d+)", .device = "cpu"});
+  for (LinkKind link : {LinkKind::Nvlink, LinkKind::Pcie4}) {
+    const Placement p = plan(inv, a100s(8, link), rules);
+    expect_valid(p, inv);
+    for (size_t i = 0; i < inv.groups.size(); ++i) {
+      const InventoryGroup& g = inv.groups[i];
+      const bool expert = g.kind == WeightGroup::RoutedExperts;
+      if (expert && g.layer >= 10 && g.layer <= 20 && g.expert < 64) {
+        EXPECT_EQ(p.group_device[i], 8) << g.label();
+      }
+      if (expert && g.layer == 40) {
+        EXPECT_EQ(p.group_device[i], 0) << g.label();
+      }
+      if (g.label() == "blk.30.attention") {
+        EXPECT_EQ(p.group_device[i], 3);
+      }
+    }
+    EXPECT_EQ(p.layer_device[30], 3);
+    EXPECT_GE(p.predicted.decode_tokens_per_s, layer_split(p).predicted.decode_tokens_per_s);
+  }
+}
+
+// Many streams: the planner keeps the plan with the most tokens/s over all of them.
+TEST(Candidates, many_streams_choose_by_aggregate_throughput) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  const Placement p =
+      plan(inv, a100s(8, LinkKind::Nvlink), {}, Workload{.n_ctx = 4096, .n_parallel = 16});
+  expect_valid(p, inv);
+  for (const Candidate& c : p.candidates)
+    EXPECT_LE(c.predicted.decode_tokens_per_s, p.predicted.decode_tokens_per_s * (1 + 1e-9));
+  EXPECT_NE(joined(p.explanation).find("16 streams"), std::string::npos);
+}
+
+// Hybrid machines weigh how many whole expert layers stay on the GPUs; each candidate fills the
+// GPUs and keeps the rest in RAM.
+TEST(Candidates, hybrid_candidates_fill_the_gpus_and_differ_in_whole_layers) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  const Placement p = plan(inv, with_reserve(machine({48, 48, 48, 48}, 512)));
+  expect_valid(p, inv);
+  size_t hybrids = 0;
+  for (const Candidate& c : p.candidates) {
+    hybrids += c.name.starts_with("hybrid");
+    EXPECT_TRUE(c.fits) << c.name;
+    EXPECT_TRUE(c.idle_gpus.empty()) << c.name;
+  }
+  EXPECT_GE(hybrids, 4u);
+  for (size_t d = 1; d < p.devices.size(); ++d) EXPECT_GE(test::used_fraction(p, d), 0.90);
+}
+
+}  // namespace
+}  // namespace tandem::plan
