@@ -259,9 +259,18 @@ void register_bench(CLI::App& app) {
           gpu.name, gpu.model, gpu.bandwidth_bytes_per_s / 1e9, gpu.decode_kernel_bytes_per_s / 1e9, gpu_roofline,
           100.0 * tg.mean / gpu_roofline);
     }
-    const plan::Placement placement = plan::plan_placement(
-        inventory, hardware, {.n_ctx = o->engine.n_ctx, .n_parallel = 1, .prefill_batch = o->prompt},
-        plan::Rules{}, nullptr);
+    // The placement the engine runs, with its devices' rates as measured here; a CPU-only run
+    // was not planned, so the planner places it on this hardware.
+    const plan::Workload workload{.n_ctx = o->engine.n_ctx, .n_parallel = 1, .prefill_batch = o->prompt};
+    plan::Placement placement;
+    if (const plan::Placement* ran = engine.placement(); ran && ran->devices.size() == hardware.gpus.size() + 1) {
+      placement = *ran;
+      placement.devices[0].spec = hardware.host;
+      for (size_t d = 1; d < placement.devices.size(); ++d) placement.devices[d].spec = hardware.gpus[d - 1];
+      placement.predicted = plan::predict_speed(inventory, hardware, workload, placement, nullptr);
+    } else {
+      placement = plan::plan_placement(inventory, hardware, workload, plan::Rules{}, nullptr);
+    }
 
     const std::string name = std::filesystem::path(o->engine.model_path).filename().string();
     if (o->json) {

@@ -66,6 +66,7 @@ Engine::Engine(const EngineOptions& options) {
                                       n_ctx, options.n_seq, options.pin_threads);
     backends_ = std::move(setup.backends);
     devices = setup.plan;
+    placement_ = std::move(setup.placement);
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(), setup.summary.c_str());
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);

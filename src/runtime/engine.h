@@ -4,6 +4,7 @@
 // (deepseek2). Sessions (runtime/session.h) generate text on top of it.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,6 +52,8 @@ class Engine {
   int n_threads() const { return n_threads_; }
   // The devices the model runs on: "cpu", then "cuda:0" or "sim:0" ... when the plan uses them.
   std::vector<std::string> device_names() const;
+  // The planner's placement the model was loaded with; null for a CPU-only run (no plan).
+  const plan::Placement* placement() const { return placement_ ? &*placement_ : nullptr; }
   double load_seconds() const { return load_seconds_; }
   // Expert choices counted since load, as a routing profile for `plan` and `--profile`.
   plan::RoutingProfile routing_profile() const;
@@ -86,6 +89,7 @@ class Engine {
   int n_threads_ = 1;
   double load_seconds_ = 0;
   std::vector<int32_t> positions_, seq_ids_, logit_rows_;
+  std::optional<plan::Placement> placement_;
 };
 
 // Architectures this build runs, for error messages ("deepseek2").
