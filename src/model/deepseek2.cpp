@@ -167,15 +167,17 @@ void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
   const int64_t embd = hp_.n_embd, heads = hp_.n_head, nope = hp_.qk_nope_dim;
   const int64_t lora = hp_.kv_lora_rank, v_head = hp_.v_head_dim;
   const int64_t q_dim = heads * hp_.qk_head_dim();
+  const bool split = !devices_.heads.empty() && !devices_.heads[il].empty();
   if (hp_.q_lora_rank > 0) {
     l.q_a = binder_.matrix(blk + "attn_q_a.weight", {embd, hp_.q_lora_rank}, on);
     l.q_a_norm = binder_.f32(blk + "attn_q_a_norm.weight", {hp_.q_lora_rank}, on);
-    l.q_b = binder_.matrix(blk + "attn_q_b.weight", {hp_.q_lora_rank, q_dim}, on);
-  } else {
+    if (!split) l.q_b = binder_.matrix(blk + "attn_q_b.weight", {hp_.q_lora_rank, q_dim}, on);
+  } else if (!split) {
     l.q = binder_.matrix(blk + "attn_q.weight", {embd, q_dim}, on);
   }
   l.kv_a_mqa = binder_.matrix(blk + "attn_kv_a_mqa.weight", {embd, hp_.kv_cache_dims()}, on);
   l.kv_a_norm = binder_.f32(blk + "attn_kv_a_norm.weight", {lora}, on);
+  if (!devices_.heads.empty() && !devices_.heads[il].empty()) return bind_head_shards(l, il);
   l.attn_output = binder_.matrix(blk + "attn_output.weight", {heads * v_head, embd}, on);
   if (binder_.has(blk + "attn_k_b.weight") || !binder_.has(blk + "attn_kv_b.weight")) {
     l.k_b = binder_.matrix(blk + "attn_k_b.weight", {nope, lora, heads}, on);
@@ -198,6 +200,126 @@ void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
   const DType type = kv_b.type == DType::F32 || nope % 32 != 0 ? DType::F32 : DType::Q8_0;
   l.k_b = binder_.owned(k_b, type, nope, lora, heads, blk + "attn_k_b (from attn_kv_b)", on);
   l.v_b = binder_.owned(v_b, type, lora, v_head, heads, blk + "attn_v_b (from attn_kv_b)", on);
+}
+
+// Each share's part of the head-split projections. The shares must cover the heads in order,
+// the first on the layer's device.
+void Deepseek2Model::bind_head_shards(Layer& l, uint32_t il) {
+  const std::string blk = fmt::format("blk.{}.", il);
+  const int64_t embd = hp_.n_embd, heads = hp_.n_head, nope = hp_.qk_nope_dim;
+  const int64_t lora = hp_.kv_lora_rank, v_head = hp_.v_head_dim, q_row = hp_.qk_head_dim();
+  const std::vector<AttentionShare>& shares = devices_.heads[il];
+  int32_t next = 0;
+  for (const AttentionShare& s : shares) {
+    if (s.first_head != next || s.n_heads <= 0 || !s.device)
+      fail("layer {}: the head shares must cover heads 0-{} in order, each with at least one head "
+           "(share {} starts at head {})", il, heads - 1, &s - shares.data(), s.first_head);
+    next += s.n_heads;
+  }
+  if (next != heads || shares.front().device != l.device)
+    fail("layer {}: the head shares cover {} of {} heads{}", il, next, heads,
+         shares.front().device != l.device ? ", and the first is not on the layer's device" : "");
+  if (!binder_.has(blk + "attn_k_b.weight"))
+    fail("{}: layer {} stores the older combined attn_kv_b, which head-split attention does not "
+         "take apart; keep each layer's heads on one device", binder_.file().name(), il);
+  for (const AttentionShare& s : shares) {
+    HeadShard shard{.device = s.device, .first_head = s.first_head, .n_heads = s.n_heads};
+    Backend& on = *s.device;
+    const int64_t first_row = s.first_head * q_row, n_rows = s.n_heads * q_row;
+    shard.q = hp_.q_lora_rank > 0
+                  ? binder_.rows(blk + "attn_q_b.weight", {hp_.q_lora_rank, heads * q_row}, first_row, n_rows, on)
+                  : binder_.rows(blk + "attn_q.weight", {embd, heads * q_row}, first_row, n_rows, on);
+    std::vector<int32_t> held(size_t(s.n_heads));
+    for (int32_t h = 0; h < s.n_heads; ++h) held[size_t(h)] = s.first_head + h;
+    shard.k_b = binder_.matrices(blk + "attn_k_b.weight", {nope, lora, heads}, held, on);
+    shard.v_b = binder_.matrices(blk + "attn_v_b.weight", {lora, v_head, heads}, held, on);
+    shard.attn_output = binder_.columns(blk + "attn_output.weight", {heads * v_head, embd},
+                                        s.first_head * v_head, s.n_heads * v_head, on);
+    l.head_shards.push_back(std::move(shard));
+  }
+}
+
+const KvLayerView& Deepseek2Model::cache_copy(HeadShard& shard, const KvLayerView& cache) {
+  for (const HeadShard::CacheCopy& c : shard.cache_copies)
+    if (c.of == cache.data) return c.view;
+  const size_t bytes = size_t(cache.n_seq * cache.n_ctx * cache.row()) * sizeof(float);
+  HeadShard::CacheCopy copy{.of = cache.data,
+                            .buffer = shard.device->allocate(bytes, "copy of a layer's KV cache")};
+  copy.view = cache;
+  copy.view.data = copy.buffer->floats();
+  return shard.cache_copies.emplace_back(std::move(copy)).view;
+}
+
+void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLayerView& cache,
+                                     const float* h, float* out) {
+  using W = Workspace;
+  Layer& l = layers_[il];
+  Backend& be = *l.device;
+  Workspace& ws = workspace(be);
+  const int64_t T = int64_t(batch.tokens.size()), embd = hp_.n_embd, nope = hp_.qk_nope_dim;
+  const int64_t lora = hp_.kv_lora_rank, kv_row = hp_.kv_cache_dims(), q_row = hp_.qk_head_dim();
+  const float eps = hp_.rms_norm_eps;
+  // On the layer's device: the queries' input (q_a normed, or h itself without q LoRA) and the
+  // normed, roped latent of each token, stored in its cache.
+  const int64_t q_in = hp_.q_lora_rank > 0 ? hp_.q_lora_rank : embd;
+  const float* q_input = h;
+  if (hp_.q_lora_rank > 0) {
+    float* q_a = ws.get(W::kQueryLora, T * q_in);
+    be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
+    be.rms_norm({.input = q_a, .weight = l.q_a_norm, .output = q_a, .n_rows = T, .dim = q_in,
+                 .input_stride = q_in, .output_stride = q_in, .eps = eps});
+    q_input = q_a;
+  }
+  float* kv = ws.get(W::kLatent, T * kv_row);
+  be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
+  be.rms_norm({.input = kv, .weight = l.kv_a_norm, .output = kv, .n_rows = T, .dim = lora,
+               .input_stride = kv_row, .output_stride = kv_row, .eps = eps});
+  be.rope({.data = kv, .positions = ws.inputs.positions, .n_tokens = T, .n_heads = 1,
+           .head_stride = kv_row, .token_stride = kv_row, .offset = lora, .params = rope_});
+  be.kv_store({.rows = kv, .cache = cache, .positions = ws.inputs.positions,
+               .seq_ids = ws.inputs.seq_ids, .n_tokens = T});
+
+  // Each share: its heads' queries, attention and part of the output projection. The other
+  // devices' shares are started first (their devices work while this one does its own).
+  auto run_share = [&](HeadShard& shard, const float* input, const float* latent, float* partial) {
+    Backend& dev = *shard.device;
+    Workspace& dws = workspace(dev);
+    const StepInputs& in = dws.inputs;
+    const int64_t n = shard.n_heads;
+    const KvLayerView& view = &dev == &be ? cache : cache_copy(shard, cache);
+    if (&dev != &be)
+      dev.kv_store({.rows = latent, .cache = view, .positions = in.positions, .seq_ids = in.seq_ids,
+                    .n_tokens = T});
+    float* q = dws.get(W::kQuery, T * n * q_row);
+    float* attn = dws.get(W::kAttention, T * n * hp_.v_head_dim);
+    dev.matmul({.weight = shard.q, .input = input, .output = q, .n_tokens = T, .kernels = batch.kernels});
+    dev.rope({.data = q, .positions = in.positions, .n_tokens = T, .n_heads = n,
+              .head_stride = q_row, .token_stride = n * q_row, .offset = nope, .params = rope_});
+    dev.mla_attention({.q = q, .k_b = shard.k_b, .v_b = shard.v_b, .cache = view,
+                       .positions = in.positions, .seq_ids = in.seq_ids, .n_tokens = T,
+                       .n_heads = n, .nope_dims = nope, .v_head_dims = hp_.v_head_dim,
+                       .scale = attention_scale_, .output = attn, .kernels = batch.kernels});
+    dev.matmul({.weight = shard.attn_output, .input = attn, .output = partial, .n_tokens = T,
+                .kernels = batch.kernels});
+  };
+  for (HeadShard& shard : l.head_shards) {
+    Backend& dev = *shard.device;
+    if (&dev == &be) continue;
+    Workspace& dws = workspace(dev);
+    float* input = dws.get(W::kQueryLora, T * q_in);
+    float* latent = dws.get(W::kLatent, T * kv_row);
+    transfer(be, q_input, dev, input, size_t(T * q_in) * sizeof(float));
+    transfer(be, kv, dev, latent, size_t(T * kv_row) * sizeof(float));
+    run_share(shard, input, latent, dws.get(W::kPartial, T * embd));
+  }
+  run_share(l.head_shards.front(), q_input, kv, out);
+  for (HeadShard& shard : l.head_shards) {
+    Backend& dev = *shard.device;
+    if (&dev == &be) continue;
+    float* other = ws.get(W::kPartial, T * embd);
+    transfer(dev, workspace(dev).get(W::kPartial, T * embd), be, other, size_t(T * embd) * sizeof(float));
+    be.add(out, other, T * embd);
+  }
 }
 
 void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at,
@@ -227,32 +349,36 @@ void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView>
     // ---- attention ----
     be.rms_norm({.input = x, .weight = l.attn_norm, .output = h, .n_rows = T, .dim = embd,
                  .input_stride = embd, .output_stride = embd, .eps = eps});
-    if (hp_.q_lora_rank > 0) {
-      const int64_t q_lora = hp_.q_lora_rank;
-      float* q_a = ws.get(W::kQueryLora, T * q_lora);
-      be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
-      be.rms_norm({.input = q_a, .weight = l.q_a_norm, .output = q_a, .n_rows = T, .dim = q_lora,
-                   .input_stride = q_lora, .output_stride = q_lora, .eps = eps});
-      be.matmul({.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
+    if (!l.head_shards.empty()) {
+      split_attention(uint32_t(il), batch, cache[il], h, out);
     } else {
-      be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T, .kernels = batch.kernels});
+      if (hp_.q_lora_rank > 0) {
+        const int64_t q_lora = hp_.q_lora_rank;
+        float* q_a = ws.get(W::kQueryLora, T * q_lora);
+        be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
+        be.rms_norm({.input = q_a, .weight = l.q_a_norm, .output = q_a, .n_rows = T, .dim = q_lora,
+                     .input_stride = q_lora, .output_stride = q_lora, .eps = eps});
+        be.matmul({.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
+      } else {
+        be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T, .kernels = batch.kernels});
+      }
+      // The compressed latent (normalized) and the shared rope key of each token.
+      be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
+      be.rms_norm({.input = kv, .weight = l.kv_a_norm, .output = kv, .n_rows = T, .dim = lora,
+                   .input_stride = kv_row, .output_stride = kv_row, .eps = eps});
+      be.rope({.data = q, .positions = in.positions, .n_tokens = T, .n_heads = heads,
+               .head_stride = q_row, .token_stride = heads * q_row, .offset = nope, .params = rope_});
+      be.rope({.data = kv, .positions = in.positions, .n_tokens = T, .n_heads = 1,
+               .head_stride = kv_row, .token_stride = kv_row, .offset = lora, .params = rope_});
+      be.kv_store({.rows = kv, .cache = cache[il], .positions = in.positions, .seq_ids = in.seq_ids,
+                   .n_tokens = T});
+      be.mla_attention({.q = q, .k_b = l.k_b, .v_b = l.v_b, .cache = cache[il],
+                        .positions = in.positions, .seq_ids = in.seq_ids,
+                        .n_tokens = T, .n_heads = heads, .nope_dims = nope,
+                        .v_head_dims = hp_.v_head_dim, .scale = attention_scale_, .output = attn,
+                        .kernels = batch.kernels});
+      be.matmul({.weight = l.attn_output, .input = attn, .output = out, .n_tokens = T, .kernels = batch.kernels});
     }
-    // The compressed latent (normalized) and the shared rope key of each token.
-    be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
-    be.rms_norm({.input = kv, .weight = l.kv_a_norm, .output = kv, .n_rows = T, .dim = lora,
-                 .input_stride = kv_row, .output_stride = kv_row, .eps = eps});
-    be.rope({.data = q, .positions = in.positions, .n_tokens = T, .n_heads = heads,
-             .head_stride = q_row, .token_stride = heads * q_row, .offset = nope, .params = rope_});
-    be.rope({.data = kv, .positions = in.positions, .n_tokens = T, .n_heads = 1,
-             .head_stride = kv_row, .token_stride = kv_row, .offset = lora, .params = rope_});
-    be.kv_store({.rows = kv, .cache = cache[il], .positions = in.positions, .seq_ids = in.seq_ids,
-                 .n_tokens = T});
-    be.mla_attention({.q = q, .k_b = l.k_b, .v_b = l.v_b, .cache = cache[il],
-                      .positions = in.positions, .seq_ids = in.seq_ids,
-                      .n_tokens = T, .n_heads = heads, .nope_dims = nope,
-                      .v_head_dims = hp_.v_head_dim, .scale = attention_scale_, .output = attn,
-                      .kernels = batch.kernels});
-    be.matmul({.weight = l.attn_output, .input = attn, .output = out, .n_tokens = T, .kernels = batch.kernels});
     be.add(x, out, T * embd);
 
     // ---- feed-forward: dense SwiGLU, or routed experts plus shared experts ----

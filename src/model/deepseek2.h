@@ -79,10 +79,12 @@ class Deepseek2Model {
  private:
   struct Layer;
   struct ExpertShard;
+  struct HeadShard;
   struct Workspace;
   struct StepInputs;
   struct GraphEntry;
   void bind_attention(Layer& layer, uint32_t il, Backend& on);
+  void bind_head_shards(Layer& layer, uint32_t il);
   void bind_experts(Layer& layer, uint32_t il);
   void bind_routing_counts();
   // True for tensors whose bytes are needed only in part: routed expert stacks used in place,
@@ -104,6 +106,12 @@ class Deepseek2Model {
   // (host memory), or in the head device's host buffer when `capturing` (read after replay).
   void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,
                   float* logits, bool capturing);
+  // Head-split attention of a layer for `h` on the layer's device: q_a and kv_a there, each
+  // share's heads on its device, the partial outputs added into `out` in share order.
+  void split_attention(uint32_t il, const Batch& batch, const KvLayerView& cache,
+                       const float* h, float* out);
+  // The copy of `cache` on a share's device (allocated the first time that cache is seen).
+  const KvLayerView& cache_copy(HeadShard& shard, const KvLayerView& cache);
   // Moves `bytes` from one device's buffer to another's: a peer copy between GPUs (no host wait),
   // through the host otherwise.
   void transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes);

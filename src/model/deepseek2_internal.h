@@ -34,6 +34,9 @@ struct Deepseek2Model::Layer {
   // The file's tensors of the routed experts (gate, up, down stacks of all experts).
   std::array<const gguf::TensorInfo*, 3> expert_stacks{};
   uint64_t* route_counts = nullptr;  // [n_expert] choices so far, on `device`
+  // Head-split attention (DevicePlan::heads): the shares, the first on `device`; then q/q_b,
+  // k_b, v_b and attn_output above are unbound (each share holds its heads' part).
+  std::vector<HeadShard> head_shards;
   bool moe = false;
   Backend* device = nullptr;  // runs everything above but the expert shards
 };
@@ -46,6 +49,21 @@ struct Deepseek2Model::ExpertShard {
   std::vector<int32_t> local_index;  // [n_expert]: matrix in the stacks, -1 if elsewhere (host)
   const int32_t* device_local_index = nullptr;  // the same in the device's memory
   std::shared_ptr<DeviceBuffer> local_index_buffer;
+};
+
+// Some heads of a layer's attention on one device: its rows of q_b (or q), its heads' k_b and
+// v_b, its columns of attn_output; and, on a device other than the layer's, a copy of the
+// layer's latent KV cache for each cache the model was run with (every head reads all of it).
+struct Deepseek2Model::HeadShard {
+  Backend* device = nullptr;
+  int32_t first_head = 0, n_heads = 0;
+  WeightView q, k_b, v_b, attn_output;
+  struct CacheCopy {
+    const float* of = nullptr;  // the layer's cache it mirrors
+    std::shared_ptr<DeviceBuffer> buffer;
+    KvLayerView view;
+  };
+  std::vector<CacheCopy> cache_copies;
 };
 
 // The step's per-token arrays as one device's ops read them (its memory).
@@ -80,6 +98,7 @@ struct Deepseek2Model::Workspace {
     kLatent,         // [T, kv_lora + rope]
     kAttention,      // [T, n_head * v_head]
     kOutput,         // [T, n_embd] sub-layer output
+    kPartial,        // [T, n_embd] another device's part of a head-split attention output
     kShared,         // [T, n_embd] shared experts output
     kSharedSlot,     // [T, 1, n_embd] shared experts before weighting
     kRouter,         // [T, n_expert]
@@ -141,6 +160,7 @@ struct Deepseek2Model::Workspace {
                                                    "latent keys",
                                                    "attention output",
                                                    "sub-layer output",
+                                                   "partial attention output",
                                                    "shared experts output",
                                                    "shared experts slot",
                                                    "router logits",

@@ -54,6 +54,8 @@ Backend* Deepseek2Model::find_graph_device() const {
   if (!g || !g->can_capture()) return nullptr;
   for (const Layer& l : layers_) {
     if (l.device != g) return nullptr;
+    for (const HeadShard& shard : l.head_shards)
+      if (shard.device != g) return nullptr;
     for (const ExpertShard& shard : l.shards)
       if (shard.device != g && !shard.device->uses_host_memory()) return nullptr;
   }
@@ -103,18 +105,20 @@ void Deepseek2Model::prepare_step(const Batch& batch) {
     on.copy_from_host(dst, values.data(), values.size_bytes());
     return dst;
   };
-  if (step_devices_.empty()) {  // once: the embeddings' and the layers' devices
+  if (step_devices_.empty()) {  // once: the devices that run layers or heads of one
     step_devices_.assign(devices_.layers.begin(), devices_.layers.end());
-    step_devices_.push_back(devices_.embeddings);
+    for (const std::vector<AttentionShare>& shares : devices_.heads)
+      for (const AttentionShare& share : shares) step_devices_.push_back(share.device);
     std::sort(step_devices_.begin(), step_devices_.end());
     step_devices_.erase(std::unique(step_devices_.begin(), step_devices_.end()), step_devices_.end());
   }
+  if (Backend* e = devices_.embeddings;
+      std::find(step_devices_.begin(), step_devices_.end(), e) == step_devices_.end())
+    workspace(*e).inputs.tokens = upload(*e, W::kTokens, batch.tokens);
   for (Backend* on : step_devices_) {
     Workspace& ws = workspace(*on);
     StepInputs& in = ws.inputs;
     if (on == devices_.embeddings) in.tokens = upload(*on, W::kTokens, batch.tokens);
-    if (std::find(devices_.layers.begin(), devices_.layers.end(), on) == devices_.layers.end())
-      continue;
     in.positions = upload(*on, W::kPositions, batch.positions);
     in.seq_ids = upload(*on, W::kSeqIds, batch.seq_ids);
     // Constant contents, written once for each new length (and again if growing them failed).

@@ -8,6 +8,13 @@
 
 namespace tandem {
 
+// Some heads of one layer's attention on one device (head-split attention).
+struct AttentionShare {
+  Backend* device = nullptr;
+  int32_t first_head = 0;
+  int32_t n_heads = 0;
+};
+
 struct DevicePlan {
   Backend* embeddings = nullptr;  // token embedding lookup
   Backend* output = nullptr;      // final norm and LM head
@@ -15,6 +22,12 @@ struct DevicePlan {
   std::vector<Backend*> layers;
   // Per MoE layer, per routed expert: where its three matrices live (empty for dense layers).
   std::vector<std::vector<Backend*>> experts;
+  // Per layer: empty when the layer's device computes every head; else the shares in head
+  // order, the first on `layers[il]` (which also computes q_a, kv_a and the router and keeps the
+  // KV cache). Each share's device computes its heads' queries, attention (from its own copy of
+  // the layer's latent cache) and part of the output projection; the layer's device adds the
+  // partial outputs in share order. Each share's columns of attn_output must be whole blocks.
+  std::vector<std::vector<AttentionShare>> heads;
 
   static DevicePlan single(Backend& backend, uint32_t n_layers, uint32_t n_expert);
 };
@@ -24,6 +37,7 @@ inline DevicePlan DevicePlan::single(Backend& backend, uint32_t n_layers, uint32
   plan.embeddings = plan.output = &backend;
   plan.layers.assign(n_layers, &backend);
   plan.experts.assign(n_layers, std::vector<Backend*>(n_expert, &backend));
+  plan.heads.assign(n_layers, {});
   return plan;
 }
 

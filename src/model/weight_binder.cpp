@@ -187,6 +187,64 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
   return view;
 }
 
+WeightView WeightBinder::rows(std::string_view name, std::initializer_list<int64_t> shape,
+                              int64_t first, int64_t n, Backend& on) {
+  const gguf::TensorInfo& t = checked(name, shape);
+  TANDEM_CHECK(t.shape.size() <= 2 && first >= 0 && n > 0 && first + n <= int64_t(t.shape[1]));
+  const uint32_t group = dtype_info(t.type).row_group;
+  if (first % group != 0 || n % group != 0)
+    fail("{}: rows {}-{} of '{}' cut its groups of {} interleaved rows (`tandem repack`); split "
+         "the heads elsewhere or use the original file",
+         file_.name(), first, first + n - 1, name, group);
+  note_bound(t, on.uses_host_memory());
+  WeightView view{.type = t.type, .cols = int64_t(t.shape[0]), .rows = n, .n_mats = 1,
+                  .row_bytes = row_bytes(t.type, t.shape[0])};
+  view.data = static_cast<const uint8_t*>(t.data) + uint64_t(first) * view.row_bytes;
+  std::vector<uint8_t> made;
+  view = for_device(view, std::string(name), on, made);
+  if (on.uses_host_memory() && !made.empty()) view.data = converted_bytes_.emplace_back(std::move(made)).data();
+  view.data = device_pointer(view.data, view.matrix_bytes(), std::string(name), on, &made);
+  return view;
+}
+
+WeightView WeightBinder::columns(std::string_view name, std::initializer_list<int64_t> shape,
+                                 int64_t first, int64_t n, Backend& on) {
+  const gguf::TensorInfo& t = checked(name, shape);
+  const int64_t cols = int64_t(t.shape[0]), n_rows = t.shape.size() > 1 ? int64_t(t.shape[1]) : 1;
+  TANDEM_CHECK(t.shape.size() <= 2 && first >= 0 && n > 0 && first + n <= cols);
+  note_bound(t, /*in_place=*/false);
+  // Interleaved rows are taken apart first: their columns are not contiguous per row.
+  const DType type = dtype_info(t.type).base;
+  const uint32_t block = dtype_info(type).block_elems;
+  if (first % block != 0 || n % block != 0)
+    fail("{}: columns {}-{} of '{}' ({}) cut its blocks of {} values: these heads cannot be "
+         "split there; give each device a multiple of {} columns' worth of heads",
+         file_.name(), first, first + n - 1, name, dtype_name(t.type), block, block);
+  const uint64_t src_row = row_bytes(type, uint64_t(cols)), dst_row = row_bytes(type, uint64_t(n));
+  const uint64_t offset = row_bytes(type, uint64_t(first));
+  std::vector<uint8_t> plain;
+  const uint8_t* src = static_cast<const uint8_t*>(t.data);
+  if (is_interleaved(t.type)) {
+    plain.resize(src_row * uint64_t(n_rows));
+    const uint64_t group_bytes = row_bytes(t.type, uint64_t(cols)) * 16;
+    for (int64_t g = 0; g < n_rows / 16; ++g)
+      take_apart_rows(t.type, src + uint64_t(g) * group_bytes, cols, plain.data() + uint64_t(g) * 16 * src_row);
+    src = plain.data();
+  }
+  std::vector<uint8_t> made(dst_row * uint64_t(n_rows));
+  for (int64_t r = 0; r < n_rows; ++r)
+    std::memcpy(made.data() + uint64_t(r) * dst_row, src + uint64_t(r) * src_row + offset, dst_row);
+  WeightView view{.type = type, .cols = n, .rows = n_rows, .n_mats = 1, .row_bytes = dst_row};
+  const std::string what = fmt::format("{} (columns {}-{})", name, first, first + n - 1);
+  if (on.uses_host_memory()) {
+    std::vector<uint8_t>& kept = converted_bytes_.emplace_back(std::move(made));
+    view.data = device_pointer(kept.data(), kept.size(), what, on);
+    return view;
+  }
+  view.data = device_pointer(made.data(), made.size(), what, on, &made);
+  return view;
+}
+
 WeightView WeightBinder::matrices(std::string_view name, std::initializer_list<int64_t> shape,
                                   std::span<const int32_t> indices, Backend& on) {
   const gguf::TensorInfo& t = checked(name, shape);

@@ -33,6 +33,14 @@ class WeightBinder {
   // of `indices`; matrix i of the result is matrix indices[i] of the tensor.
   WeightView matrices(std::string_view name, std::initializer_list<int64_t> shape,
                       std::span<const int32_t> indices, Backend& on);
+  // Rows [first, first + n) of a matrix (a layer's heads of a projection whose rows go by head):
+  // in place on the host. Interleaved formats: whole groups of 16 rows only.
+  WeightView rows(std::string_view name, std::initializer_list<int64_t> shape, int64_t first,
+                  int64_t n, Backend& on);
+  // Columns [first, first + n) of every row of a matrix (the heads' part of an output
+  // projection), copied at load; both must be whole blocks of its format (the message says so).
+  WeightView columns(std::string_view name, std::initializer_list<int64_t> shape, int64_t first,
+                     int64_t n, Backend& on);
   // A vector or small matrix needed as F32 values (norm weights, router, expert bias):
   // converted to F32 once if stored otherwise.
   const float* f32(std::string_view name, std::initializer_list<int64_t> shape);

@@ -163,7 +163,13 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
   const uint32_t n_layers = inventory.n_layers;
   DevicePlan& dp = setup.plan;
   dp = DevicePlan::single(*setup.backends[0], n_layers, inventory.hparams.n_expert);
-  for (uint32_t il = 0; il < n_layers; ++il) dp.layers[il] = backend(p.layer_device[il]);
+  for (uint32_t il = 0; il < n_layers; ++il) {
+    dp.layers[il] = backend(p.layer_device[il]);
+    if (il < p.layer_heads.size())
+      for (const plan::HeadShare& share : p.layer_heads[il])
+        dp.heads[il].push_back({.device = backend(share.device), .first_head = share.first_head,
+                                .n_heads = share.n_heads});
+  }
   for (size_t g = 0; g < inventory.groups.size(); ++g) {
     const plan::InventoryGroup& group = inventory.groups[g];
     Backend* where = backend(p.group_device[g]);

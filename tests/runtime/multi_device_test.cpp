@@ -3,6 +3,8 @@
 // devices, the head elsewhere, everything on one simulated device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -91,6 +93,58 @@ TEST_P(MultiDevice, AlternatingLayersWithTheHeadOnTheHost) {
     for (size_t e = 0; e < plan.experts[il].size(); ++e) plan.experts[il][e] = e < 3 ? &m_.sim0 : device;
   }
   expect_identical(plan);
+}
+
+// Head-split attention adds the partial output projections of the shares in another order than
+// one device's matmul: the logits may differ by rounding (within 1e-3), the greedy tokens not.
+TEST_P(MultiDevice, AttentionHeadsSplitOverDevices) {
+  const uint32_t heads = hp_.n_head;
+  ASSERT_GE(heads, 4u);
+  DevicePlan plan = all_on(m_.cpu);
+  const int32_t quarter = int32_t(heads / 4);
+  for (uint32_t il = 0; il < n_layers_; ++il) {
+    // Odd layers: three shares, the layer on the host; even: two shares, the layer on sim0.
+    if (il % 2) {
+      plan.heads[il] = {{&m_.cpu, 0, quarter}, {&m_.sim0, quarter, 2 * quarter},
+                        {&m_.sim1, 3 * quarter, int32_t(heads) - 3 * quarter}};
+    } else {
+      plan.layers[il] = &m_.sim0;
+      plan.heads[il] = {{&m_.sim0, 0, 3 * quarter}, {&m_.sim1, 3 * quarter, int32_t(heads) - 3 * quarter}};
+    }
+  }
+  std::vector<float> logits;
+  try {
+    logits = run_plan(*file_, plan, 4);
+  } catch (const Error& e) {
+    // A quantized attn_output whose blocks span two heads cannot be cut between them.
+    ASSERT_TRUE(std::string(GetParam()).find("F32") == std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cut its blocks"), std::string::npos) << e.what();
+    return;
+  }
+  ASSERT_EQ(logits.size(), reference_.size());
+  double worst = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    worst = std::max(worst, double(std::abs(logits[i] - reference_[i])));
+  EXPECT_LE(worst, 1e-3) << "head-split logits drift from the single-CPU run";
+  EXPECT_GT(worst, 0.0) << "the partial outputs were expected to round differently";
+  // The same greedy token at every position.
+  const size_t vocab = hp_.n_vocab;
+  for (size_t row = 0; row < logits.size() / vocab; ++row) {
+    const float* a = logits.data() + row * vocab;
+    const float* b = reference_.data() + row * vocab;
+    EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b) << "row " << row;
+  }
+}
+
+TEST_P(MultiDevice, HeadSharesThatDoNotCoverTheHeadsAreRefused) {
+  DevicePlan plan = all_on(m_.cpu);
+  plan.heads[0] = {{&m_.cpu, 0, 1}, {&m_.sim0, 2, int32_t(hp_.n_head) - 2}};  // head 1 missing
+  try {
+    Deepseek2Model model(*file_, plan);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must cover heads"), std::string::npos) << e.what();
+  }
 }
 
 TEST_P(MultiDevice, ADeviceThatIsTooSmallFailsLikeAnOutOfMemoryGpu) {
