@@ -272,6 +272,11 @@ void register_bench(CLI::App& app) {
       placement = plan::plan_placement(inventory, hardware, workload, plan::Rules{}, nullptr);
     }
 
+    // Which of the planner's candidates the engine runs ("layer split", "expert parallel over 2
+    // GPUs", ...): what the prediction is for.
+    std::string layout = "all on the CPU";
+    for (const plan::Candidate& c : placement.candidates)
+      if (c.chosen && placement.devices.size() > 1) layout = c.name;
     const std::string name = std::filesystem::path(o->engine.model_path).filename().string();
     if (o->json) {
       nlohmann::ordered_json out = {
@@ -291,6 +296,7 @@ void register_bench(CLI::App& app) {
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s},
+          {"placement", layout},
           {"engine_devices", device_names}, {"gpus", gpu_json}};
       for (const ColdStart& c : cold) {
         const Stat first = stats(c.first_token_seconds), load = stats(c.load_seconds), read = stats(c.read_seconds);
@@ -338,8 +344,8 @@ void register_bench(CLI::App& app) {
     auto versus_measured = [](double predicted, double measured) {
       return measured > 0 ? fmt::format("{:.2f}x measured", predicted / measured) : std::string("not measured");
     };
-    fmt::print("cost model (predicted for --devices {}): prefill {:.2f} tokens/s ({}), decode {:.2f} tokens/s ({})\n",
-               o->engine.devices, placement.predicted.prefill_tokens_per_s,
+    fmt::print("cost model (predicted for --devices {}, {}): prefill {:.2f} tokens/s ({}), decode {:.2f} tokens/s ({})\n",
+               o->engine.devices, layout, placement.predicted.prefill_tokens_per_s,
                versus_measured(placement.predicted.prefill_tokens_per_s, pp.mean),
                placement.predicted.decode_tokens_per_s,
                versus_measured(placement.predicted.decode_tokens_per_s, tg.mean));

@@ -166,6 +166,17 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                        {"holds", u.holds}});
   }
   out["devices"] = devices;
+  ordered_json heads = ordered_json::array();  // head-split layers only
+  for (size_t l = 0; l < p.layer_heads.size(); ++l) {
+    if (p.layer_heads[l].size() < 2) continue;
+    ordered_json shares = ordered_json::array();
+    for (const HeadShare& share : p.layer_heads[l])
+      shares.push_back({{"device", p.devices[size_t(share.device)].spec.name},
+                        {"first_head", share.first_head},
+                        {"n_heads", share.n_heads}});
+    heads.push_back({{"layer", l}, {"shares", shares}});
+  }
+  out["split_heads"] = heads;
   const Counts disk = counts_on(p, inv, kOnDisk);
   out["disk"] = {{"weight_bytes", disk.bytes}, {"groups", disk.groups}, {"experts", disk.experts}};
   const Prediction& s = p.predicted;

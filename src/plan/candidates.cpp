@@ -97,14 +97,17 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
                        .gpus = use,
                        .name = fmt::format("layer split over {} GPU{}", k, k == 1 ? "" : "s")});
     }
-    for (size_t k = std::max<size_t>(fewest(1.0), 2); k <= by_speed.size(); ++k) {
-      std::vector<int32_t> use(by_speed.begin(), by_speed.begin() + ptrdiff_t(k));
-      std::sort(use.begin(), use.end());
-      specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
-                       .gpus = use,
-                       .spread = true,
-                       .name = fmt::format("expert parallel over {} GPU{}", k, k == 1 ? "" : "s")});
-    }
+    for (bool heads : {false, true})
+      for (size_t k = std::max<size_t>(fewest(1.0), 2); k <= by_speed.size(); ++k) {
+        std::vector<int32_t> use(by_speed.begin(), by_speed.begin() + ptrdiff_t(k));
+        std::sort(use.begin(), use.end());
+        specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
+                         .gpus = use,
+                         .spread = true,
+                         .split_heads = heads,
+                         .name = fmt::format("expert parallel{} over {} GPUs",
+                                             heads ? " + heads split" : "", k)});
+      }
     return specs;
   }
   // Hybrid: which experts stay on the GPUs. All of some layers (those layers never wait for the
@@ -132,7 +135,78 @@ void Planner::build(CandidateSpec& spec) {
     return;
   }
   place_hot_path_over(spec.gpus, spec.spread);
+  if (spec.split_heads) split_heads(spec.gpus);
   place_experts_spread(spec);
+}
+
+// Head-split attention (tensor-parallel MLA) over `gpus`: each layer a GPU of them owns divides
+// its heads among all of them in proportion to bandwidth, the owner's share first, each share a
+// whole number of `quantum` heads so that its columns of the output projection are whole blocks
+// of any format (256 values, the largest block). Every share's GPU keeps a copy of the layer's
+// latent KV cache (every head reads all of it) and its part of the divided weights
+// (attention_head_fraction); the owner keeps the rest. A GPU without room for its share is left
+// out of that layer.
+void Planner::split_heads(const std::vector<int32_t>& gpus) {
+  const Deepseek2Hparams& hp = inv_.hparams;
+  if (gpus.size() < 2 || hp.n_head == 0 || hp.v_head_dim == 0) return;
+  int32_t quantum = 1;
+  while ((int64_t(quantum) * hp.v_head_dim) % 256 != 0) ++quantum;
+  const int32_t units = int32_t(hp.n_head) / quantum;
+  if (units < 2 || int32_t(hp.n_head) % quantum != 0) return;
+  size_t split = 0;
+  for (uint32_t l = 0; l < inv_.n_layers; ++l) {
+    const int32_t owner = p_.layer_device[l];
+    if (std::find(gpus.begin(), gpus.end(), owner) == gpus.end()) continue;
+    uint64_t attention = 0;
+    for (size_t g : layer_hot_[l])
+      if (inv_.groups[g].kind == WeightGroup::Attention && p_.group_device[g] == owner)
+        attention += bytes(g);
+    if (attention == 0) continue;
+    // The owner first, then the others in index order.
+    std::vector<int32_t> order{owner};
+    for (int32_t g : gpus)
+      if (g != owner) order.push_back(g);
+    std::vector<double> bw;
+    for (int32_t g : order) bw.push_back(bandwidth(g));
+    const double bw_sum = std::accumulate(bw.begin(), bw.end(), 0.0);
+    for (double& b : bw) b /= bw_sum;
+    std::vector<size_t> count = apportion(size_t(units), bw);
+    if (count[0] == 0) {  // the owner computes q_a and kv_a: it keeps some heads too
+      --*std::max_element(count.begin(), count.end());
+      count[0] = 1;
+    }
+    std::vector<HeadShare> shares{{.device = owner, .first_head = 0, .n_heads = 0}};
+    for (size_t j = 1; j < order.size(); ++j) {
+      const int32_t n = int32_t(count[j]) * quantum;
+      const uint64_t share_bytes = head_share_bytes(hp, attention, n);
+      if (n > 0 && room(order[j]) >= share_bytes + kv_per_layer_)  // else its heads stay home
+        shares.push_back({.device = order[j], .first_head = 0, .n_heads = n});
+    }
+    if (shares.size() < 2) continue;
+    uint64_t moved = 0;
+    for (size_t j = 1; j < shares.size(); ++j) {
+      const uint64_t share_bytes = head_share_bytes(hp, attention, shares[j].n_heads);
+      p_.devices[size_t(shares[j].device)].weight_bytes += share_bytes;
+      p_.devices[size_t(shares[j].device)].kv_bytes += kv_per_layer_;
+      moved += share_bytes;
+    }
+    // Heads of shares left out stay with the owner.
+    int32_t given = 0, next = 0;
+    for (size_t j = 1; j < shares.size(); ++j) given += shares[j].n_heads;
+    shares[0].n_heads = int32_t(hp.n_head) - given;
+    for (HeadShare& share : shares) share.first_head = next, next += share.n_heads;
+    p_.devices[size_t(owner)].weight_bytes -= moved;
+    if (p_.layer_heads.size() < inv_.n_layers) p_.layer_heads.resize(inv_.n_layers);
+    p_.layer_heads[l] = std::move(shares);
+    ++split;
+  }
+  if (split)
+    p_.reasons.push_back(fmt::format(
+        "attention of {} layers split by heads over {} GPUs (tensor-parallel MLA): each GPU "
+        "computes its heads' queries, attention and share of the output projection from its own "
+        "copy of the layer's latent KV cache ({} a layer); the layer's GPU adds the partial "
+        "outputs in a fixed order",
+        split, gpus.size(), format_bytes(kv_per_layer_)));
 }
 
 // Layers whose attention a rule pinned keep their hot groups beside it; the others, in order.

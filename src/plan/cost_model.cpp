@@ -92,6 +92,24 @@ double group_flops_per_token(const Deepseek2Hparams& hp, const InventoryGroup& g
   }
 }
 
+double attention_head_fraction(const Deepseek2Hparams& hp) {
+  const double d = hp.n_embd, heads = hp.n_head;
+  const double q = hp.q_lora_rank ? double(hp.q_lora_rank) * heads * hp.qk_head_dim()
+                                  : d * heads * hp.qk_head_dim();
+  const double q_a = hp.q_lora_rank ? d * hp.q_lora_rank : 0.0;
+  const double kv_a = d * (hp.kv_lora_rank + hp.qk_rope_dim);
+  const double kv_b = double(hp.kv_lora_rank) * heads * (hp.qk_nope_dim + hp.v_head_dim);
+  const double out = heads * hp.v_head_dim * d;
+  const double all = q + q_a + kv_a + kv_b + out;
+  return all > 0 ? (q + kv_b + out) / all : 0.0;
+}
+
+uint64_t head_share_bytes(const Deepseek2Hparams& hp, uint64_t attention_bytes, int32_t n_heads) {
+  if (hp.n_head == 0) return 0;
+  return uint64_t(attention_head_fraction(hp) * double(attention_bytes) * double(n_heads) /
+                  double(hp.n_head));
+}
+
 namespace {
 
 double total(const Prediction& t) {
@@ -193,12 +211,20 @@ class StepModel {
       prev = owner;
 
       // Attention block on the owner: weights, KV rows, and the attention itself (absorbed
-      // MLA: scores over kv_lora + rope dims, output over kv_lora dims, per head).
-      Part attn;
-      attn.bytes += double(inv_.kv_bytes_per_token_per_layer) * s.kv_tokens_read;
-      attn.flops +=
+      // MLA: scores over kv_lora + rope dims, output over kv_lora dims, per head). Split by
+      // heads, each share's device reads the whole latent cache and its heads' part of the
+      // weights; the owner keeps q_a, kv_a and the rest.
+      const std::vector<HeadShare>* heads =
+          l < placement_.layer_heads.size() && placement_.layer_heads[l].size() > 1
+              ? &placement_.layer_heads[l]
+              : nullptr;
+      Part attn, head_part;  // head_part: all heads' work, before it is divided
+      head_part.bytes += double(inv_.kv_bytes_per_token_per_layer) * s.kv_tokens_read;
+      head_part.flops +=
           2.0 * hp.n_head * (2.0 * hp.kv_lora_rank + hp.qk_rope_dim) * s.context * double(s.batch);
-      attn.ops = params_.attention_ops;
+      attn.ops = params_.attention_ops - (heads ? params_.head_ops : 0);
+      const double head_fraction = heads ? attention_head_fraction(hp) : 0.0;
+      InventoryGroup head_weights{};  // the divided attention weights, all heads' bytes
       // The FFN block, per device that holds a part of it (index into placement_.devices).
       std::vector<Part> ffn(placement_.devices.size());
       for (size_t gi : layers_[l]) {
@@ -224,8 +250,12 @@ class StepModel {
         } else if (g.kind == WeightGroup::Attention || g.kind == WeightGroup::Router ||
                    g.kind == WeightGroup::Norms) {
           // Read on the layer's device; a group pinned elsewhere costs a round trip.
-          attn.bytes += kernel_bytes(g, owner);
-          attn.flops += flops * double(s.batch);
+          const double divided = g.kind == WeightGroup::Attention ? head_fraction : 0.0;
+          attn.bytes += (1 - divided) * kernel_bytes(g, owner);
+          attn.flops += (1 - divided) * flops * double(s.batch);
+          head_weights.bytes += uint64_t(divided * double(g.bytes));
+          head_weights.interleaved_bytes += uint64_t(divided * double(g.interleaved_bytes));
+          head_part.flops += divided * flops * double(s.batch);
           if (dev != owner) attn.extra_s += 2 * transfer_s(owner, dev, activation_bytes);
         } else {
           Part& part = ffn[size_t(dev)];
@@ -235,7 +265,13 @@ class StepModel {
           part.ops = params_.ffn_ops;
         }
       }
-      add_to(t, owner, seconds(owner, attn));
+      if (!heads) {
+        attn.bytes += head_part.bytes, attn.flops += head_part.flops;
+        add_to(t, owner, seconds(owner, attn));
+      } else {
+        add_to(t, owner, seconds(owner, attn));
+        add(t, heads_seconds(owner, *heads, head_part, head_weights, s.batch));
+      }
       add(t, ffn_seconds(owner, ffn, expert_in_bytes, expert_out_bytes));
     }
     if (output_ >= 0) {
@@ -399,6 +435,46 @@ class StepModel {
     add_to(out, branches[slowest].dev, wait_s);
     out.decode_seconds_transfer += gather_copy_s;
     add_to(out, owner, gather_s - gather_copy_s);
+    return out;
+  }
+
+  // The divided part of a head-split attention: each share's device gets the q_a and kv_a rows
+  // from the owner (one broadcast that shares the owner's link), computes its heads, and the
+  // owner takes back each partial output in turn and adds it in. The layer waits for the slowest
+  // share.
+  Prediction heads_seconds(int32_t owner, const std::vector<HeadShare>& shares,
+                           const Part& all_heads, const InventoryGroup& weights,
+                           int64_t batch) const {
+    const Deepseek2Hparams& hp = inv_.hparams;
+    const double in_bytes = double(batch) * 4 *
+                            double((hp.q_lora_rank ? hp.q_lora_rank : hp.n_embd) + hp.kv_cache_dims());
+    const double partial_bytes = double(batch) * hp.n_embd * 4;
+    int remote = 0;
+    for (const HeadShare& share : shares) remote += share.device != owner;
+    Prediction out;
+    double slowest = -1;
+    for (const HeadShare& share : shares) {
+      const int32_t dev = share.device;
+      const double f = double(share.n_heads) / std::max<double>(hp.n_head, 1);
+      InventoryGroup divided = weights;
+      divided.bytes = uint64_t(double(weights.bytes) * f);
+      divided.interleaved_bytes = uint64_t(double(weights.interleaved_bytes) * f);
+      Part part{.bytes = all_heads.bytes + kernel_bytes(divided, dev),
+                .flops = all_heads.flops * f,
+                .ops = params_.head_ops};
+      Prediction p;
+      add_to(p, dev, seconds(dev, part));
+      if (dev != owner) {
+        const LinkCost link = link_between(owner, dev);
+        p.decode_seconds_transfer += link.latency_s + remote * in_bytes / link.bandwidth_bytes_per_s;
+      }
+      if (total(p) > slowest) slowest = total(p), out = p;
+    }
+    for (const HeadShare& share : shares) {
+      if (share.device == owner) continue;
+      out.decode_seconds_transfer += transfer_s(share.device, owner, partial_bytes);
+      add_to(out, owner, small_op_s(owner));
+    }
     return out;
   }
 

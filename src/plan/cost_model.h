@@ -55,14 +55,15 @@ struct CostParams {
                          .op_overhead_s = 8e-6,
                          .fallback_bandwidth_bytes_per_s = 700e9,  // mid-range data-centre card
                          .fallback_flops_per_s = 100e12};
-  // sim:N runs the CPU kernels on its own worker thread: CPU efficiencies of its spec, plus per
-  // op the wake-up of that thread and its wait for a core the pool's threads also want: 150 us
-  // (measured on the lite model, 2 cores: decode lost ~0.5 ms per device per layer beyond the
-  // bytes, alike with sim:2x2GiB and sim:3x1GiB; a part is 4 ops).
+  // sim:N runs the CPU kernels on its own worker thread: CPU efficiencies of its spec, the
+  // one-thread decode kernel rate (measured by bench) reached in full, plus per op the wake-up
+  // of that thread and its wait for a core the pool's threads also want: 75 us (fitted on the
+  // lite model, 2 cores, all on sim:12GiB; the same constants predict a layer split over
+  // sim:2x6GiB at 0.91x and an expert split over it at 0.87x of measured).
   DeviceKindCost sim = {.bandwidth_efficiency = 0.7,
                         .flops_efficiency = 0.5,
-                        .op_overhead_s = 150e-6,
-                        .kernel_efficiency = 0.75,
+                        .op_overhead_s = 75e-6,
+                        .kernel_efficiency = 1.0,
                         .fallback_bandwidth_bytes_per_s = 20e9,
                         .fallback_flops_per_s = 0.1e12};
 
@@ -125,6 +126,9 @@ struct CostParams {
   // (norm, router, experts, add): each pays op_overhead_s once.
   int attention_ops = 6;
   int ffn_ops = 4;
+  // Of those, what each device of a head-split attention runs for its heads (q_b, attention with
+  // its rope and KV store, output projection); the layer's device runs the rest.
+  int head_ops = 3;
 
   const DeviceKindCost& of(DeviceKind kind) const;
   const LinkCost& gpu_link(LinkKind kind) const;   // GPU to GPU
@@ -144,6 +148,15 @@ std::vector<double> expert_choice_probabilities(const ModelInventory& inventory,
 
 // FLOPs one token spends in a weight group's matmuls (2 per weight; embeddings are a row copy).
 double group_flops_per_token(const Deepseek2Hparams& hp, const InventoryGroup& group);
+
+// The share of a layer's attention weights that head-split attention divides among devices by
+// head (q_b or q, k_b and v_b, the output projection), counted in weights; q_a and kv_a stay
+// whole on the layer's device. Weights stand in for bytes: the quant mixes give a layer's
+// attention matrices close to one type.
+double attention_head_fraction(const Deepseek2Hparams& hp);
+// The bytes of a layer's attention group (`attention_bytes`) that `n_heads` of its heads take to
+// another device when it is split by heads: what the planner moves and its budgets count.
+uint64_t head_share_bytes(const Deepseek2Hparams& hp, uint64_t attention_bytes, int32_t n_heads);
 
 // Prefill tokens/s (one sequence, Workload::prefill_batch tokens per step) and decode tokens/s
 // (Workload::n_parallel sequences, one token each per step; the total over sequences).

@@ -42,6 +42,15 @@ struct Rules {
 // streamed from the file at every use.
 constexpr int32_t kOnDisk = -1;
 
+// Some of one layer's attention heads on one device (head-split attention: that device computes
+// their queries, attention and share of the output projection from a copy of the layer's latent
+// KV cache; the layer's device adds the partial outputs in the order of the shares).
+struct HeadShare {
+  int32_t device = 0;  // index into Placement::devices
+  int32_t first_head = 0;
+  int32_t n_heads = 0;
+};
+
 struct DeviceUsage {
   DeviceSpec spec;
   uint64_t weight_bytes = 0;
@@ -74,6 +83,9 @@ struct Placement {
   std::vector<DeviceUsage> devices;   // [0] = host ("cpu"), then the GPUs in order
   std::vector<int32_t> group_device;  // per inventory group
   std::vector<int32_t> layer_device;  // per layer: attention, norms, router, KV cache
+  // Per layer: empty when all heads run on layer_device, else the shares in head order, the
+  // first on layer_device (which also computes q_a, kv_a and the router, and keeps the KV cache).
+  std::vector<std::vector<HeadShare>> layer_heads;
   Prediction predicted;               // from the cost model
   std::vector<std::string> reasons;   // one line per choice
   std::vector<std::string> problems;  // empty when it fits

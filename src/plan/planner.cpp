@@ -90,6 +90,9 @@ Placement Planner::run(const Rules& rules, bool suggest_alternatives) {
     uint64_t hash = 1469598103934665603ull;  // FNV-1a over where every group and layer went
     for (const auto* v : {&p_.group_device, &p_.layer_device})
       for (int32_t d : *v) hash = (hash ^ uint64_t(uint32_t(d))) * 1099511628211ull;
+    for (const std::vector<HeadShare>& shares : p_.layer_heads)
+      for (const HeadShare& h : shares)
+        hash = (hash ^ (uint64_t(uint32_t(h.device)) << 32 | uint32_t(h.n_heads))) * 1099511628211ull;
     if (std::find(seen.begin(), seen.end(), hash) != seen.end()) continue;  // same as before
     seen.push_back(hash);
     specs_.push_back(spec);
@@ -321,9 +324,12 @@ void Planner::settle() {
 }
 
 std::string Planner::holds(int32_t d) const {
-  std::vector<int32_t> layers, whole, partial;
+  std::vector<int32_t> layers, whole, partial, heads;
   for (uint32_t l = 0; l < inv_.n_layers; ++l) {
     if (p_.layer_device[l] == d) layers.push_back(int32_t(l));
+    if (l < p_.layer_heads.size() && p_.layer_device[l] != d)
+      for (const HeadShare& share : p_.layer_heads[l])
+        if (share.device == d) heads.push_back(int32_t(l));
     size_t here = 0;
     for (size_t g : layer_experts_[l]) here += p_.group_device[g] == d;
     if (here && here == layer_experts_[l].size())
@@ -334,6 +340,8 @@ std::string Planner::holds(int32_t d) const {
   std::vector<std::string> parts;
   if (!layers.empty())
     parts.push_back(fmt::format("layers {} (attention side, KV)", format_ranges(layers)));
+  if (!heads.empty())
+    parts.push_back(fmt::format("heads of layers {} (with a copy of their KV)", format_ranges(heads)));
   for (size_t g : top_)
     if (p_.group_device[g] == d)
       parts.push_back(std::string(weight_group_name(inv_.groups[g].kind)));
@@ -497,9 +505,8 @@ void Planner::explain() {
   }
   if (n_gpus >= 2)
     out.push_back(
-        "not offered yet: hot experts replicated on several GPUs, and attention split by heads "
-        "across GPUs (tensor-parallel MLA); the executor does not run either yet, so the plan "
-        "keeps each expert on one device and each layer's attention on one GPU");
+        "not offered yet: hot experts replicated on several GPUs (the executor keeps each "
+        "expert on one device)");
 }
 
 // What a smaller quant mix would give on the same machine: planned for real when the model is a

@@ -19,6 +19,7 @@ namespace tandem::plan {
 //      on fewer GPUs when the model fits in VRAM;
 //    - when the model fits in VRAM: expert parallel over the 2..all fastest GPUs, every MoE
 //      layer's experts spread over them in the same contiguous ranges;
+//      and the same with each layer's attention heads split over those GPUs (head-split MLA);
 //    - when it does not: hybrids that keep 4/4..0/4 of the most whole expert layers that fit on
 //      the GPUs and the same share of every other layer, spread over the GPUs or on the layer's;
 //    and the rest of each in RAM, streamed from disk (kOnDisk) when RAM is short;
@@ -29,8 +30,7 @@ namespace tandem::plan {
 // 5. when experts stream from disk, `problems` says what does not fit, by how much, and what
 //    would (another quant mix, more RAM).
 // Deterministic; never exceeds any device's memory_bytes. Throws tandem::Error for impossible
-// rules. Replicated hot experts and head-split attention are not planned: the executor does
-// not run them yet.
+// rules. Replicated hot experts are not planned: the executor does not run them yet.
 Placement plan_placement(const ModelInventory& inventory, const Hardware& hardware,
                          const Workload& workload, const Rules& rules,
                          const RoutingProfile* profile, const CostParams& cost = CostParams{});

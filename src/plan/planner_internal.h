@@ -28,6 +28,7 @@ struct CandidateSpec {
   std::vector<int32_t> gpus;  // device indices it uses, in index order
   int32_t whole_layers = 0;   // Hybrid: quarters (0-4) of the most whole layers that fit
   bool spread = false;
+  bool split_heads = false;  // ExpertParallel: each layer's attention heads over `gpus` too
   std::string name;  // Hybrid: filled in when built
 };
 
@@ -73,6 +74,7 @@ class Planner {
   // Expert-parallel and hybrid candidates.
   void place_hot_path_over(const std::vector<int32_t>& gpus, bool spread);
   void place_experts_spread(CandidateSpec& spec);
+  void split_heads(const std::vector<int32_t>& gpus);
   void place_rest_on_host();
   std::vector<uint32_t> free_layers();
 

@@ -1,5 +1,7 @@
 #include "plan/rules.h"
 
+#include <algorithm>
+
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
@@ -186,6 +188,13 @@ std::string rules_to_yaml(const Placement& placement, const ModelInventory& inve
       "# Load it with `tandem plan --rules FILE` (or run); edit a device to move a range.\n"
       "rules:\n",
       inventory.name, inventory.quant_mix, out.size());
+  const size_t split = size_t(std::count_if(placement.layer_heads.begin(), placement.layer_heads.end(),
+                                            [](const auto& shares) { return shares.size() > 1; }));
+  if (split)
+    yaml += fmt::format(
+        "# The plan also splits the attention heads of {} layers over GPUs; rules do not pin "
+        "heads:\n# the planner splits them again where it predicts that faster.\n",
+        split);
   for (const RuleOut& r : out) {
     yaml += fmt::format("  - match: '{}'\n", r.pattern);
     if (r.layers)

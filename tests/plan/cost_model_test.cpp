@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 
+#include "plan/inventory.h"
 #include "plan/planner.h"
 #include "plan_test_support.h"
 
@@ -134,6 +135,44 @@ TEST(CostModel, each_cut_between_devices_costs_a_transfer) {
   const Prediction c = predict_speed(inv, nvlink, wl, manual(inv, hw, 1, alternating), nullptr);
   EXPECT_LT(c.decode_seconds_transfer, b.decode_seconds_transfer);
   EXPECT_GT(c.decode_tokens_per_s, b.decode_tokens_per_s);
+}
+
+TEST(CostModel, head_split_divides_the_head_projections_by_weights) {
+  // DeepSeek-V3: q_b 1536 x 128 x 192, kv_b 512 x 128 x (128 + 128), output 128 x 128 x 7168
+  // divide by head; q_a 7168 x 1536 and kv_a 7168 x (512 + 64) stay whole.
+  const Deepseek2Hparams hp = inventory_from_preset("deepseek-v3", "Q4_K_M").hparams;
+  const double by_head = 1536.0 * 128 * 192 + 512.0 * 128 * 256 + 128.0 * 128 * 7168;
+  const double whole = 7168.0 * 1536 + 7168.0 * 576;
+  EXPECT_NEAR(attention_head_fraction(hp), by_head / (by_head + whole), 1e-12);
+  EXPECT_EQ(head_share_bytes(hp, 1000000, int32_t(hp.n_head)),
+            uint64_t(attention_head_fraction(hp) * 1000000));
+  EXPECT_EQ(head_share_bytes(hp, 1000000, 0), 0u);
+}
+
+// The same two-GPU placement with every layer's heads split half and half: each GPU reads half
+// of the divided attention weights and the whole latent cache; the owner adds one partial more.
+TEST(CostModel, heads_split_over_two_gpus_read_half_the_attention_each) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  Hardware hw = machine({80, 80}, 1024);
+  hw.gpu_link = LinkKind::Nvlink;
+  const Workload wl;
+  Placement whole = manual(inv, hw, 1, [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts ? 1 + g.expert % 2 : 1;
+  });
+  Placement split = whole;
+  split.layer_heads.assign(inv.n_layers, {{.device = 1, .first_head = 0, .n_heads = 64},
+                                          {.device = 2, .first_head = 64, .n_heads = 64}});
+  const Prediction a = predict_speed(inv, hw, wl, whole, nullptr);
+  const Prediction b = predict_speed(inv, hw, wl, split, nullptr);
+  EXPECT_GT(b.decode_tokens_per_s, a.decode_tokens_per_s);
+  EXPECT_GT(b.decode_seconds_transfer, a.decode_seconds_transfer);  // the partials come back
+  // Over PCIe the copies cost more and the split gains less.
+  Hardware pcie = hw;
+  pcie.gpu_link = LinkKind::Pcie4;
+  const double gain_nvlink = b.decode_tokens_per_s / a.decode_tokens_per_s;
+  const double gain_pcie = predict_speed(inv, pcie, wl, split, nullptr).decode_tokens_per_s /
+                           predict_speed(inv, pcie, wl, whole, nullptr).decode_tokens_per_s;
+  EXPECT_LT(gain_pcie, gain_nvlink);
 }
 
 TEST(CostModel, disk_streamed_experts_cost_their_bytes_over_disk_bandwidth) {

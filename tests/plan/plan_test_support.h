@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/cost_model.h"
 #include "plan/hardware.h"
 #include "plan/placement.h"
 
@@ -101,6 +102,28 @@ inline void expect_valid(const Placement& p, const ModelInventory& inv) {
     const int32_t d = p.group_device[i];
     ASSERT_TRUE(d == kOnDisk || (d >= 0 && size_t(d) < p.devices.size())) << inv.groups[i].label();
     if (d >= 0) weights[size_t(d)] += inv.groups[i].bytes;
+    // A head-split layer's attention: each other share's part counts on its device.
+    const InventoryGroup& g = inv.groups[i];
+    if (g.kind == WeightGroup::Attention && g.layer >= 0 && size_t(g.layer) < p.layer_heads.size())
+      for (size_t s = 1; s < p.layer_heads[size_t(g.layer)].size(); ++s) {
+        const HeadShare& share = p.layer_heads[size_t(g.layer)][s];
+        const uint64_t moved = head_share_bytes(inv.hparams, g.bytes, share.n_heads);
+        weights[size_t(d)] -= moved;
+        weights[size_t(share.device)] += moved;
+      }
+  }
+  // Head shares cover every head in order, the first on the layer's device.
+  for (size_t l = 0; l < p.layer_heads.size(); ++l) {
+    int32_t next = 0;
+    for (const HeadShare& share : p.layer_heads[l]) {
+      EXPECT_EQ(share.first_head, next) << "layer " << l;
+      EXPECT_GT(share.n_heads, 0) << "layer " << l;
+      next += share.n_heads;
+    }
+    if (!p.layer_heads[l].empty()) {
+      EXPECT_EQ(next, int32_t(inv.hparams.n_head)) << "layer " << l;
+      EXPECT_EQ(p.layer_heads[l].front().device, p.layer_device[l]) << "layer " << l;
+    }
   }
   for (size_t d = 0; d < p.devices.size(); ++d) {
     EXPECT_EQ(weights[d], p.devices[d].weight_bytes) << p.devices[d].spec.name;
