@@ -177,7 +177,7 @@ void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
   }
   l.kv_a_mqa = binder_.matrix(blk + "attn_kv_a_mqa.weight", {embd, hp_.kv_cache_dims()}, on);
   l.kv_a_norm = binder_.f32(blk + "attn_kv_a_norm.weight", {lora}, on);
-  if (!devices_.heads.empty() && !devices_.heads[il].empty()) return bind_head_shards(l, il);
+  if (split) return bind_head_shards(l, il);
   l.attn_output = binder_.matrix(blk + "attn_output.weight", {heads * v_head, embd}, on);
   if (binder_.has(blk + "attn_k_b.weight") || !binder_.has(blk + "attn_kv_b.weight")) {
     l.k_b = binder_.matrix(blk + "attn_k_b.weight", {nope, lora, heads}, on);
@@ -214,6 +214,9 @@ void Deepseek2Model::bind_head_shards(Layer& l, uint32_t il) {
     if (s.first_head != next || s.n_heads <= 0 || !s.device)
       fail("layer {}: the head shares must cover heads 0-{} in order, each with at least one head "
            "(share {} starts at head {})", il, heads - 1, &s - shares.data(), s.first_head);
+    for (const AttentionShare* before = shares.data(); before != &s; ++before)
+      if (before->device == s.device)
+        fail("layer {}: {} has two head shares; give each device one share", il, s.device->name());
     next += s.n_heads;
   }
   if (next != heads || shares.front().device != l.device)

@@ -236,6 +236,8 @@ WeightView WeightBinder::columns(std::string_view name, std::initializer_list<in
     std::memcpy(made.data() + uint64_t(r) * dst_row, src + uint64_t(r) * src_row + offset, dst_row);
   WeightView view{.type = type, .cols = n, .rows = n_rows, .n_mats = 1, .row_bytes = dst_row};
   const std::string what = fmt::format("{} (columns {}-{})", name, first, first + n - 1);
+  std::vector<uint8_t> unused;  // a plain format: nothing to take apart
+  view = for_device(view, what, on, unused);
   if (on.uses_host_memory()) {
     std::vector<uint8_t>& kept = converted_bytes_.emplace_back(std::move(made));
     view.data = device_pointer(kept.data(), kept.size(), what, on);

@@ -145,6 +145,13 @@ TEST_P(MultiDevice, HeadSharesThatDoNotCoverTheHeadsAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("must cover heads"), std::string::npos) << e.what();
   }
+  plan.heads[0] = {{&m_.cpu, 0, 1}, {&m_.sim0, 1, 1}, {&m_.cpu, 2, int32_t(hp_.n_head) - 2}};
+  try {
+    Deepseek2Model model(*file_, plan);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu has two head shares"), std::string::npos) << e.what();
+  }
 }
 
 TEST_P(MultiDevice, ADeviceThatIsTooSmallFailsLikeAnOutOfMemoryGpu) {
