@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -121,6 +122,92 @@ TEST(FewQueryAttention, AQuerysResultsDoNotDependOnItsCallMates) {
         EXPECT_EQ(scores[size_t(j)], all_scores[size_t(q * n_keys + j)]) << cpu_isa_name(isa) << " q " << q << " key " << j;
       for (int64_t c = 0; c < cols; ++c)
         EXPECT_EQ(sums[size_t(c)], all_sums[size_t(q * cols + c)]) << cpu_isa_name(isa) << " q " << q << " col " << c;
+    }
+  }
+}
+
+// Softmax attention of each (token, head) over keys 0 .. last_key[t], in double.
+std::vector<double> exact_attention(const std::vector<float>& x, int64_t heads, const std::vector<int32_t>& last_key,
+                                    const std::vector<float>& keys, int64_t cols, int64_t n_out, float scale) {
+  std::vector<double> out;
+  for (size_t t = 0; t < last_key.size(); ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* q = x.data() + (int64_t(t) * heads + h) * cols;
+      std::vector<double> s(size_t(last_key[t] + 1));
+      double top = -INFINITY, total = 0;
+      for (size_t j = 0; j < s.size(); ++j) {
+        for (int64_t c = 0; c < cols; ++c) s[j] += double(q[c]) * keys[j * size_t(cols) + size_t(c)];
+        top = std::max(top, s[j] *= scale);
+      }
+      for (double& v : s) total += v = std::exp(v - top);
+      for (int64_t c = 0; c < n_out; ++c) {
+        double sum = 0;
+        for (size_t j = 0; j < s.size(); ++j) sum += s[j] / total * keys[j * size_t(cols) + size_t(c)];
+        out.push_back(sum);
+      }
+    }
+  return out;
+}
+
+// Contexts inside one block, across blocks and across parts of several blocks (kAttendBlock
+// keys a block, parts of four), tokens of one call with different lengths.
+TEST(FewQueryAttention, AttendMatchesExactSoftmaxAttention) {
+  std::mt19937 rng(5);
+  ThreadPool pool(3);
+  const int64_t cols = 72, n_out = 64;
+  const std::vector<int32_t> last_key = {0, 126, 127, 128, 600, 1100, 2047, 2048};
+  const std::vector<float> keys = random_floats(size_t(2049 * cols), rng, -1, 1);
+  for (int64_t heads : {1, 16, 20}) {
+    // Scores of a few units: the softmax is neither flat nor one-hot.
+    const std::vector<float> x = random_floats(size_t(int64_t(last_key.size()) * heads * cols), rng, -1, 1);
+    const float scale = 0.3f;
+    const std::vector<double> exact = exact_attention(x, heads, last_key, keys, cols, n_out, scale);
+    for (CpuIsa isa : supported_cpu_isas()) {
+      const int64_t out_token_stride = heads * (n_out + 3), out_head_stride = n_out + 3;
+      std::vector<float> out(size_t(int64_t(last_key.size()) * out_token_stride), -7.0f);
+      attend_with_isa(isa, {.x = x.data(), .x_stride = cols, .n_tokens = int64_t(last_key.size()), .heads = heads,
+                            .last_key = last_key.data(), .keys = keys.data(), .key_stride = cols, .cols = cols,
+                            .n_out = n_out, .scale = scale, .out = out.data(), .out_token_stride = out_token_stride,
+                            .out_head_stride = out_head_stride},
+                      pool);
+      for (size_t t = 0; t < last_key.size(); ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t c = 0; c < n_out; ++c) {
+            // A convex combination of values in [-1, 1], each weight with a few roundings.
+            const double got = out[t * size_t(out_token_stride) + size_t(h * out_head_stride + c)];
+            EXPECT_NEAR(got, exact[(t * size_t(heads) + size_t(h)) * size_t(n_out) + size_t(c)], 2e-6)
+                << cpu_isa_name(isa) << " heads " << heads << " token " << t << " (" << last_key[t] + 1 << " keys) head " << h << " col " << c;
+          }
+          for (int64_t c = n_out; c < out_head_stride; ++c)  // nothing written past n_out
+            EXPECT_EQ(out[t * size_t(out_token_stride) + size_t(h * out_head_stride + c)], -7.0f);
+        }
+    }
+  }
+}
+
+TEST(FewQueryAttention, AttendGivesATokenTheSameBitsAloneAndAmongOthers) {
+  std::mt19937 rng(9);
+  ThreadPool pool(2);
+  const int64_t cols = 40, heads = 3;
+  const std::vector<int32_t> last_key = {700, 5, 1500, 130};
+  const std::vector<float> keys = random_floats(size_t(1501 * cols), rng, -1, 1);
+  const std::vector<float> x = random_floats(size_t(int64_t(last_key.size()) * heads * cols), rng, -1, 1);
+  for (CpuIsa isa : supported_cpu_isas()) {
+    std::vector<float> all(last_key.size() * size_t(heads * cols));
+    attend_with_isa(isa, {.x = x.data(), .x_stride = cols, .n_tokens = int64_t(last_key.size()), .heads = heads,
+                          .last_key = last_key.data(), .keys = keys.data(), .key_stride = cols, .cols = cols,
+                          .n_out = cols, .scale = 0.5f, .out = all.data(), .out_token_stride = heads * cols,
+                          .out_head_stride = cols},
+                    pool);
+    for (size_t t = 0; t < last_key.size(); ++t) {
+      std::vector<float> alone(size_t(heads * cols));
+      attend_with_isa(isa, {.x = x.data() + t * size_t(heads * cols), .x_stride = cols, .n_tokens = 1, .heads = heads,
+                            .last_key = &last_key[t], .keys = keys.data(), .key_stride = cols, .cols = cols,
+                            .n_out = cols, .scale = 0.5f, .out = alone.data(), .out_token_stride = heads * cols,
+                            .out_head_stride = cols},
+                      pool);
+      for (size_t i = 0; i < alone.size(); ++i)
+        ASSERT_EQ(alone[i], all[t * alone.size() + i]) << cpu_isa_name(isa) << " token " << t << " value " << i;
     }
   }
 }

@@ -56,26 +56,20 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
   }
   cpu::matmul_many(matmul_args_, pool_);
 
-  // Per chunk of a sequence's tokens: the scores of every (token, head) query [q_lat | q_rope]
-  // against the cache rows [latent | rope key] (few_query_attention.h: each result summed in
-  // order on its own, so a token gets the same scores in a prompt chunk and alone), the causal
-  // softmax, and the weighted sums of the latent rows.
+  // Per chunk of a sequence's tokens: every (token, head) query [q_lat | q_rope] against the
+  // cache rows [latent | rope key], softmax and weighted sums of the latent rows in one pass over
+  // the keys (few_query_attention.h attend(): a token's result depends only on its own queries
+  // and keys, so it is the same in a prompt chunk and alone).
   float* o_lat = grow(scratch_c_, size_t(H * T * lora));
   for (int64_t run_start = 0; run_start < T;) {
     int64_t run_end = run_start + 1;
     while (run_end < T && op.seq_ids[run_end] == op.seq_ids[run_start]) ++run_end;
     const float* cache = op.cache.data + int64_t(op.seq_ids[run_start]) * op.cache.n_ctx * row;
-    int64_t run_keys = 0;
-    for (int64_t t = run_start; t < run_end; ++t)
-      run_keys = std::max<int64_t>(run_keys, op.positions[t] + 1);
-    // A chunk's scores stay under ~64 MiB however long the context.
-    constexpr int64_t kMaxQueries = 256, kMaxScores = int64_t(1) << 24;
-    const int64_t chunk = std::clamp<int64_t>(
-        std::min(kMaxQueries / H, kMaxScores / (H * run_keys)), 1, run_end - run_start);
+    // A chunk's queries stay few: 256 at most (a token's heads at least).
+    constexpr int64_t kMaxQueries = 256;
+    const int64_t chunk = std::clamp<int64_t>(kMaxQueries / H, 1, run_end - run_start);
     for (int64_t first = run_start; first < run_end; first += chunk) {
       const int64_t last = std::min(run_end, first + chunk), n_queries = (last - first) * H;
-      int64_t n_keys = 0;
-      for (int64_t t = first; t < last; ++t) n_keys = std::max<int64_t>(n_keys, op.positions[t] + 1);
       float* queries = grow(scratch_a_, size_t(n_queries * row));
       for (int64_t t = first; t < last; ++t) {
         for (int64_t h = 0; h < H; ++h) {
@@ -84,32 +78,11 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
           std::copy_n(op.q + (t * H + h) * q_stride + nope, rope, qrow + lora);
         }
       }
-      float* scores = grow(scratch_d_, size_t(n_queries * n_keys));
-      cpu::key_scores({.x = queries, .x_stride = row, .n_queries = n_queries, .keys = cache, .key_stride = row,
-                       .n_keys = n_keys, .cols = row, .scores = scores, .score_stride = n_keys},
-                      pool_);
-      // Softmax per (token, head), normalized in place.
-      pool_.parallel_for(n_queries, [&](int64_t query, int) {
-        const int64_t keys = op.positions[first + query / H] + 1;
-        float* s = scores + query * n_keys;
-        float max_score = -INFINITY;
-        for (int64_t j = 0; j < keys; ++j) max_score = std::max(max_score, s[j] *= op.scale);
-        float sum = 0;
-        for (int64_t j = 0; j < keys; ++j) sum += s[j] = std::exp(s[j] - max_score);
-        for (int64_t j = 0; j < keys; ++j) s[j] /= sum;
-      });
-      // Weighted sums of the latent rows, each token's heads together over its own keys.
-      for (int64_t t = first; t < last; ++t)
-        cpu::weighted_sums({.p = scores + (t - first) * H * n_keys,
-                            .p_stride = n_keys,
-                            .n_queries = H,
-                            .rows = cache,
-                            .row_stride = row,
-                            .keys = op.positions[t] + 1,
-                            .n = lora,
-                            .out = o_lat + t * lora,
-                            .out_stride = T * lora},
-                           pool_);
+      cpu::attend({.x = queries, .x_stride = row, .n_tokens = last - first, .heads = H,
+                   .last_key = op.positions + first, .keys = cache, .key_stride = row, .cols = row,
+                   .n_out = lora, .scale = op.scale, .out = o_lat + first * lora,
+                   .out_token_stride = lora, .out_head_stride = T * lora},
+                  pool_);
     }
     run_start = run_end;
   }

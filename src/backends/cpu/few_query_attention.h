@@ -48,7 +48,34 @@ struct WeightedSumsArgs {
   int64_t out_stride = 0;
 };
 
+// Softmax attention of a few tokens' queries over their sequence's cache rows, in one pass over
+// the keys: out = Σ_j softmax_j(scale · x·keys[j]) · keys[j][0 .. n_out), each token attending to
+// keys 0 .. last_key[t]. The keys go in blocks of kAttendBlock from key 0; a block's scores,
+// their exponentials against the largest score so far and its weighted sums are computed while
+// its rows are in L2 (the cache is read from memory once, not once for the scores and once for
+// the sums). Blocks are merged in order into parts (one block, or four past 1024 keys), and the
+// parts in order, rescaled to the overall maximum. One parallel job over (token, part). A token's result depends only on its queries and its own keys (the
+// blocks start at key 0 whatever the call), so it is the same alone and among others.
+constexpr int64_t kAttendBlock = 128;
+
+struct AttendArgs {
+  const float* x = nullptr;  // [n_tokens * heads, x_stride]: token t's head h at row t * heads + h
+  int64_t x_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t heads = 0;
+  const int32_t* last_key = nullptr;  // [n_tokens]: the last key each token attends to
+  const float* keys = nullptr;        // [.., key_stride]: columns 0 .. cols-1 scored
+  int64_t key_stride = 0;
+  int64_t cols = 0;
+  int64_t n_out = 0;  // columns of each key row summed (at most cols)
+  float scale = 1;
+  float* out = nullptr;  // token t's head h at out + t * out_token_stride + h * out_head_stride
+  int64_t out_token_stride = 0, out_head_stride = 0;
+};
+
 // One parallel job each, with the kernels of best_cpu_isa().
+void attend(const AttendArgs& args, ThreadPool& pool);
+void attend_with_isa(CpuIsa isa, const AttendArgs& args, ThreadPool& pool);
 void key_scores(const KeyScoresArgs& args, ThreadPool& pool);
 void weighted_sums(const WeightedSumsArgs& args, ThreadPool& pool);
 // The same with a chosen instruction set (tests); throw tandem::Error when the CPU lacks it.

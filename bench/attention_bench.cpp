@@ -1,0 +1,64 @@
+// MLA attention on the CPU at decode: one token's heads against a KV cache of N tokens
+// (DeepSeek-V2-Lite's shapes: 16 heads, latent 512 + rope 64, nope 128, v_head 128), through
+// CpuBackend::mla_attention (absorbed key projection, scores, softmax, weighted sums, value
+// projection). Reports the cache bytes read per second: the cache is 2.25 KiB a token a layer,
+// so at long context attention reads as much as a layer's weights.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/backend.h"
+
+namespace tandem::cpu {
+namespace {
+
+void BM_MlaAttentionDecode(benchmark::State& state) {
+  const int64_t n_keys = state.range(0), heads = 16, nope = 128, rope = 64, lora = 512, v_head = 128;
+  const int threads = int(state.range(1));
+  CpuBackend cpu(threads);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+  };
+  std::vector<float> cache = random(size_t(n_keys * (lora + rope)));
+  std::vector<float> k_b = random(size_t(heads * lora * nope)), v_b = random(size_t(heads * v_head * lora));
+  std::vector<float> q = random(size_t(heads * (nope + rope))), out(size_t(heads * v_head));
+  const int32_t position = int32_t(n_keys - 1), seq = 0;
+  const MlaAttentionOp op{
+      .q = q.data(),
+      .k_b = {.type = DType::F32, .data = k_b.data(), .cols = nope, .rows = lora, .n_mats = heads,
+              .row_bytes = uint64_t(nope) * 4},
+      .v_b = {.type = DType::F32, .data = v_b.data(), .cols = lora, .rows = v_head, .n_mats = heads,
+              .row_bytes = uint64_t(lora) * 4},
+      .cache = {.data = cache.data(), .n_seq = 1, .n_ctx = n_keys, .kv_lora_rank = lora, .rope_dims = rope},
+      .positions = &position,
+      .seq_ids = &seq,
+      .n_tokens = 1,
+      .n_heads = heads,
+      .nope_dims = nope,
+      .v_head_dims = v_head,
+      .scale = 0.07f,
+      .output = out.data()};
+  for (auto _ : state) {
+    cpu.mla_attention(op);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * n_keys * (lora + rope) * 4);
+}
+BENCHMARK(BM_MlaAttentionDecode)
+    ->ArgNames({"keys", "threads"})
+    ->Args({512, 2})
+    ->Args({4096, 1})
+    ->Args({4096, 2})
+    ->Args({16384, 2})
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace tandem::cpu
+
+BENCHMARK_MAIN();
