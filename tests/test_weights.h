@@ -22,7 +22,20 @@ inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) 
 
 // The formats quantize_row cannot write: their tests use random blocks.
 inline bool written_raw(DType type) {
-  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q5_1;
+  switch (type) {
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q5_1:
+    case DType::Q4_1:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
+    case DType::MXFP4:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // `rows` x `cols` weights of `type`. Formats quantize_row writes are quantized from Gaussian
@@ -51,10 +64,24 @@ inline std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols,
       put(&block->dmin, 0.02f * scale(rng));
     } else if (type == DType::Q3_K) {
       put(&reinterpret_cast<BlockQ3_K*>(bytes.data())[b].d, 0.01f * scale(rng));
-    } else {
+    } else if (type == DType::Q5_1) {
       auto* block = reinterpret_cast<BlockQ5_1*>(bytes.data()) + b;
       put(&block->d, 0.05f * scale(rng));
       put(&block->m, -0.8f * scale(rng));
+    } else if (type == DType::Q4_1) {
+      auto* block = reinterpret_cast<BlockQ4_1*>(bytes.data()) + b;
+      put(&block->d, 0.1f * scale(rng));
+      put(&block->m, -0.8f * scale(rng));
+    } else if (type == DType::IQ4_NL) {
+      put(&reinterpret_cast<BlockIQ4_NL*>(bytes.data())[b].d, 0.01f * scale(rng));
+    } else if (type == DType::IQ4_XS) {
+      put(&reinterpret_cast<BlockIQ4_XS*>(bytes.data())[b].d, 0.001f * scale(rng));
+    } else if (type == DType::TQ1_0) {
+      put(&reinterpret_cast<BlockTQ1_0*>(bytes.data())[b].d, 0.5f * scale(rng));
+    } else if (type == DType::TQ2_0) {
+      put(&reinterpret_cast<BlockTQ2_0*>(bytes.data())[b].d, 0.5f * scale(rng));
+    } else {  // MXFP4: block scales 2^-5 .. 2^2
+      reinterpret_cast<BlockMXFP4*>(bytes.data())[b].e = uint8_t(122 + rng() % 8);
     }
   }
   return bytes;

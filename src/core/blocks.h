@@ -81,6 +81,52 @@ struct BlockQ6_K {
   uint16_t d;
 };
 
+// ---- more GGUF formats (issue 16) ----
+// Q4_1: x = d * q + m, q in 0..15 as in Q4_0 (low nibbles elements 0-15, high 16-31).
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+
+// IQ4_NL: x = d * kIq4NlValues[q], q 4 bits laid out as in Q4_0: a non-linear 4-bit grid.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[16];
+};
+
+// IQ4_XS: the IQ4_NL grid over a 256-element super-block of eight sub-blocks of 32, each with a
+// 6-bit scale (low 4 bits in scales_l, two per byte; high 2 bits in scales_h, two per
+// sub-block): x = d * (scale - 32) * kIq4NlValues[q]; sub-block i's quants in qs[16 i ..].
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[4];
+  uint8_t qs[128];
+};
+
+// TQ2_0: ternary, x = d * (q - 1), q 2 bits; byte m of each 32-byte half holds elements
+// 128 h + 32 k + m in its bits 2k, 2k + 1.
+struct BlockTQ2_0 {
+  uint8_t qs[64];
+  uint16_t d;
+};
+
+// TQ1_0: ternary, five (qs) or four (qh) base-3 digits per byte stored as a fraction of 256:
+// digit n of byte b is the top base-3 digit of (b * 3^n) mod 256, times 3, over 256.
+struct BlockTQ1_0 {
+  uint8_t qs[48];
+  uint8_t qh[4];
+  uint16_t d;
+};
+
+// MXFP4 (OCP microscaling): 32 FP4 (E2M1) values sharing an 8-bit power-of-two exponent e,
+// 4-bit codes laid out as in Q4_0: x = 2^(e - 127) * E2M1(q).
+struct BlockMXFP4 {
+  uint8_t e;
+  uint8_t qs[16];
+};
+
 // Activation format for dot products against k-quants: x = d * q, with the sums of each group
 // of 16 quants precomputed (they absorb the mins of Q2_K/Q4_K/Q5_K and the offsets of Q3_K/Q6_K).
 struct BlockQ8_K {
@@ -136,5 +182,11 @@ static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockTQ2_0) == 66);
+static_assert(sizeof(BlockTQ1_0) == 54);
+static_assert(sizeof(BlockMXFP4) == 17);
 
 }  // namespace tandem

@@ -34,6 +34,12 @@ bool can_dequantize(DType type) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::Q8_K:
+    case DType::Q4_1:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
+    case DType::MXFP4:
       return true;
     default:
       return false;
@@ -90,6 +96,18 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       return dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, blocks);
     case DType::Q8_K:
       return dequantize_q8_k(static_cast<const BlockQ8_K*>(src), dst, blocks);
+    case DType::Q4_1:
+      return dequantize_q4_1(static_cast<const BlockQ4_1*>(src), dst, blocks);
+    case DType::IQ4_NL:
+      return dequantize_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, blocks);
+    case DType::IQ4_XS:
+      return dequantize_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, blocks);
+    case DType::TQ1_0:
+      return dequantize_tq1_0(static_cast<const BlockTQ1_0*>(src), dst, blocks);
+    case DType::TQ2_0:
+      return dequantize_tq2_0(static_cast<const BlockTQ2_0*>(src), dst, blocks);
+    case DType::MXFP4:
+      return dequantize_mxfp4(static_cast<const BlockMXFP4*>(src), dst, blocks);
     default:
       break;
   }

@@ -68,17 +68,17 @@ TEST_F(ModelErrorTest, WrongTensorShapeSaysExpectedAndFound) {
 }
 
 TEST_F(ModelErrorTest, UnsupportedWeightFormatIsNamed) {
-  std::vector<uint8_t> q4_1;
+  std::vector<uint8_t> q8_1;
   const std::string path = rewrite("format.gguf", [](Metadata&) {}, [&](std::vector<gguf::TensorToWrite>& tensors) {
     for (auto& t : tensors)
       if (t.name == "blk.0.ffn_up.weight") {
-        // Q4_1: 20 bytes per block of 32; the reader knows its size, the engine cannot use it.
-        q4_1.assign(t.shape[0] / 32 * 20 * t.shape[1], 0);
-        t.type = DType::Q4_1;
-        t.data = q4_1;
+        // Q8_1: 36 bytes per block of 32; the reader knows its size, the engine cannot use it.
+        q8_1.assign(t.shape[0] / 32 * 36 * t.shape[1], 0);
+        t.type = DType::Q8_1;
+        t.data = q8_1;
       }
   });
-  expect_error(path + " -p hi", "'blk.0.ffn_up.weight' is stored as Q4_1");
+  expect_error(path + " -p hi", "'blk.0.ffn_up.weight' is stored as Q8_1");
 }
 
 TEST_F(ModelErrorTest, UnknownArchitectureListsTheSupportedOnes) {

@@ -59,11 +59,16 @@ constexpr FormatBound kInt16ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 1e-5}, {DType::Q8_0, 5e-5},
     {DType::Q4_0, 5e-5}, {DType::Q5_0, 5e-5}, {DType::Q5_1, 5e-5}, {DType::Q2_K, 3e-5},
     {DType::Q3_K, 3e-5}, {DType::Q4_K, 3e-5}, {DType::Q5_K, 3e-5}, {DType::Q6_K, 3e-5},
+    // Decoded and multiplied with F32 activations at both precisions: as F32.
+    {DType::Q4_1, 1e-5}, {DType::IQ4_NL, 1e-5}, {DType::IQ4_XS, 1e-5}, {DType::TQ1_0, 1e-5},
+    {DType::TQ2_0, 1e-5}, {DType::MXFP4, 1e-5},
 };
 constexpr FormatBound kInt8ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
     {DType::Q4_0, 1e-2}, {DType::Q5_0, 1e-2}, {DType::Q5_1, 1e-2}, {DType::Q2_K, 8e-3},
     {DType::Q3_K, 8e-3}, {DType::Q4_K, 8e-3}, {DType::Q5_K, 8e-3}, {DType::Q6_K, 8e-3},
+    {DType::Q4_1, 1e-5}, {DType::IQ4_NL, 1e-5}, {DType::IQ4_XS, 1e-5}, {DType::TQ1_0, 1e-5},
+    {DType::TQ2_0, 1e-5}, {DType::MXFP4, 1e-5},
 };
 
 constexpr ActPrecision kPrecisions[] = {ActPrecision::Int16, ActPrecision::Int8};
@@ -312,14 +317,14 @@ TEST(Matmul, RejectsUnsupportedFormatsAndRaggedRows) {
   ThreadPool pool(1);
   std::vector<uint8_t> weights(4096);
   std::vector<float> x(256), y(4);
-  MatmulArgs args{.weight_type = DType::Q4_1,
+  MatmulArgs args{.weight_type = DType::IQ2_XXS,  // named, not read yet
                   .weights = weights.data(),
                   .rows = 1,
                   .cols = 256,
                   .input = x.data(),
                   .n_tokens = 1,
                   .output = y.data()};
-  EXPECT_FALSE(matmul_supports(DType::Q4_1));
+  EXPECT_FALSE(matmul_supports(DType::IQ2_XXS));
   EXPECT_THROW(matmul(args, pool), Error);
   args.weight_type = DType::Q4_K;
   args.cols = 200;  // not a whole super-block

@@ -45,8 +45,8 @@ struct FormatKernel {
   RowDotFn dot = nullptr;  // nullptr: format not supported
 };
 
-// Indexed by the DType number (as in GGUF); F32 through BF16 (30).
-constexpr int kDTypeSlots = 31;
+// Indexed by the DType number (as in GGUF); F32 through MXFP4 (39).
+constexpr int kDTypeSlots = 40;
 
 constexpr int kActPrecisions = 2;
 
@@ -103,6 +103,9 @@ const KernelTable& best_kernel_table();
 // Each fills both precisions' float formats and the Int8 quantized ones; the *_q16 files fill
 // the Int16 quantized ones.
 void fill_portable_kernels(KernelTable& table);
+// Row dots through the reference decoders, F32 activations, for the formats without kernels of
+// their own (dot_dequantized.cpp); every level keeps them.
+void fill_dequantized_kernels(KernelTable& table);
 void fill_avx2_kernels(KernelTable& table);
 void fill_avx512_kernels(KernelTable& table);
 void fill_portable_q16_kernels(KernelTable& table);

@@ -16,6 +16,7 @@ namespace {
 KernelTable build_table(CpuIsa isa) {
   KernelTable table;
   fill_portable_kernels(table);
+  fill_dequantized_kernels(table);
   fill_portable_q16_kernels(table);
   table.key_scores_16 = key_scores_16_portable;
   table.weighted_sums_64 = weighted_sums_64_portable;
@@ -109,7 +110,8 @@ const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& a
   if (!matmul_supports(type))
     fail(
         "matmul on the CPU: weight format {} is not supported (supported: F32, F16, BF16, "
-        "Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0_R16, Q5_0_R16, Q4_K_R16)",
+        "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, "
+        "TQ2_0, MXFP4, Q8_0_R16, Q5_0_R16, Q4_K_R16)",
         dtype_name(type));
   const DTypeInfo& info = dtype_info(type);
   if (args.cols % info.block_elems != 0)
@@ -355,6 +357,12 @@ bool matmul_supports(DType weight_type) {
     case DType::Q8_0_R16:
     case DType::Q5_0_R16:
     case DType::Q4_K_R16:
+    case DType::Q4_1:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
+    case DType::MXFP4:
       return true;
     default:
       return false;
