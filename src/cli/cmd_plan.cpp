@@ -270,7 +270,10 @@ void register_plan(CLI::App& app) {
   cmd->add_option("model", o->model, "GGUF file (first part of a split model); or use --preset");
   cmd->add_option("--preset", o->preset, "plan a built-in model shape instead of a file")
       ->check(CLI::IsMember(inventory_preset_names()));
-  cmd->add_option("--quant", o->quant, "quant mix of the preset")
+  cmd->add_option("--quant", o->quant,
+                  "quant mix of the preset; UD-IQ1_S and UD-IQ2_XXS are the dynamic low-bit mixes "
+                  "(routed experts IQ1_S/IQ2_XXS/IQ3_XXS, the rest Q4_K/Q6_K), for sizing: tandem "
+                  "does not read those i-quants yet")
       ->capture_default_str()
       ->check(CLI::IsMember(inventory_quant_mixes()));
   cmd->add_option("--gpu", o->gpus,

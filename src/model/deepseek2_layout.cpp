@@ -30,6 +30,16 @@ DType mix_type(std::string_view mix, const std::string& name, const TensorRole& 
     if (down && role.layer && q4_k_m_layer_gets_more_bits(*role.layer, n_layer)) return DType::Q6_K;
     return DType::Q4_K;
   }
+  if (mix.starts_with("UD-")) {
+    // The dynamic low-bit mixes: routed experts (nearly all of the bytes, each read by few
+    // tokens) at 1.6-2.1 bits, ffn_down one step above gate/up; everything every token reads at
+    // 4-6 bits.
+    if (role.group == WeightGroup::RoutedExperts) {
+      if (mix == "UD-IQ1_S") return down ? DType::IQ2_XXS : DType::IQ1_S;
+      return down ? DType::IQ3_XXS : DType::IQ2_XXS;  // UD-IQ2_XXS
+    }
+    return down ? DType::Q6_K : DType::Q4_K;
+  }
   // Q2_K: only the routed experts go below 4 bits.
   if (role.group == WeightGroup::RoutedExperts) return down ? DType::Q3_K : DType::Q2_K;
   return DType::Q4_K;
@@ -50,6 +60,11 @@ DType fallback_for_row(DType type, uint64_t row) {
     case DType::Q2_K:
     case DType::Q3_K:
       fallback = DType::Q4_0;
+      break;
+    case DType::IQ1_S:
+    case DType::IQ2_XXS:
+    case DType::IQ3_XXS:
+      fallback = DType::IQ4_NL;
       break;
     default:
       break;
@@ -79,7 +94,8 @@ uint64_t TensorLayout::n_bytes() const {
 }
 
 const std::vector<std::string>& deepseek2_quant_mixes() {
-  static const std::vector<std::string> mixes = {"Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K"};
+  static const std::vector<std::string> mixes = {"Q4_K_M", "Q8_0", "BF16",     "F16",
+                                                 "F32",    "Q2_K", "UD-IQ1_S", "UD-IQ2_XXS"};
   return mixes;
 }
 

@@ -22,10 +22,12 @@ struct TensorLayout {
   uint64_t n_bytes() const;  // n_rows() rows of shape[0] elements in `type`
 };
 
-// The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K".
+// The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K",
+// "UD-IQ1_S", "UD-IQ2_XXS".
 // Rules (vectors, the router and exp_probs_b are F32 in every mix; rows that are not whole
 // blocks of the chosen format fall back as llama.cpp's quantizer does: Q4_K→Q5_0, Q6_K→Q8_0,
-// Q2_K/Q3_K→Q4_0, and anything whose row is not a multiple of 32→F16):
+// Q2_K/Q3_K→Q4_0, the 256-element i-quants→IQ4_NL, and anything whose row is not a multiple
+// of 32→F16):
 //   Q8_0, BF16, F16, F32: every matrix in that format.
 //   Q4_K_M: Q4_K everywhere; output Q6_K; every ffn_down* (dense, shared, routed) Q6_K in the
 //     "more bits" layers (the first and last eighth, and every third layer between).
@@ -35,6 +37,11 @@ struct TensorLayout {
 //     low-bit DeepSeek files keep them (llama.cpp's own Q2_K would put them at Q2_K/Q3_K
 //     because its "more bits for attention" heuristics do not recognise the MLA names; that
 //     changes the total by well under 1%).
+//   UD-IQ1_S, UD-IQ2_XXS: the "dynamic" low-bit files people run DeepSeek-V3/R1 and Kimi-K2
+//     from on one GPU + RAM (131-200 GB for 671B): routed experts gate/up IQ1_S and down
+//     IQ2_XXS (UD-IQ1_S), or gate/up IQ2_XXS and down IQ3_XXS (UD-IQ2_XXS); every other matrix
+//     Q4_K with ffn_down Q6_K, output Q6_K. For plans: tandem does not read IQ1_S, IQ2_XXS or
+//     IQ3_XXS yet.
 const std::vector<std::string>& deepseek2_quant_mixes();
 
 // Every tensor of the main layers (0 .. n_layer - n_nextn_layers - 1; MTP tensors are not

@@ -126,6 +126,17 @@ TEST(Candidates, v3_on_eight_a100s_with_nvlink_spreads_the_experts_and_beats_the
   EXPECT_NE(why.find("replicated"), std::string::npos) << why;  // what is not offered, and why
 }
 
+// Issue 16's planner item: the 1.58-bit-class V3 file fits one 24 GiB GPU and 192 GiB of RAM
+// (with the RAM reserve kept free) and the plan says what it predicts.
+TEST(Candidates, v3_in_the_ud_iq1_s_mix_fits_one_24_gib_gpu_and_192_gib_of_ram) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "UD-IQ1_S");
+  const Placement p = plan(inv, with_reserve(machine({24}, 192), LinkKind::Pcie4));
+  expect_valid(p, inv);
+  EXPECT_TRUE(p.fits) << joined(p.problems);
+  EXPECT_GT(p.predicted.decode_tokens_per_s, 0);
+  EXPECT_GT(p.devices[1].weight_bytes, 0u);  // the GPU holds the hot path and some experts
+}
+
 TEST(Candidates, over_pcie_the_same_machine_predicts_less_and_says_why) {
   const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
   const Placement nvlink = plan(inv, a100s(8, LinkKind::Nvlink));

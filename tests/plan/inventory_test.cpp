@@ -180,7 +180,10 @@ TEST(InventoryFromPreset, totals_match_published_file_sizes) {
         Case{"deepseek-v3", "Q2_K", 216, 239}, Case{"deepseek-v3", "Q8_0", 631, 697},
         Case{"deepseek-coder-v2", "Q4_K_M", 126, 139}, Case{"deepseek-v2", "Q4_K_M", 126, 139},
         Case{"deepseek-v2-lite", "Q4_K_M", 9.2, 10.2},
-        Case{"deepseek-coder-v2-lite", "Q4_K_M", 9.2, 10.2}, Case{"kimi-k2", "Q4_K_M", 549, 607}}) {
+        Case{"deepseek-coder-v2-lite", "Q4_K_M", 9.2, 10.2}, Case{"kimi-k2", "Q4_K_M", 549, 607},
+        // The dynamic low-bit mixes: published R1 files are 131 GB (UD-IQ1_S) and 183 GB
+        // (UD-IQ2_XXS); these mixes keep every routed ffn_down one step up, ~15% more.
+        Case{"deepseek-v3", "UD-IQ1_S", 135, 150}, Case{"deepseek-v3", "UD-IQ2_XXS", 180, 200}}) {
     const ModelInventory inv = inventory_from_preset(c.preset, c.mix);
     const double gib = double(inv.total_weight_bytes()) / kGiB;
     std::printf("%-24s %-7s %8.2f GiB (%7.1f GB), %5zu groups, %6.2f GB read per token\n", c.preset,
@@ -245,6 +248,17 @@ TEST(InventoryFromPreset, q2_k_mix_lowers_only_the_routed_experts) {
   EXPECT_EQ(find_group(q2, "blk.7.shared_experts")->bytes,
             find_group(q4, "blk.7.shared_experts")->bytes);
   EXPECT_EQ(find_group(q2, "output")->bytes, find_group(q4, "output")->bytes);
+}
+
+TEST(InventoryFromPreset, dynamic_mixes_lower_the_routed_experts_to_i_quants) {
+  const auto ud1 = inventory_from_preset("deepseek-v3", "UD-IQ1_S");
+  const auto ud2 = inventory_from_preset("deepseek-v3", "UD-IQ2_XXS");
+  const auto q4 = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  // IQ1_S gate/up (50 bytes per 256) and IQ2_XXS down (66); IQ2_XXS gate/up and IQ3_XXS (98).
+  EXPECT_EQ(find_group(ud1, "blk.7.expert.9")->bytes, 7168u * 2048u / 256u * (2u * 50u + 66u));
+  EXPECT_EQ(find_group(ud2, "blk.7.expert.9")->bytes, 7168u * 2048u / 256u * (2u * 66u + 98u));
+  EXPECT_EQ(find_group(ud1, "blk.7.attention")->bytes, find_group(q4, "blk.7.attention")->bytes);
+  EXPECT_EQ(find_group(ud1, "output")->bytes, find_group(q4, "output")->bytes);
 }
 
 TEST(InventoryWorkBuffers, grow_linearly_with_tokens_and_include_the_logits) {
