@@ -22,20 +22,7 @@ inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) 
 
 // The formats quantize_row cannot write: their tests use random blocks.
 inline bool written_raw(DType type) {
-  switch (type) {
-    case DType::Q2_K:
-    case DType::Q3_K:
-    case DType::Q5_1:
-    case DType::Q4_1:
-    case DType::IQ4_NL:
-    case DType::IQ4_XS:
-    case DType::TQ1_0:
-    case DType::TQ2_0:
-    case DType::MXFP4:
-      return true;
-    default:
-      return false;
-  }
+  return can_dequantize(type) && !can_quantize(type);
 }
 
 // `rows` x `cols` weights of `type`. Formats quantize_row writes are quantized from Gaussian

@@ -34,6 +34,14 @@ bool can_dequantize(DType type) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::Q8_K:
+      return true;
+    default:
+      return decoded_only(type);
+  }
+}
+
+bool decoded_only(DType type) {
+  switch (type) {
     case DType::Q4_1:
     case DType::IQ4_NL:
     case DType::IQ4_XS:

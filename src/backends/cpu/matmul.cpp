@@ -9,6 +9,7 @@
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "quant/interleave.h"
+#include "quant/quant.h"
 
 namespace tandem::cpu {
 namespace {
@@ -357,15 +358,9 @@ bool matmul_supports(DType weight_type) {
     case DType::Q8_0_R16:
     case DType::Q5_0_R16:
     case DType::Q4_K_R16:
-    case DType::Q4_1:
-    case DType::IQ4_NL:
-    case DType::IQ4_XS:
-    case DType::TQ1_0:
-    case DType::TQ2_0:
-    case DType::MXFP4:
       return true;
     default:
-      return false;
+      return decoded_only(weight_type);  // through the reference decoders (dot_dequantized.cpp)
   }
 }
 
