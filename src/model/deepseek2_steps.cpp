@@ -112,13 +112,10 @@ void Deepseek2Model::prepare_step(const Batch& batch) {
     std::sort(step_devices_.begin(), step_devices_.end());
     step_devices_.erase(std::unique(step_devices_.begin(), step_devices_.end()), step_devices_.end());
   }
-  if (Backend* e = devices_.embeddings;
-      std::find(step_devices_.begin(), step_devices_.end(), e) == step_devices_.end())
-    workspace(*e).inputs.tokens = upload(*e, W::kTokens, batch.tokens);
+  workspace(*devices_.embeddings).inputs.tokens = upload(*devices_.embeddings, W::kTokens, batch.tokens);
   for (Backend* on : step_devices_) {
     Workspace& ws = workspace(*on);
     StepInputs& in = ws.inputs;
-    if (on == devices_.embeddings) in.tokens = upload(*on, W::kTokens, batch.tokens);
     in.positions = upload(*on, W::kPositions, batch.positions);
     in.seq_ids = upload(*on, W::kSeqIds, batch.seq_ids);
     // Constant contents, written once for each new length (and again if growing them failed).

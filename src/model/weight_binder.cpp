@@ -166,6 +166,14 @@ WeightView WeightBinder::for_device(WeightView view, const std::string& what, Ba
   return view;
 }
 
+WeightView WeightBinder::place(WeightView view, const std::string& what, Backend& on) {
+  std::vector<uint8_t> made;
+  view = for_device(view, what, on, made);
+  if (on.uses_host_memory() && !made.empty()) view.data = converted_bytes_.emplace_back(std::move(made)).data();
+  view.data = device_pointer(view.data, view.matrix_bytes() * uint64_t(view.n_mats), what, on, &made);
+  return view;
+}
+
 WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int64_t> shape) {
   return matrix(name, shape, backend_);
 }
@@ -180,11 +188,7 @@ WeightView WeightBinder::matrix(std::string_view name, std::initializer_list<int
   view.n_mats = t.shape.size() > 2 ? int64_t(t.shape[2]) : 1;
   view.row_bytes = row_bytes(t.type, t.shape[0]);
   view.data = t.data;
-  std::vector<uint8_t> made;
-  view = for_device(view, std::string(name), on, made);
-  if (on.uses_host_memory() && !made.empty()) view.data = converted_bytes_.emplace_back(std::move(made)).data();
-  view.data = device_pointer(view.data, view.matrix_bytes() * uint64_t(view.n_mats), std::string(name), on, &made);
-  return view;
+  return place(view, std::string(name), on);
 }
 
 WeightView WeightBinder::rows(std::string_view name, std::initializer_list<int64_t> shape,
@@ -200,11 +204,7 @@ WeightView WeightBinder::rows(std::string_view name, std::initializer_list<int64
   WeightView view{.type = t.type, .cols = int64_t(t.shape[0]), .rows = n, .n_mats = 1,
                   .row_bytes = row_bytes(t.type, t.shape[0])};
   view.data = static_cast<const uint8_t*>(t.data) + uint64_t(first) * view.row_bytes;
-  std::vector<uint8_t> made;
-  view = for_device(view, std::string(name), on, made);
-  if (on.uses_host_memory() && !made.empty()) view.data = converted_bytes_.emplace_back(std::move(made)).data();
-  view.data = device_pointer(view.data, view.matrix_bytes(), std::string(name), on, &made);
-  return view;
+  return place(view, std::string(name), on);
 }
 
 WeightView WeightBinder::columns(std::string_view name, std::initializer_list<int64_t> shape,

@@ -88,6 +88,9 @@ class WeightBinder {
   // The matrices of a view in a format `on` multiplies: an interleaved format (`tandem repack`,
   // CPU-only) taken apart into its base format's rows for a device without its kernels.
   WeightView for_device(WeightView view, const std::string& what, Backend& on, std::vector<uint8_t>& made);
+  // A view of the file's bytes made usable on `on`: for_device(), then in place on the host or
+  // queued for upload (device_pointer).
+  WeightView place(WeightView view, const std::string& what, Backend& on);
 
   const gguf::GgufFile& file_;
   Backend& backend_;

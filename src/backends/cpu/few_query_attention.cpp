@@ -13,18 +13,22 @@ namespace {
 // Keys per task: enough that a task's work dwarfs claiming it.
 constexpr int64_t kKeysPerTask = 64;
 
+// Queries in groups of 16, transposed for key_scores_16: group g's column c is the 16 floats at
+// out[(g * cols + c) * 16] (missing queries of the last group are zeros).
+void transpose_queries(const float* x, int64_t x_stride, int64_t n_queries, int64_t cols,
+                       std::vector<float>& out) {
+  out.assign(size_t((n_queries + 15) / 16 * cols * 16), 0.0f);
+  for (int64_t q = 0; q < n_queries; ++q)
+    for (int64_t c = 0; c < cols; ++c) out[size_t(((q / 16) * cols + c) * 16 + q % 16)] = x[q * x_stride + c];
+}
+
 void run_key_scores(const KernelTable& table, const KeyScoresArgs& a, ThreadPool& pool) {
   TANDEM_CHECK(a.cols >= 0 && a.cols <= a.key_stride && a.cols <= a.x_stride && a.n_keys >= 0 &&
                a.n_queries >= 0 && a.n_keys <= a.score_stride);
-  // Groups of 16 queries, transposed: group g's column c is the 16 floats at
-  // transposed[(g * cols + c) * 16] (missing queries of the last group are zeros).
   const int64_t n_groups = (a.n_queries + 15) / 16;
   thread_local std::vector<float> transposed_storage;
   std::vector<float>& transposed = transposed_storage;  // named here: workers see the caller's
-  transposed.assign(size_t(n_groups * a.cols * 16), 0.0f);
-  for (int64_t q = 0; q < a.n_queries; ++q)
-    for (int64_t c = 0; c < a.cols; ++c)
-      transposed[size_t(((q / 16) * a.cols + c) * 16 + q % 16)] = a.x[q * a.x_stride + c];
+  transpose_queries(a.x, a.x_stride, a.n_queries, a.cols, transposed);
   const int64_t n_tasks = (a.n_keys + kKeysPerTask - 1) / kKeysPerTask;
   pool.parallel_for(n_tasks * n_groups, [&](int64_t task, int) {
     const int64_t g = task % n_groups, first = (task / n_groups) * kKeysPerTask;
@@ -99,14 +103,10 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
     const int64_t keys = a.last_key[t] + 1, part_size = part_keys(keys);
     const int64_t part_first = (i - first_part[size_t(t)]) * part_size;
     const int64_t n_part_keys = std::min(part_size, keys - part_first);
-    // Each thread's own scratch: the token's queries in groups of 16, transposed (group g's
-    // column c is the 16 floats at (g * cols + c) * 16; missing queries are zeros), a block's
-    // scores and weighted sums, and how much the sums before it shrink.
+    // Each thread's own scratch: the token's queries transposed, a block's scores and weighted
+    // sums, and how much the sums before it shrink.
     thread_local std::vector<float> transposed, scores, block_acc, old_scale;
-    transposed.assign(size_t(n_groups * a.cols * 16), 0.0f);
-    for (int64_t q = 0; q < H; ++q)
-      for (int64_t c = 0; c < a.cols; ++c)
-        transposed[size_t(((q / 16) * a.cols + c) * 16 + q % 16)] = a.x[(t * H + q) * a.x_stride + c];
+    transpose_queries(a.x + t * H * a.x_stride, a.x_stride, H, a.cols, transposed);
     scores.resize(size_t(H * kAttendBlock));
     block_acc.resize(size_t(H * a.n_out));
     old_scale.resize(size_t(H));
