@@ -6,6 +6,14 @@ namespace tandem {
 
 bool Backend::copy_from_peer(Backend&, void*, const void*, size_t) { return false; }
 
+bool Backend::copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes) {
+  return to.copy_from_peer(*this, peer_dst, src, bytes);
+}
+
+void Backend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
+  for (const float* part : parts) add(y, part, n);
+}
+
 // Backends without graphs: the executor asks can_capture() first, so reaching these is a bug.
 void Backend::begin_capture() { fail("{}: this device cannot capture a step as a graph", name()); }
 std::unique_ptr<Graph> Backend::end_capture() {

@@ -217,6 +217,11 @@ class Backend {
   // either afterwards touches the two buffers. True when this pair of devices can (GPUs of one
   // machine: a peer copy); false, having done nothing, otherwise: the caller goes through the host.
   virtual bool copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes);
+  // The same copy, run by this (the sending) device's stream rather than the receiver's, so that
+  // several devices sending to one at once copy in parallel (a gather) instead of taking turns
+  // on the receiver's stream. Same ordering and return value as `to.copy_from_peer(*this, ...)`,
+  // which is what backends without their own streams do.
+  virtual bool copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes);
   // Host memory that copy_*_async can use without blocking (page-locked for CUDA, on 2 MiB
   // pages); plain host memory elsewhere.
   virtual std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) = 0;
@@ -266,6 +271,9 @@ class Backend {
   virtual void moe_reduce(const MoeReduceOp& op) = 0;
   // y += x over n floats.
   virtual void add(float* y, const float* x, int64_t n) = 0;
+  // y += parts[0], then += parts[1], ... over n floats: the rounding of one add() per part in
+  // that order, as one op (how a layer's device sums the partial results other devices sent).
+  virtual void add_parts(float* y, std::span<const float* const> parts, int64_t n);
   // y = 0 over n floats.
   virtual void zero(float* y, int64_t n) = 0;
   // Copies `n_rows` rows of `row_len` floats between strided layouts on this device.

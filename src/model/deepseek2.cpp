@@ -316,13 +316,20 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
     run_share(shard, input, latent, dws.get(W::kPartial, T * embd));
   }
   run_share(l.head_shards.front(), q_input, kv, out);
+  // The other shares' partial outputs, sent all at once into their own places here, then added
+  // in share order by one op.
+  const int64_t n_others = int64_t(l.head_shards.size()) - 1;
+  float* others = ws.get(W::kOtherPartials, n_others * T * embd);
+  std::vector<const float*> parts;
   for (HeadShard& shard : l.head_shards) {
     Backend& dev = *shard.device;
     if (&dev == &be) continue;
-    float* other = ws.get(W::kPartial, T * embd);
-    transfer(dev, workspace(dev).get(W::kPartial, T * embd), be, other, size_t(T * embd) * sizeof(float));
-    be.add(out, other, T * embd);
+    float* place = others + int64_t(parts.size()) * T * embd;
+    transfer(dev, workspace(dev).get(W::kPartial, T * embd), be, place,
+             size_t(T * embd) * sizeof(float), CopiedBy::Sender);
+    parts.push_back(place);
   }
+  be.add_parts(out, parts, T * embd);
 }
 
 void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at,
@@ -568,23 +575,29 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
   for (const ExpertShard& shard : l.shards)
     if (shard.device == &be) be.moe(op_for(shard, h, ids, slots));
 
-  // The other devices' slots: the first taken as they are when this device holds none of the
-  // layer's experts, the others added in.
+  // The other devices' slots, sent all at once, each into its own place here (the first straight
+  // into `slots` when this device holds none of the layer's experts), then added in by one op.
+  int64_t n_others = 0;
+  for (const ExpertShard& shard : l.shards) n_others += shard.device != &be;
+  const int64_t n_places = own_shard ? n_others : n_others - 1;
+  float* others = n_places > 0 ? ws.get(W::kOtherSlots, n_places * slot_floats) : nullptr;
+  std::vector<const float*> parts;
   bool have_slots = own_shard;
   for (const ExpertShard& shard : l.shards) {
     Backend& device = *shard.device;
     if (&device == &be) continue;
-    float* other = have_slots ? ws.get(W::kOtherSlots, slot_floats) : slots;
+    float* place = have_slots ? others + int64_t(parts.size()) * slot_floats : slots;
     if (device.uses_host_memory()) {
       be.wait_for(host_done);
-      be.copy_from_host_async(other, host_slots, size_t(slot_floats) * sizeof(float));
+      be.copy_from_host_async(place, host_slots, size_t(slot_floats) * sizeof(float));
     } else {
-      transfer(device, workspace(device).get(W::kSlots, slot_floats), be, other,
-               size_t(slot_floats) * sizeof(float));
+      transfer(device, workspace(device).get(W::kSlots, slot_floats), be, place,
+               size_t(slot_floats) * sizeof(float), CopiedBy::Sender);
     }
-    if (have_slots) be.add(slots, other, slot_floats);
+    if (have_slots) parts.push_back(place);
     have_slots = true;
   }
+  be.add_parts(slots, parts, slot_floats);
   be.moe_reduce({.slots = slots, .weights = weights, .n_tokens = T, .top_k = k, .dim = embd,
                  .output = out});
 }

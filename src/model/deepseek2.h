@@ -113,8 +113,11 @@ class Deepseek2Model {
   // The copy of `cache` on a share's device (allocated the first time that cache is seen).
   const KvLayerView& cache_copy(HeadShard& shard, const KvLayerView& cache);
   // Moves `bytes` from one device's buffer to another's: a peer copy between GPUs (no host wait),
-  // through the host otherwise.
-  void transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes);
+  // through the host otherwise. The receiver's stream runs a peer copy, or with CopiedBy::Sender
+  // the sender's: what a gather uses, so that several devices' copies to one run at once.
+  enum class CopiedBy { Receiver, Sender };
+  void transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes,
+                CopiedBy by = CopiedBy::Receiver);
   // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
   // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
   // model has them) to `shared_out`.

@@ -98,12 +98,13 @@ struct Deepseek2Model::Workspace {
     kLatent,         // [T, kv_lora + rope]
     kAttention,      // [T, n_head * v_head]
     kOutput,         // [T, n_embd] sub-layer output
-    kPartial,        // [T, n_embd] another device's part of a head-split attention output
+    kPartial,        // [T, n_embd] this device's part of another's head-split attention output
+    kOtherPartials,  // [shares - 1, T, n_embd] the other shares' parts, received by the layer's
     kShared,         // [T, n_embd] shared experts output
     kSharedSlot,     // [T, 1, n_embd] shared experts before weighting
     kRouter,         // [T, n_expert]
     kSlots,          // [T, top_k, n_embd] expert outputs before weighting
-    kOtherSlots,     // [T, top_k, n_embd] slots another device computed, to be added
+    kOtherSlots,     // [devices - 1, T, top_k, n_embd] slots other devices computed, to be added
     kExpertIds,      // [T, top_k] int32 routing of the current MoE layer
     kExpertWeights,  // [T, top_k]
     kGuessIds,       // [T, top_k] int32 the next layer's routing guessed from this one's input
@@ -161,11 +162,12 @@ struct Deepseek2Model::Workspace {
                                                    "attention output",
                                                    "sub-layer output",
                                                    "partial attention output",
+                                                   "other devices' partial attention outputs",
                                                    "shared experts output",
                                                    "shared experts slot",
                                                    "router logits",
                                                    "expert outputs",
-                                                   "expert outputs of another device",
+                                                   "expert outputs of other devices",
                                                    "expert ids",
                                                    "expert weights",
                                                    "guessed expert ids",

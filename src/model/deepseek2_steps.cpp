@@ -73,14 +73,16 @@ Deepseek2Model::Workspace& Deepseek2Model::workspace(Backend& on) {
 }
 
 void Deepseek2Model::transfer(Backend& from, const void* src, Backend& to, void* dst,
-                              size_t bytes) {
+                              size_t bytes, CopiedBy by) {
   if (&from == &to) {
     if (src != dst)
       to.copy_rows(static_cast<float*>(dst), 0, static_cast<const float*>(src), 0, 1,
                    int64_t(bytes / sizeof(float)));
     return;
   }
-  if (to.copy_from_peer(from, dst, src, bytes)) return;  // GPU to GPU: no host wait
+  const bool peer = by == CopiedBy::Sender ? from.copy_to_peer(to, dst, src, bytes)
+                                           : to.copy_from_peer(from, dst, src, bytes);
+  if (peer) return;  // GPU to GPU: no host wait
   if (staging_.size() < bytes) staging_.resize(bytes);
   from.copy_to_host(staging_.data(), src, bytes);
   to.copy_from_host(dst, staging_.data(), bytes);

@@ -387,7 +387,10 @@ class StepModel {
     int remote_gpus = 0;
     for (size_t d = 0; d < ffn.size(); ++d)
       remote_gpus += ffn[d].ops > 0 && is_gpu(int32_t(d)) && int32_t(d) != owner;
-    double gather_s = 0, gather_copy_s = 0;
+    // The gather: every other GPU sends its slots when its part ends, all at once (each copy on
+    // its own stream), so the layer's device waits one latency after the slowest part plus the
+    // bytes of all of them through its link, then adds them in with one op.
+    double gather_copy_s = 0;
     for (size_t d = 0; d < ffn.size(); ++d) {
       if (ffn[d].ops == 0 || !is_gpu(int32_t(d))) continue;
       Branch b{.dev = int32_t(d), .part = ffn[d]};
@@ -398,9 +401,7 @@ class StepModel {
         // There it zeroes its slots and runs one moe op.
         b.part.ops = 1;
         b.part.extra_s += params_.gpu_small_op_s;
-        const double copy_s = link.latency_s + out_bytes / link.bandwidth_bytes_per_s;
-        gather_copy_s += copy_s;
-        gather_s += copy_s + small_op_s(owner);
+        gather_copy_s = link.latency_s + remote_gpus * out_bytes / link.bandwidth_bytes_per_s;
       } else if (remote_gpus > 0 || host_parts > 0) {
         b.part.extra_s += params_.gpu_small_op_s;  // its slots zeroed before the others add in
       }
@@ -434,14 +435,14 @@ class StepModel {
     const double wait_s = std::max(expected_max(dists) - total(out), 0.0);
     add_to(out, branches[slowest].dev, wait_s);
     out.decode_seconds_transfer += gather_copy_s;
-    add_to(out, owner, gather_s - gather_copy_s);
+    if (remote_gpus > 0) add_to(out, owner, small_op_s(owner));
     return out;
   }
 
   // The divided part of a head-split attention: each share's device gets the q_a and kv_a rows
-  // from the owner (one broadcast that shares the owner's link), computes its heads, and the
-  // owner takes back each partial output in turn and adds it in. The layer waits for the slowest
-  // share.
+  // from the owner (one broadcast that shares the owner's link), computes its heads, and sends
+  // its partial output back (all at once, sharing the owner's link); the owner adds them in with
+  // one op. The layer waits for the slowest share.
   Prediction heads_seconds(int32_t owner, const std::vector<HeadShare>& shares,
                            const Part& all_heads, const InventoryGroup& weights,
                            int64_t batch) const {
@@ -470,9 +471,9 @@ class StepModel {
       }
       if (total(p) > slowest) slowest = total(p), out = p;
     }
-    for (const HeadShare& share : shares) {
-      if (share.device == owner) continue;
-      out.decode_seconds_transfer += transfer_s(share.device, owner, partial_bytes);
+    if (remote > 0) {
+      const LinkCost link = link_between(shares.back().device, owner);
+      out.decode_seconds_transfer += link.latency_s + remote * partial_bytes / link.bandwidth_bytes_per_s;
       add_to(out, owner, small_op_s(owner));
     }
     return out;

@@ -97,13 +97,15 @@ struct CostParams {
   double host_copy_latency_s = 10e-6;
 
   // ---- collectives of a parallel MoE layer ----------------------------------------------------
-  // The executor (model/deepseek2.cpp routed_experts) sends the layer's input and routing to each
-  // device that holds some of its experts (one copy each, on that device's stream, all at once:
-  // a broadcast that shares the sender's link), and takes back each device's slot outputs one
-  // after another on the layer's device, adding each in (a gather-reduce in a fixed order). Each
-  // peer in the gather costs a copy (latency + bytes) and one small add kernel. For scale: an
-  // 8-byte NCCL all_reduce over NVLink 3 takes ~10 us (nccl-tests issue 331, A100); the gather
-  // of one peer is ~2.5 us + an add here, so seven peers cost about two such collectives.
+  // The executor (model/deepseek2.cpp routed_experts, split_attention) sends the layer's input and
+  // routing to each device that holds some of its experts or heads (one copy each, on that
+  // device's stream, all at once: a broadcast that shares the sender's link), and each of them
+  // sends its outputs back on its own stream into a place of its own on the layer's device, all
+  // at once (a gather that shares the receiver's link); the layer's device then adds them in a
+  // fixed order with one op (add_parts). So a gather costs one copy's latency, the bytes of all
+  // peers through one link, and one small kernel, whatever the number of peers. For scale: an
+  // 8-byte NCCL all_reduce over NVLink 3 takes ~10 us (nccl-tests issue 331, A100); a gather
+  // here is ~2.5 us + the bytes + an add.
   // One small kernel (an add, a zero) inside a captured CUDA graph: the ~2-3 us each kernel of a
   // coarse op costs (see cuda.op_overhead_s).
   double gpu_small_op_s = 3e-6;

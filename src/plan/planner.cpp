@@ -497,7 +497,8 @@ void Planner::explain() {
     out.push_back(fmt::format(
         "{} stays idle: the model fits on the other GPUs, and the best candidate that gives it "
         "work ({}) predicts decode {:.2f} tokens/s against {:.2f}: each GPU more in a layer's "
-        "experts reads fewer bytes there but adds a copy back and an add to every MoE layer "
+        "experts reads fewer bytes there but adds its inputs and outputs to the copies of every "
+        "parallel layer "
         "(copies: {:.2f} ms of its step against {:.2f} ms)",
         name(g), specs_[size_t(best)].name, b.predicted.decode_tokens_per_s,
         chosen.predicted.decode_tokens_per_s, b.predicted.decode_seconds_transfer * 1e3,

@@ -265,6 +265,24 @@ TEST_F(CudaBackendTest, AddZeroAndCopyRowsAreExact) {
     cpu_.add(y_cpu.data(), x.data(), n);
     EXPECT_TRUE(same_bits(to_host(gpu(), y_dev), y_cpu)) << "add n=" << n;
 
+    // add_parts: past eight parts the kernel launches again; the bits are the CPU's.
+    for (size_t n_parts : {size_t(1), size_t(3), size_t(11)}) {
+      std::vector<std::vector<float>> parts;
+      std::vector<DeviceArray<float>> parts_dev;
+      std::vector<const float*> on_cpu, on_gpu;
+      for (size_t p = 0; p < n_parts; ++p) {
+        parts.push_back(gaussian(size_t(n), ++seed));
+        parts_dev.push_back(to_device(gpu(), parts.back()));
+        on_cpu.push_back(parts.back().data());
+        on_gpu.push_back(parts_dev.back().data());
+      }
+      std::vector<float> sum_cpu = gaussian(size_t(n) + kGuard, ++seed);
+      const auto sum_dev = to_device(gpu(), sum_cpu);
+      gpu().add_parts(sum_dev.data(), on_gpu, n);
+      cpu_.add_parts(sum_cpu.data(), on_cpu, n);
+      EXPECT_TRUE(same_bits(to_host(gpu(), sum_dev), sum_cpu)) << "add_parts " << n_parts << " n=" << n;
+    }
+
     const auto z_dev = poisoned(gpu(), size_t(n) + kGuard);
     std::vector<float> z_cpu(size_t(n) + kGuard, poison_value());
     gpu().zero(z_dev.data(), n);

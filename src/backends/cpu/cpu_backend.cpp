@@ -117,6 +117,15 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void CpuBackend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
+  if (parts.empty()) return;
+  for (int64_t i = 0; i < n; ++i) {
+    float sum = y[i];
+    for (const float* part : parts) sum += part[i];
+    y[i] = sum;
+  }
+}
+
 void CpuBackend::zero(float* y, int64_t n) {
   std::fill(y, y + n, 0.0f);
 }

@@ -46,6 +46,7 @@ class CpuBackend final : public Backend {
   void moe(const MoeOp& op) override;
   void moe_reduce(const MoeReduceOp& op) override;
   void add(float* y, const float* x, int64_t n) override;
+  void add_parts(float* y, std::span<const float* const> parts, int64_t n) override;
   void zero(float* y, int64_t n) override;
   void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                  int64_t n_rows, int64_t row_len) override;

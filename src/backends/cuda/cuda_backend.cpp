@@ -265,26 +265,39 @@ bool CudaBackend::copy_from_peer(Backend& from, void* device_dst, const void* pe
         cudaMemcpyAsync(device_dst, peer_src, bytes, cudaMemcpyDeviceToDevice, stream_));
     return true;
   }
-  // Direct access where the hardware allows it, asked for once per pair.
-  {
-    std::lock_guard lock(peer_mutex_);
-    if (std::find(peers_enabled_.begin(), peers_enabled_.end(), peer->device_) ==
-        peers_enabled_.end()) {
-      int can = 0;
-      activate();
-      // Refused (already on, too many peers): the driver stages the copies through the host.
-      if (cudaDeviceCanAccessPeer(&can, device_, peer->device_) == cudaSuccess && can)
-        (void)cudaDeviceEnablePeerAccess(peer->device_, 0);
-      (void)cudaGetLastError();
-      peers_enabled_.push_back(peer->device_);
-    }
-  }
+  enable_peer_access(peer->device_);
   wait_for(from.record_event());  // the source is written
   activate();
   TANDEM_CUDA_CHECK(
       cudaMemcpyPeerAsync(device_dst, device_, peer_src, peer->device_, bytes, stream_));
   from.wait_for(record_event());  // the source is not overwritten before it is read
   return true;
+}
+
+bool CudaBackend::copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes) {
+  auto* peer = dynamic_cast<CudaBackend*>(&to);
+  if (!peer) return false;
+  if (peer == this) return copy_from_peer(*this, peer_dst, src, bytes);
+  enable_peer_access(peer->device_);
+  wait_for(to.record_event());  // the destination is no longer read by what came before
+  activate();
+  TANDEM_CUDA_CHECK(cudaMemcpyPeerAsync(peer_dst, peer->device_, src, device_, bytes, stream_));
+  to.wait_for(record_event());  // the receiver's later ops see the copy
+  return true;
+}
+
+// Direct access where the hardware allows it, asked for once per pair.
+void CudaBackend::enable_peer_access(int peer_device) {
+  std::lock_guard lock(peer_mutex_);
+  if (std::find(peers_enabled_.begin(), peers_enabled_.end(), peer_device) != peers_enabled_.end())
+    return;
+  int can = 0;
+  activate();
+  // Refused (already on, too many peers): the driver stages the copies through the host.
+  if (cudaDeviceCanAccessPeer(&can, device_, peer_device) == cudaSuccess && can)
+    (void)cudaDeviceEnablePeerAccess(peer_device, 0);
+  (void)cudaGetLastError();
+  peers_enabled_.push_back(peer_device);
 }
 
 void CudaBackend::copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
@@ -578,6 +591,12 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
   if (n == 0) return;
   activate();
   cuda::add(y, x, n, stream_);
+}
+
+void CudaBackend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
+  if (n == 0 || parts.empty()) return;
+  activate();
+  cuda::add_parts(y, parts, n, stream_);
 }
 
 void CudaBackend::zero(float* y, int64_t n) {

@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
   // Another GPU's memory: cudaMemcpyPeerAsync (direct over NVLink/PCIe where the two can reach
   // each other, staged by the driver otherwise), ordered by events on both streams.
   bool copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes) override;
+  bool copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes) override;
   std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
   void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
   void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
@@ -62,6 +63,7 @@ class CudaBackend final : public Backend {
   void moe(const MoeOp& op) override;
   void moe_reduce(const MoeReduceOp& op) override;
   void add(float* y, const float* x, int64_t n) override;
+  void add_parts(float* y, std::span<const float* const> parts, int64_t n) override;
   void zero(float* y, int64_t n) override;
   void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                  int64_t n_rows, int64_t row_len) override;
@@ -111,6 +113,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DeviceBuffer> staging_[2];
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
   std::mutex peer_mutex_;
+  void enable_peer_access(int peer_device);
   std::vector<int> peers_enabled_;  // devices whose memory this one was given access to (or asked)
 };
 

@@ -1,6 +1,7 @@
 // The small ops on the GPU: RMSNorm, residual adds, fills, strided row copies, and embedding
 // lookups (any weight format, decoded by quant/block_decode.h). Each is a pass over memory; their
 // launches, not their bytes, are what costs at decode, which is why decode steps are graphs.
+#include <algorithm>
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
@@ -41,6 +42,22 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __fadd_rn(y[i], x[i]);
+}
+
+// Up to eight parts by value, so a captured launch keeps them without a buffer of pointers.
+struct Parts {
+  static constexpr int kMax = 8;
+  const float* p[kMax];
+  int n;
+};
+
+__global__ void add_parts_kernel(float* y, Parts parts, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float sum = y[i];
+    for (int k = 0; k < parts.n; ++k) sum = __fadd_rn(sum, parts.p[k][i]);
+    y[i] = sum;
+  }
 }
 
 __global__ void fill_kernel(float* y, float value, int64_t n) {
@@ -84,6 +101,16 @@ void rms_norm(const RmsNormOp& op, cudaStream_t stream) {
 void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
   add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
   TANDEM_CUDA_CHECK_LAUNCH(add_kernel);
+}
+
+void add_parts(float* y, std::span<const float* const> parts, int64_t n, cudaStream_t stream) {
+  for (size_t first = 0; first < parts.size(); first += Parts::kMax) {
+    Parts some{};
+    some.n = int(std::min<size_t>(Parts::kMax, parts.size() - first));
+    for (int k = 0; k < some.n; ++k) some.p[k] = parts[first + size_t(k)];
+    add_parts_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, some, n);
+    TANDEM_CUDA_CHECK_LAUNCH(add_parts_kernel);
+  }
 }
 
 void fill(float* y, float value, int64_t n, cudaStream_t stream) {

@@ -102,6 +102,8 @@ void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_strid
 
 void rms_norm(const RmsNormOp& op, cudaStream_t stream);
 void add(float* y, const float* x, int64_t n, cudaStream_t stream);
+// y += parts[0], += parts[1], ... in order (any number of parts; a launch per eight).
+void add_parts(float* y, std::span<const float* const> parts, int64_t n, cudaStream_t stream);
 void fill(float* y, float value, int64_t n, cudaStream_t stream);
 void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
                int64_t row_len, cudaStream_t stream);

@@ -292,6 +292,12 @@ void SimBackend::moe_route(const MoeRouteOp& op) { submit([=, this] { compute_.m
 void SimBackend::moe(const MoeOp& op) { submit([=, this] { compute_.moe(op); }); }
 void SimBackend::moe_reduce(const MoeReduceOp& op) { submit([=, this] { compute_.moe_reduce(op); }); }
 void SimBackend::add(float* y, const float* x, int64_t n) { submit([=, this] { compute_.add(y, x, n); }); }
+void SimBackend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
+  if (parts.empty()) return;
+  submit([=, this, parts = std::vector<const float*>(parts.begin(), parts.end())] {
+    compute_.add_parts(y, parts, n);
+  });
+}
 void SimBackend::zero(float* y, int64_t n) { submit([=, this] { compute_.zero(y, n); }); }
 void SimBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                            int64_t n_rows, int64_t row_len) {
