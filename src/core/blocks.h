@@ -89,6 +89,10 @@ struct BlockQ4_1 {
   uint8_t qs[16];
 };
 
+// IQ4_NL's 16 levels: not a formula but a fitted table, part of the format's definition.
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // IQ4_NL: x = d * kIq4NlValues[q], q 4 bits laid out as in Q4_0: a non-linear 4-bit grid.
 struct BlockIQ4_NL {
   uint16_t d;
@@ -104,6 +108,13 @@ struct BlockIQ4_XS {
   uint8_t scales_l[4];
   uint8_t qs[128];
 };
+
+// Sub-block `sub`'s scale of an IQ4_XS block, its offset taken off: -32..31.
+inline int iq4_xs_sub_scale(const BlockIQ4_XS& block, int sub) {
+  const int low = (block.scales_l[sub / 2] >> (4 * (sub % 2))) & 0xF;
+  const int high = (block.scales_h >> (2 * sub)) & 3;
+  return (low | high << 4) - 32;
+}
 
 // TQ2_0: ternary, x = d * (q - 1), q 2 bits; byte m of each 32-byte half holds elements
 // 128 h + 32 k + m in its bits 2k, 2k + 1.

@@ -30,6 +30,9 @@ DType mix_type(std::string_view mix, const std::string& name, const TensorRole& 
     if (down && role.layer && q4_k_m_layer_gets_more_bits(*role.layer, n_layer)) return DType::Q6_K;
     return DType::Q4_K;
   }
+  // IQ4_XS: every matrix in it, as llama.cpp's IQ4_XS files (rows not a multiple of 256 fall
+  // back to IQ4_NL below).
+  if (mix == "IQ4_XS") return DType::IQ4_XS;
   if (mix.starts_with("UD-")) {
     // The dynamic low-bit mixes: routed experts (nearly all of the bytes, each read by few
     // tokens) at 1.6-2.1 bits, ffn_down one step above gate/up; everything every token reads at
@@ -64,6 +67,7 @@ DType fallback_for_row(DType type, uint64_t row) {
     case DType::IQ1_S:
     case DType::IQ2_XXS:
     case DType::IQ3_XXS:
+    case DType::IQ4_XS:
       fallback = DType::IQ4_NL;
       break;
     default:
@@ -94,8 +98,8 @@ uint64_t TensorLayout::n_bytes() const {
 }
 
 const std::vector<std::string>& deepseek2_quant_mixes() {
-  static const std::vector<std::string> mixes = {"Q4_K_M", "Q8_0", "BF16",     "F16",
-                                                 "F32",    "Q2_K", "UD-IQ1_S", "UD-IQ2_XXS"};
+  static const std::vector<std::string> mixes = {"Q4_K_M", "Q8_0",   "BF16",     "F16",       "F32",
+                                                 "Q2_K",   "IQ4_XS", "UD-IQ1_S", "UD-IQ2_XXS"};
   return mixes;
 }
 

@@ -22,7 +22,7 @@ struct TensorLayout {
   uint64_t n_bytes() const;  // n_rows() rows of shape[0] elements in `type`
 };
 
-// The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K",
+// The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K", "IQ4_XS",
 // "UD-IQ1_S", "UD-IQ2_XXS".
 // Rules (vectors, the router and exp_probs_b are F32 in every mix; rows that are not whole
 // blocks of the chosen format fall back as llama.cpp's quantizer does: Q4_K→Q5_0, Q6_K→Q8_0,
@@ -37,6 +37,8 @@ struct TensorLayout {
 //     low-bit DeepSeek files keep them (llama.cpp's own Q2_K would put them at Q2_K/Q3_K
 //     because its "more bits for attention" heuristics do not recognise the MLA names; that
 //     changes the total by well under 1%).
+//   IQ4_XS: every matrix IQ4_XS (rows not a multiple of 256 IQ4_NL), output Q6_K, as llama.cpp
+//     writes IQ4_XS files.
 //   UD-IQ1_S, UD-IQ2_XXS: the "dynamic" low-bit files people run DeepSeek-V3/R1 and Kimi-K2
 //     from on one GPU + RAM (131-200 GB for 671B): routed experts gate/up IQ1_S and down
 //     IQ2_XXS (UD-IQ1_S), or gate/up IQ2_XXS and down IQ3_XXS (UD-IQ2_XXS); every other matrix

@@ -173,6 +173,7 @@ int32_t llama_file_type(const std::string& format) {
   if (format == "F16") return 1;
   if (format == "Q8_0") return 7;
   if (format == "Q4_K_M") return 15;
+  if (format == "IQ4_XS") return 30;
   return 32;  // BF16
 }
 
@@ -200,7 +201,7 @@ const SyntheticPreset& find_synthetic_preset(const std::string& name) {
 }
 
 const std::vector<std::string>& synthetic_formats() {
-  static const std::vector<std::string> formats = {"Q4_K_M", "Q8_0", "BF16", "F16", "F32"};
+  static const std::vector<std::string> formats = {"Q4_K_M", "IQ4_XS", "Q8_0", "BF16", "F16", "F32"};
   return formats;
 }
 
@@ -209,7 +210,7 @@ SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPo
   SyntheticPreset preset = find_synthetic_preset(options.preset);
   const auto& formats = synthetic_formats();
   if (std::find(formats.begin(), formats.end(), options.format) == formats.end())
-    fail("unknown --format '{}'; choose one of Q4_K_M, Q8_0, BF16, F16, F32", options.format);
+    fail("unknown --format '{}'; choose one of Q4_K_M, IQ4_XS, Q8_0, BF16, F16, F32", options.format);
   Deepseek2Hparams& hp = preset.hparams;
   if (options.n_layers) {
     if (*options.n_layers <= hp.n_leading_dense)

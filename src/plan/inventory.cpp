@@ -137,6 +137,8 @@ std::string quant_mix_of(const gguf::GgufFile& file) {
       return "Q2_K";
     case 15:
       return "Q4_K_M";
+    case 30:
+      return "IQ4_XS";
     case 32:
       return "BF16";
     default:

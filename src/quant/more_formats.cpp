@@ -10,10 +10,6 @@
 namespace tandem::quant {
 namespace {
 
-// IQ4_NL's 16 levels: not a formula but a fitted table, part of the format's definition.
-constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                     1,    13,   25,  38,  53,  69,  89,  113};
-
 // FP4 E2M1 values, doubled so that they are integers: sign bit 3, exponent bits 1-2 (bias 1),
 // mantissa bit 0; exponent 0 is subnormal (m * 0.5). MXFP4 halves its block scale to make up.
 constexpr std::array<int8_t, 16> kE2M1Doubled = [] {
@@ -69,9 +65,7 @@ void dequantize_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float d = f16_to_f32(x[b].d);
     for (int sub = 0; sub < 8; ++sub, y += 32) {
-      const int low = (x[b].scales_l[sub / 2] >> (4 * (sub % 2))) & 0xF;
-      const int high = (x[b].scales_h >> (2 * sub)) & 3;
-      const float dl = d * float((low | high << 4) - 32);
+      const float dl = d * float(iq4_xs_sub_scale(x[b], sub));
       const uint8_t* qs = x[b].qs + 16 * sub;
       for (int j = 0; j < 16; ++j) {
         y[j] = dl * float(kIq4NlValues[qs[j] & 0xF]);

@@ -34,6 +34,8 @@ bool can_dequantize(DType type) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::Q8_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return decoded_only(type);
@@ -43,8 +45,6 @@ bool can_dequantize(DType type) {
 bool decoded_only(DType type) {
   switch (type) {
     case DType::Q4_1:
-    case DType::IQ4_NL:
-    case DType::IQ4_XS:
     case DType::TQ1_0:
     case DType::TQ2_0:
     case DType::MXFP4:
@@ -66,6 +66,8 @@ bool can_quantize(DType type) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::Q8_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;
@@ -146,6 +148,10 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return quantize_q5_k(src, static_cast<BlockQ5_K*>(dst), blocks);
     case DType::Q6_K:
       return quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), blocks);
+    case DType::IQ4_NL:
+      return quantize_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), blocks);
+    case DType::IQ4_XS:
+      return quantize_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), blocks);
     case DType::Q8_K:
       return quantize_q8_k(src, static_cast<BlockQ8_K*>(dst), blocks);
     default:

@@ -15,11 +15,12 @@ namespace tandem {
 // Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (and Q8_K, the activation format).
 bool can_dequantize(DType type);
 // The formats tandem decodes with its reference decoders but neither writes nor has kernels of
-// their own for yet: Q4_1, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4.
+// their own for yet: Q4_1, TQ1_0, TQ2_0, MXFP4.
 bool decoded_only(DType type);
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 
-// Formats quantize_row writes: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K.
+// Formats quantize_row writes: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+// IQ4_XS, Q8_K.
 // Deterministic for a given input; chosen for low error at a speed that can write a 10 GB
 // model in minutes, not for equality with any other tool's quantizer.
 bool can_quantize(DType type);

@@ -59,9 +59,10 @@ constexpr FormatBound kInt16ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 1e-5}, {DType::Q8_0, 5e-5},
     {DType::Q4_0, 5e-5}, {DType::Q5_0, 5e-5}, {DType::Q5_1, 5e-5}, {DType::Q2_K, 3e-5},
     {DType::Q3_K, 3e-5}, {DType::Q4_K, 3e-5}, {DType::Q5_K, 3e-5}, {DType::Q6_K, 3e-5},
+    // The IQ4 levels are 8-bit signed weights with one scale per 32: as Q4_0.
+    {DType::IQ4_NL, 5e-5}, {DType::IQ4_XS, 5e-5},
     // Decoded and multiplied with F32 activations at both precisions: as F32.
-    {DType::Q4_1, 1e-5}, {DType::IQ4_NL, 1e-5}, {DType::IQ4_XS, 1e-5}, {DType::TQ1_0, 1e-5},
-    {DType::TQ2_0, 1e-5}, {DType::MXFP4, 1e-5},
+    {DType::Q4_1, 1e-5}, {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5}, {DType::MXFP4, 1e-5},
 };
 constexpr FormatBound kInt8ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
@@ -410,8 +411,8 @@ TEST(MatmulMany, EachOutputBitIdenticalToItsOwnMatmul) {
 namespace tandem::cpu {
 namespace {
 
-constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,
-                                   DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,  DType::Q4_K,
+                                   DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
 // From kLanesMinTokens on, Int16 matmuls of these formats run the token-lanes path (gemm_q16.h). Its
 // AVX-512 version must give the portable version's bits: the same exact integer group sums, then

@@ -1,5 +1,6 @@
-// Row dots for the formats tandem reads but has no kernels of their own for yet (Q4_1, IQ4_NL,
-// IQ4_XS, TQ1_0, TQ2_0, MXFP4): each weight block decoded by its reference decoder (src/quant)
+// Row dots for the formats tandem reads but has no kernels of their own for yet (Q4_1, TQ1_0,
+// TQ2_0, MXFP4; IQ4_NL and IQ4_XS at Int8 precision, their Int16 kernels being in the
+// dot_q16_* files): each weight block decoded by its reference decoder (src/quant)
 // into floats and multiplied with the F32 activations, in order, with one accumulator. Slow,
 // exact: activations are not quantized, so these formats run as faithfully as the file allows
 // until kernels that follow the project's activation-precision policy replace them (issue 16).

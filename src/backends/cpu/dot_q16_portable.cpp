@@ -240,6 +240,39 @@ float dot_q6_k(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
+// ---- IQ4_NL, IQ4_XS: 4-bit indices into IQ4_NL's 16 levels, laid out as Q4_0 ----
+
+inline int32_t dot_iq4_32(const uint8_t* qs, const int16_t* q) {
+  int32_t dot = 0;
+  for (int i = 0; i < 16; ++i)
+    dot += kIq4NlValues[qs[i] & 15] * q[i] + kIq4NlValues[qs[i] >> 4] * q[i + 16];
+  return dot;
+}
+
+float dot_iq4_nl(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ4_NL*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < cols / 32; ++b)
+    sum += f16_to_f32(wb[b].d) * x.d[b] * float(dot_iq4_32(wb[b].qs, x.q + 32 * b));
+  return sum;
+}
+
+float dot_iq4_xs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ4_XS*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float d = f16_to_f32(wb[b].d);
+    for (int sub = 0; sub < 8; ++sub) {
+      const int64_t xb = 8 * b + sub;
+      sum += d * float(iq4_xs_sub_scale(wb[b], sub)) * x.d[xb] *
+             float(dot_iq4_32(wb[b].qs + 16 * sub, x.q + 32 * xb));
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 void fill_portable_q16_kernels(KernelTable& table) {
@@ -255,6 +288,8 @@ void fill_portable_q16_kernels(KernelTable& table) {
   set(DType::Q4_K, dot_q4_k);
   set(DType::Q5_K, dot_q5_k);
   set(DType::Q6_K, dot_q6_k);
+  set(DType::IQ4_NL, dot_iq4_nl);
+  set(DType::IQ4_XS, dot_iq4_xs);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

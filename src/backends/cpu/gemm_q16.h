@@ -177,11 +177,39 @@ inline void unpack_q6_k(const void* row, int64_t cols, UnpackedRow out) {
   }
 }
 
+// IQ4_NL and IQ4_XS: the levels themselves are the int16 weights (|w| <= 127); the scale per 32 is
+// d (IQ4_NL) or d * (sub-block scale - 32) (IQ4_XS).
+inline void unpack_iq4_32(const uint8_t* qs, int16_t* w) {
+  for (int i = 0; i < 16; ++i) {
+    w[i] = kIq4NlValues[qs[i] & 15];
+    w[i + 16] = kIq4NlValues[qs[i] >> 4];
+  }
+}
+
+inline void unpack_iq4_nl(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    unpack_iq4_32(blocks[b].qs, out.w + 32 * b);
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+inline void unpack_iq4_xs(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const BlockIQ4_XS*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float d = f16_value(blocks[b].d);
+    for (int sub = 0; sub < 8; ++sub) {
+      unpack_iq4_32(blocks[b].qs + 16 * sub, out.w + kQK_K * b + 32 * sub);
+      out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
+    }
+  }
+}
+
 using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
 
 // The formats with a token-lanes path.
-constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,
-                                   DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0,   DType::Q5_0,  DType::Q4_K,
+                                   DType::Q5_K, DType::Q6_K,   DType::IQ4_NL, DType::IQ4_XS};
 
 struct RowUnpacker {
   UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path
@@ -202,6 +230,10 @@ inline RowUnpacker row_unpacker(DType type) {
       return {unpack_q4_q5_k<true, BlockQ5_K>, {32, true}};
     case DType::Q6_K:
       return {unpack_q6_k, {16, false}};
+    case DType::IQ4_NL:
+      return {unpack_iq4_nl, {32, false}};
+    case DType::IQ4_XS:
+      return {unpack_iq4_xs, {32, false}};
     default:
       return {};
   }

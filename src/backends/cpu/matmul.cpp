@@ -358,6 +358,8 @@ bool matmul_supports(DType weight_type) {
     case DType::Q8_0_R16:
     case DType::Q5_0_R16:
     case DType::Q4_K_R16:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return decoded_only(weight_type);  // through the reference decoders (dot_dequantized.cpp)
