@@ -356,6 +356,9 @@ class StepModel {
   Prediction ffn_seconds(int32_t owner, const std::vector<Part>& ffn, double in_bytes,
                          double out_bytes) const {
     std::vector<Branch> branches;
+    // What the owner does before any other device can start: the FFN's norm and the routing (the
+    // router's bytes are counted with the attention block's).
+    const double routing_s = 2 * params_.of(spec(owner).kind).op_overhead_s;
     // Parts on host memory (the CPU, simulated devices, disk) take turns on the host's cores: one
     // branch, the sum of their parts, each away from the owner with its round trip and a sync.
     Branch host{.dev = 0};
@@ -366,6 +369,7 @@ class StepModel {
       if (part.ops == 0 || is_gpu(int32_t(d))) continue;
       Prediction p = part_mean(int32_t(d), part);
       if (int32_t(d) != owner) {
+        if (host.start_s == 0) host.start_s = routing_s;
         host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
                         transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
         p.decode_seconds_transfer += transfer_s(owner, int32_t(d), in_bytes) +
@@ -374,6 +378,7 @@ class StepModel {
       add(host.mean, p);
       ++host_parts, host_dev = int32_t(d);
     }
+    if (host.start_s > 0) add_to(host.mean, owner, routing_s);
     if (host_parts > 0) {
       const Part& only = ffn[size_t(host_dev)];
       host.dev = host_dev;
@@ -397,7 +402,7 @@ class StepModel {
       const bool remote = int32_t(d) != owner;
       if (remote) {
         const LinkCost link = link_between(owner, int32_t(d));
-        b.start_s = link.latency_s + remote_gpus * in_bytes / link.bandwidth_bytes_per_s;
+        b.start_s = routing_s + link.latency_s + remote_gpus * in_bytes / link.bandwidth_bytes_per_s;
         // There it zeroes its slots and runs one moe op.
         b.part.ops = 1;
         b.part.extra_s += params_.gpu_small_op_s;
@@ -407,7 +412,10 @@ class StepModel {
       }
       b.random = b.part.experts > 0 && b.part.disk_bytes == 0;
       b.mean = part_mean(b.dev, b.part);
-      b.mean.decode_seconds_transfer += b.start_s;
+      if (remote) {
+        add_to(b.mean, owner, routing_s);
+        b.mean.decode_seconds_transfer += b.start_s - routing_s;
+      }
       b.fixed_s = total(b.mean);
       branches.push_back(b);
     }

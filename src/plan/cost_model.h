@@ -105,7 +105,8 @@ struct CostParams {
   // fixed order with one op (add_parts). So a gather costs one copy's latency, the bytes of all
   // peers through one link, and one small kernel, whatever the number of peers. For scale: an
   // 8-byte NCCL all_reduce over NVLink 3 takes ~10 us (nccl-tests issue 331, A100); a gather
-  // here is ~2.5 us + the bytes + an add.
+  // here is ~2.5 us + the bytes + an add. The broadcast waits for the layer's device to norm
+  // and route the input (two coarse ops), so no other device starts before that.
   // One small kernel (an add, a zero) inside a captured CUDA graph: the ~2-3 us each kernel of a
   // coarse op costs (see cuda.op_overhead_s).
   double gpu_small_op_s = 3e-6;

@@ -72,9 +72,10 @@ std::string joined(const std::vector<std::string>& lines) {
 // datasheet bandwidth, NVLink 3 between them (230 GB/s and 2.5 us a copy, CostParams::nvlink),
 // context 4096 x 1 stream, the cost model's CUDA op overheads (8 us a coarse op, 3 us a small
 // one, 5 us a graph launch). The layer split predicts 50.7 tokens/s, as before the candidates;
-// expert parallel over all 8 ~72 (+43%); with each layer's heads split over the same GPUs too
-// ~91 (+80%), not the 2x (>= 101): 61 layers x 10 coarse ops at 8 us are 4.9 ms of the
-// ~11 ms step whatever the split. Gathers cost one latency and one add whatever the number of
+// expert parallel over all 8 ~70 (+38%); with each layer's heads split over the same GPUs too
+// ~88 (+73%), not the 2x (>= 101): 61 layers x 10 coarse ops at 8 us are 4.9 ms of the
+// ~11.4 ms step whatever the split, two of them (norm, routing) before any other GPU can start
+// a MoE layer's experts. Gathers cost one latency and one add whatever the number of
 // peers (the peers send at once, add_parts adds), so every GPU more reads fewer bytes for
 // almost nothing and the plan uses all eight.
 TEST(Candidates, v3_on_eight_a100s_with_nvlink_spreads_the_experts_and_beats_the_layer_split) {
@@ -85,7 +86,7 @@ TEST(Candidates, v3_on_eight_a100s_with_nvlink_spreads_the_experts_and_beats_the
   EXPECT_NEAR(layer_split(p).predicted.decode_tokens_per_s, 50.7, 0.3);
   EXPECT_EQ(layer_split(p).idle_gpus.size(), 3u);  // layers 0-60 on cuda:0-4
   EXPECT_NE(chosen(p).name.find("expert parallel + heads split"), std::string::npos) << chosen(p).name;
-  EXPECT_GE(p.predicted.decode_tokens_per_s, 1.75 * layer_split(p).predicted.decode_tokens_per_s);
+  EXPECT_GE(p.predicted.decode_tokens_per_s, 1.7 * layer_split(p).predicted.decode_tokens_per_s);
   // Every layer's heads are split over the GPUs that hold experts, in whole blocks of
   // attn_output's columns (256 values), with the layer's device first.
   ASSERT_EQ(p.layer_heads.size(), inv.n_layers);
