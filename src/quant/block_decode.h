@@ -129,6 +129,70 @@ struct Decoder<DType::Q8_0> {
   }
 };
 
+// ---- IQ4_NL, IQ4_XS: 4-bit indices into IQ4_NL's 16 levels ----
+
+// Level q (0..15) of kIq4NlValues, from two words that hold the 16 levels as bytes: no table in
+// memory, so the same code serves the host and the device (checked against the table below).
+TANDEM_HD constexpr int iq4_level(uint32_t q) {
+  constexpr uint64_t kLow = 0xF6EADDCFBFAD9881ull;   // levels 0..7: -127 ... -10
+  constexpr uint64_t kHigh = 0x7159453526190D01ull;  // levels 8..15: 1 ... 113
+  return int(int8_t(uint8_t(((q < 8 ? kLow : kHigh) >> (8 * (q & 7))) & 0xFF)));
+}
+
+constexpr bool iq4_levels_packed_right() {
+  for (uint32_t q = 0; q < 16; ++q)
+    if (iq4_level(q) != kIq4NlValues[q]) return false;
+  return true;
+}
+static_assert(iq4_levels_packed_right());
+
+// The 8 indices of group `group` (8 elements) of a 32-element IQ4 run at `qs` (16 bytes, laid out
+// as Q4_0: element j < 16 the low nibble of byte j, j + 16 the high one).
+TANDEM_HD void iq4_indices8(const uint8_t* qs, int group, uint32_t q[8]) {
+  const uint8_t* bytes = qs + 8 * (group & 1);
+  const int shift = 4 * (group >> 1);
+  for (int i = 0; i < 8; ++i) q[i] = (bytes[i] >> shift) & 0xF;
+}
+
+// Sub-block `sub`'s 6-bit scale of an IQ4_XS block, less 32 (iq4_xs_sub_scale of core/blocks.h
+// on the block's bytes).
+TANDEM_HD int iq4_xs_scale(const uint8_t* block, int sub) {
+  const int low = (block[offsetof(BlockIQ4_XS, scales_l) + sub / 2] >> (4 * (sub % 2))) & 0xF;
+  const int high = (hd::load_u16(block + offsetof(BlockIQ4_XS, scales_h)) >> (2 * sub)) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// IQ4_NL: f16 d, 16 bytes of indices. x = d * level.
+template <>
+struct Decoder<DType::IQ4_NL> {
+  static constexpr DType kType = DType::IQ4_NL;
+  static constexpr int kElems = 32;
+  static constexpr int kBytes = sizeof(BlockIQ4_NL);
+  TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockIQ4_NL, d)));
+    uint32_t q[8];
+    iq4_indices8(block + offsetof(BlockIQ4_NL, qs), group, q);
+    for (int i = 0; i < 8; ++i) out[i] = hd::mul_rn(d, float(iq4_level(q[i])));
+  }
+};
+
+// IQ4_XS: f16 d, eight 6-bit sub-block scales, eight runs of 32 as IQ4_NL's.
+// x = (d * (scale - 32)) * level, the scale's product rounded first.
+template <>
+struct Decoder<DType::IQ4_XS> {
+  static constexpr DType kType = DType::IQ4_XS;
+  static constexpr int kElems = kQK_K;
+  static constexpr int kBytes = sizeof(BlockIQ4_XS);
+  TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
+    const int sub = group / 4;
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockIQ4_XS, d)));
+    const float dl = hd::mul_rn(d, float(iq4_xs_scale(block, sub)));
+    uint32_t q[8];
+    iq4_indices8(block + offsetof(BlockIQ4_XS, qs) + 16 * sub, group % 4, q);
+    for (int i = 0; i < 8; ++i) out[i] = hd::mul_rn(dl, float(iq4_level(q[i])));
+  }
+};
+
 // ---- k-quants: super-blocks of 256 ----
 
 // The 2-bit field of element e = 8 * group + i in the qs of Q2_K/Q3_K: byte
@@ -314,6 +378,12 @@ bool visit_decoder(DType type, Fn&& fn) {
       return true;
     case DType::Q6_K:
       fn(Decoder<DType::Q6_K>{});
+      return true;
+    case DType::IQ4_NL:
+      fn(Decoder<DType::IQ4_NL>{});
+      return true;
+    case DType::IQ4_XS:
+      fn(Decoder<DType::IQ4_XS>{});
       return true;
     default:
       return false;

@@ -303,6 +303,42 @@ struct BlockDot<DType::Q6_K> {
   }
 };
 
+// IQ4_NL / IQ4_XS: a run of 32 indices into the levels, times d (IQ4_NL) or d * (scale - 32)
+// (IQ4_XS, chunk = sub-block). The level + 128 (1..241) goes through biased_to_float.
+template <int NT, class X>
+TANDEM_HD void iq4_dot32(const uint8_t* qs, float scale, const X& x, float (&acc)[NT]) {
+  uint32_t w[4];
+  load_words<false>(qs, w);
+  float q[32];
+  TANDEM_UNROLL
+  for (int i = 0; i < 16; ++i) {
+    q[i] = biased_to_float(uint32_t(iq4_level(byte_of(w, i) & 0xF) + 128), 128);
+    q[i + 16] = biased_to_float(uint32_t(iq4_level(byte_of(w, i) >> 4) + 128), 128);
+  }
+  scaled_sums<32>(q, &scale, nullptr, x, acc);
+}
+
+template <>
+struct BlockDot<DType::IQ4_NL> {
+  static constexpr int kChunks = 1;
+  template <int NT, class X>
+  TANDEM_HD static void dot32(const uint8_t* block, int, const X& x, float (&acc)[NT]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockIQ4_NL, d)));
+    iq4_dot32(block + offsetof(BlockIQ4_NL, qs), d, x, acc);
+  }
+};
+
+template <>
+struct BlockDot<DType::IQ4_XS> {
+  static constexpr int kChunks = 8;
+  template <int NT, class X>
+  TANDEM_HD static void dot32(const uint8_t* block, int chunk, const X& x, float (&acc)[NT]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockIQ4_XS, d)));
+    iq4_dot32(block + offsetof(BlockIQ4_XS, qs) + 16 * chunk,
+              hd::mul_rn(d, float(iq4_xs_scale(block, chunk))), x, acc);
+  }
+};
+
 // The formats with a 32-weight step (the quantized ones; F32/F16/BF16 go eight at a time through
 // decode8): calls fn(Decoder<T>{}, BlockDot<T>{}) and returns true, or returns false.
 template <class Fn>
@@ -334,6 +370,12 @@ bool visit_block_dot(DType type, Fn&& fn) {
       return true;
     case DType::Q6_K:
       fn(Decoder<DType::Q6_K>{}, BlockDot<DType::Q6_K>{});
+      return true;
+    case DType::IQ4_NL:
+      fn(Decoder<DType::IQ4_NL>{}, BlockDot<DType::IQ4_NL>{});
+      return true;
+    case DType::IQ4_XS:
+      fn(Decoder<DType::IQ4_XS>{}, BlockDot<DType::IQ4_XS>{});
       return true;
     default:
       return false;

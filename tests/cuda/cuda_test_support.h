@@ -122,9 +122,10 @@ inline bool same_bits(std::span<const float> a, std::span<const float> b) {
 }
 
 // The formats with a GPU block decoder (quant/block_decode.h), as tests/quant lists them.
-constexpr DType kGpuFormats[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
-                                 DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
-                                 DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kGpuFormats[] = {DType::F32,  DType::F16,  DType::BF16,   DType::Q4_0,
+                                 DType::Q5_0, DType::Q5_1, DType::Q8_0,   DType::Q2_K,
+                                 DType::Q3_K, DType::Q4_K, DType::Q5_K,   DType::Q6_K,
+                                 DType::IQ4_NL, DType::IQ4_XS};
 
 constexpr KernelChoice kChoices[] = {KernelChoice::ByTokenCount, KernelChoice::PerToken,
                                      KernelChoice::Tiled};

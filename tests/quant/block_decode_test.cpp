@@ -24,7 +24,8 @@ namespace {
 
 constexpr DType kDecodable[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
                                 DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
-                                DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                                DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                                DType::IQ4_NL, DType::IQ4_XS};
 
 int block_elems(DType type) {
   int elems = 0;
@@ -92,34 +93,40 @@ std::vector<size_t> f16_field_offsets(DType type) {
       return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
     case DType::Q6_K:
       return {offsetof(BlockQ6_K, d)};
+    case DType::IQ4_NL:
+      return {offsetof(BlockIQ4_NL, d)};
+    case DType::IQ4_XS:
+      return {offsetof(BlockIQ4_XS, d)};
     default:
       return {};
   }
 }
 
 TEST(BlockDecode, decode8_matches_fixture_values_bit_for_bit) {
-  const auto doc = nlohmann::json::parse(test::read_text_file(test::fixture("dequant-cases.json")));
-  ASSERT_EQ(doc.at("format"), "dequant_cases/1");
   std::map<DType, int> cases_per_type;
-  for (const auto& entry : doc.at("cases")) {
-    const std::string type_name = entry.at("type");
-    const auto type = dtype_from_name(type_name);
-    ASSERT_TRUE(type.has_value()) << type_name;
-    if (!blocks::has_block_decoder(*type)) continue;
-    const std::vector<uint8_t> raw = bytes_from_hex(entry.at("raw_hex"));
-    const std::vector<uint8_t> expected = bytes_from_hex(entry.at("values_f32_hex"));
-    const int64_t n = entry.at("n_values");
-    ASSERT_EQ(int64_t(expected.size()), 4 * n) << type_name;
-    ASSERT_EQ(n % block_elems(*type), 0) << type_name;
+  for (const char* file : {"dequant-cases.json", "dequant-cases-iq.json"}) {
+    const auto doc = nlohmann::json::parse(test::read_text_file(test::fixture(file)));
+    ASSERT_EQ(doc.at("format"), "dequant_cases/1") << file;
+    for (const auto& entry : doc.at("cases")) {
+      const std::string type_name = entry.at("type");
+      const auto type = dtype_from_name(type_name);
+      ASSERT_TRUE(type.has_value()) << type_name;
+      if (!blocks::has_block_decoder(*type)) continue;
+      const std::vector<uint8_t> raw = bytes_from_hex(entry.at("raw_hex"));
+      const std::vector<uint8_t> expected = bytes_from_hex(entry.at("values_f32_hex"));
+      const int64_t n = entry.at("n_values");
+      ASSERT_EQ(int64_t(expected.size()), 4 * n) << type_name;
+      ASSERT_EQ(n % block_elems(*type), 0) << type_name;
 
-    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
-    std::memcpy(want.data(), expected.data(), expected.size());  // little-endian host
-    blocks::decode_row(*type, raw.data(), got.data(), n);
-    const std::string what = type_name + " case " + std::to_string(cases_per_type[*type]++) + " (" +
-                             entry.value("source", "") + ")";
-    EXPECT_EQ(count_mismatches(want, got, what), 0) << what;
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      std::memcpy(want.data(), expected.data(), expected.size());  // little-endian host
+      blocks::decode_row(*type, raw.data(), got.data(), n);
+      const std::string what = type_name + " case " + std::to_string(cases_per_type[*type]++) +
+                               " (" + entry.value("source", "") + ")";
+      EXPECT_EQ(count_mismatches(want, got, what), 0) << what;
+    }
   }
-  // Every decoder but F32's (which the fixture has no cases for) must have been exercised.
+  // Every decoder but F32's (which the fixtures have no cases for) must have been exercised.
   for (const DType type : kDecodable) {
     if (type == DType::F32) continue;
     EXPECT_GT(cases_per_type[type], 0) << dtype_name(type);

@@ -18,8 +18,9 @@
 namespace tandem {
 namespace {
 
-constexpr DType kFormats[] = {DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
-                              DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kFormats[] = {DType::Q4_0, DType::Q5_0, DType::Q5_1,   DType::Q8_0,
+                              DType::Q2_K, DType::Q3_K, DType::Q4_K,   DType::Q5_K,
+                              DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
 // acc[t] for the whole row, chunk by chunk in order, as a kernel lane would (here one lane does
 // all the chunks; on the GPU lanes take every 32nd and a shuffle tree sums them).
