@@ -99,7 +99,7 @@ struct Deepseek2Model::Workspace {
     kAttention,      // [T, n_head * v_head]
     kOutput,         // [T, n_embd] sub-layer output
     kPartial,        // [T, n_embd] this device's part of another's head-split attention output
-    kOtherPartials,  // [shares - 1, T, n_embd] the other shares' parts, received by the layer's
+    kOtherPartials,  // [shares - 1, T, n_embd] the other shares' parts, on the layer's device
     kShared,         // [T, n_embd] shared experts output
     kSharedSlot,     // [T, 1, n_embd] shared experts before weighting
     kRouter,         // [T, n_expert]

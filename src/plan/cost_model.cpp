@@ -352,7 +352,7 @@ class StepModel {
   // The FFN block of a layer whose attention is on `owner`: every device's part at once, the
   // layer waiting for the slowest (the expected maximum over the routing, not the maximum of the
   // averages: with experts spread over many devices some device usually gets more than its
-  // share), then the gather of the other GPUs' outputs on the owner, one after another.
+  // share), then the gather of the other GPUs' outputs on the owner, all sent at once.
   Prediction ffn_seconds(int32_t owner, const std::vector<Part>& ffn, double in_bytes,
                          double out_bytes) const {
     std::vector<Branch> branches;
@@ -364,12 +364,13 @@ class StepModel {
     Branch host{.dev = 0};
     int host_parts = 0;
     int32_t host_dev = -1;
+    bool host_waits_for_routing = false;  // a host part away from the owner
     for (size_t d = 0; d < ffn.size(); ++d) {
       const Part& part = ffn[d];
       if (part.ops == 0 || is_gpu(int32_t(d))) continue;
       Prediction p = part_mean(int32_t(d), part);
       if (int32_t(d) != owner) {
-        if (host.start_s == 0) host.start_s = routing_s;
+        if (!host_waits_for_routing) host.start_s += routing_s, host_waits_for_routing = true;
         host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
                         transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
         p.decode_seconds_transfer += transfer_s(owner, int32_t(d), in_bytes) +
@@ -378,7 +379,7 @@ class StepModel {
       add(host.mean, p);
       ++host_parts, host_dev = int32_t(d);
     }
-    if (host.start_s > 0) add_to(host.mean, owner, routing_s);
+    if (host_waits_for_routing) add_to(host.mean, owner, routing_s);
     if (host_parts > 0) {
       const Part& only = ffn[size_t(host_dev)];
       host.dev = host_dev;
