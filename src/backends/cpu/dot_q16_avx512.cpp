@@ -132,8 +132,7 @@ float dot_iq4_nl(const void* w, const void* a, int64_t cols) {
   const Q16Row x = q16_row(a, cols);
   const __m512i levels = iq4_level_table();
   return sum_blocks(w, sizeof(BlockIQ4_NL), x, cols / 32, [&](int64_t b) {
-    // 8 KiB ahead, as dot_iq4_xs: a line every 4 blocks (72 bytes) touches every line.
-    if (b % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(wb + b) + 8192, _MM_HINT_T0);
+    if (b % 4 == 0) prefetch_ahead(wb + b, 4 * sizeof(BlockIQ4_NL));
     const __m512i q = _mm512_permutexvar_epi16(unpack_nibbles_16(wb[b].qs), levels);
     return _mm512_madd_epi16(q, load_x(x, b));
   });
@@ -165,10 +164,7 @@ float dot_iq4_xs(const void* w, const void* a, int64_t cols) {
   alignas(32) float scale[8];
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const BlockIQ4_XS& block = wb[b];
-    // The hardware prefetchers keep too few reads in flight for a stream from DRAM (as
-    // dot_r16_avx512.cpp found): the block 8 KiB ahead is asked for now.
-    for (int line = 0; line < int(sizeof(BlockIQ4_XS)); line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(&block) + 8192 + line, _MM_HINT_T0);
+    prefetch_ahead(&block, sizeof(block));
     _mm256_store_ps(scale, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(iq4_xs_sub_scales(block)),
                                                        _mm256_set1_ps(f16(block.d))),
                                          _mm256_loadu_ps(x.d + 8 * b)));

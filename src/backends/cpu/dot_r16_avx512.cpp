@@ -23,18 +23,6 @@
 namespace tandem::cpu {
 namespace {
 
-// Software prefetch this far ahead of the weights being read. A decode matmul streams its
-// weights once from DRAM, and the hardware prefetchers alone keep too few reads in flight on
-// this kind of machine: the Q4_K_R16 kernel went from 33 to 41-47 GB/s on one core and from
-// 45 to 51-53 GB/s on two (8 KiB ahead; 1 KiB ahead gained a sixth of that). Past the end of the matrix
-// the prefetches touch memory nobody reads: harmless, prefetches never fault.
-constexpr int kPrefetchAhead = 8192;
-
-inline void prefetch_ahead(const void* p, int bytes) {
-  const char* ahead = static_cast<const char*>(p) + kPrefetchAhead;
-  for (int line = 0; line < bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-}
-
 // The activation pair (q[2i], q[2i + 1]) in every int32 lane.
 inline __m512i pair(const int16_t* q, int64_t i) {
   int32_t bits;

@@ -118,27 +118,33 @@ void unpack_q6_k_avx512(const void* row, int64_t cols, UnpackedRow out) {
   }
 }
 
-// The 32 levels of 16 bytes of IQ4 indices, as int16 in element order (one vpermw lookup).
-inline __m512i iq4_levels_16(const uint8_t* qs) {
-  const __m512i levels = _mm512_cvtepi8_epi16(
+// The 16 levels as int16 (lanes 16..31 unused: indices are 4 bits), for vpermw.
+inline __m512i iq4_level_table() {
+  return _mm512_cvtepi8_epi16(
       _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))));
+}
+
+// The 32 levels of 16 bytes of IQ4 indices, as int16 in element order (one vpermw lookup).
+inline __m512i iq4_levels_16(const uint8_t* qs, __m512i levels) {
   return _mm512_permutexvar_epi16(nibbles_16(qs), levels);
 }
 
 void unpack_iq4_nl_avx512(const void* row, int64_t cols, UnpackedRow out) {
   const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
+  const __m512i levels = iq4_level_table();
   for (int64_t b = 0; b < cols / 32; ++b) {
-    store512(out.w + 32 * b, iq4_levels_16(blocks[b].qs));
+    store512(out.w + 32 * b, iq4_levels_16(blocks[b].qs, levels));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
 
 void unpack_iq4_xs_avx512(const void* row, int64_t cols, UnpackedRow out) {
   const auto* blocks = static_cast<const BlockIQ4_XS*>(row);
+  const __m512i levels = iq4_level_table();
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const float d = f16_value(blocks[b].d);
     for (int sub = 0; sub < 8; ++sub) {
-      store512(out.w + kQK_K * b + 32 * sub, iq4_levels_16(blocks[b].qs + 16 * sub));
+      store512(out.w + kQK_K * b + 32 * sub, iq4_levels_16(blocks[b].qs + 16 * sub, levels));
       out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
     }
   }
