@@ -123,11 +123,14 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t blocks) {
       const int nearest = round_clamped(scales[sub] * inverse, -32.0f, 31.0f);
       int level = nearest;
       double best = INFINITY;
+      uint8_t trial[kGroup];
       for (int l = std::max(nearest - 2, -32); l <= std::min(nearest + 2, 31); ++l) {
-        const double error = pick_levels(x + kGroup * sub, d * float(l), q);
-        if (error < best) best = error, level = l;
+        const double error = pick_levels(x + kGroup * sub, d * float(l), trial);
+        if (error < best) {
+          best = error, level = l;
+          std::copy(trial, trial + kGroup, q);
+        }
       }
-      pick_levels(x + kGroup * sub, d * float(level), q);
       pack_nibbles(q, block.qs + 16 * sub);
       level += 32;
       block.scales_l[sub / 2] |= uint8_t((level & 0xF) << (4 * (sub % 2)));
