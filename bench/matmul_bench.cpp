@@ -152,7 +152,8 @@ void bm_matmul(benchmark::State& state, DType type, ActPrecision precision, Shap
 // One expert matrix (cache-resident after the first pass) against n tokens: microseconds per
 // token. Below kLanesMinTokens this is the row-dot path, from it on the token-lanes path;
 // the per-token cost on either side is what sets that threshold (kLanesMinTokens in matmul.h).
-void bm_tokens(benchmark::State& state, DType type, int64_t n_tokens, int n_threads) {
+void bm_tokens(benchmark::State& state, DType type, ActPrecision precision, int64_t n_tokens,
+               int n_threads) {
   const Shape shape = {1408, 2048, "expert_up"};
   const size_t bytes = size_t(shape.rows) * row_bytes(type, uint64_t(shape.cols));
   AlignedBuffer weights(bytes);
@@ -167,7 +168,8 @@ void bm_tokens(benchmark::State& state, DType type, int64_t n_tokens, int n_thre
             .cols = shape.cols,
             .input = x.data(),
             .n_tokens = n_tokens,
-            .output = y.data()},
+            .output = y.data(),
+            .precision = precision},
            pool);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -209,13 +211,17 @@ void register_all() {
                                  n_threads)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-  for (DType type : {DType::Q4_K, DType::Q8_0}) {
-    for (int64_t n_tokens : {1, 2, 4, 6, 7, 8, 16, 64}) {
-      const std::string name = "tokens/" + std::string(dtype_name(type)) +
-                               "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:1";
-      benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, n_tokens, 1)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+  // Per-token cost by token count: row dots below kLanesMinTokens, token lanes from there on.
+  for (DType type : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::IQ4_XS}) {
+    for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
+      for (int64_t n_tokens : {1, 2, 4, 6, 7, 8, 16, 64}) {
+        const std::string name = "tokens/" + std::string(dtype_name(type)) +
+                                 (precision == ActPrecision::Int16 ? "/int16" : "/int8") +
+                                 "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:1";
+        benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, n_tokens, 1)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   for (DType type : types) {

@@ -54,10 +54,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Best seconds per call of our default-precision matmul of a random `type` matrix
-// [rows, cols] (cache-resident after the warm-up) against `tokens` random tokens.
+// Best seconds per call of our matmul of a random `type` matrix [rows, cols] (cache-resident
+// after the warm-up) against `tokens` random tokens, with activations of `precision`.
 double best_matmul_seconds(DType type, int64_t rows, int64_t cols, int64_t tokens, int threads,
-                           int calls_per_rep) {
+                           int calls_per_rep, cpu::ActPrecision precision) {
   ThreadPool pool(threads);
   std::vector<float> w(size_t(rows * cols)), x(size_t(tokens * cols)), y(size_t(tokens * rows));
   std::mt19937 rng(1);
@@ -68,7 +68,8 @@ double best_matmul_seconds(DType type, int64_t rows, int64_t cols, int64_t token
   std::vector<uint8_t> q(stride * rows);
   for (int64_t r = 0; r < rows; ++r) quantize_row(type, w.data() + r * cols, q.data() + r * stride, cols);
   const cpu::MatmulArgs args{.weight_type = type, .weights = q.data(), .rows = rows, .cols = cols,
-                             .input = x.data(), .n_tokens = tokens, .output = y.data()};
+                             .input = x.data(), .n_tokens = tokens, .output = y.data(),
+                             .precision = precision};
   cpu::matmul(args, pool);  // warm up
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
@@ -80,10 +81,14 @@ double best_matmul_seconds(DType type, int64_t rows, int64_t cols, int64_t token
 }
 
 // Peak arithmetic throughput of our matmul kernels with cache-resident weights and many tokens
-// (what prefill could reach), in multiply-adds x 2 per second, for the default precision.
-double kernel_peak_flops(DType type, int threads) {
+// (what prefill could reach), in multiply-adds x 2 per second, with the activations the policy
+// gives the FFNs (the bulk of a prompt's arithmetic).
+double kernel_peak_flops(DType type, int threads, PrecisionPolicy policy) {
   const int64_t rows = 256, cols = 2048, tokens = 64;
-  return 2.0 * double(rows * cols * tokens) / best_matmul_seconds(type, rows, cols, tokens, threads, 4);
+  const cpu::ActPrecision precision =
+      policy == PrecisionPolicy::FfnInt8 ? cpu::ActPrecision::Int8 : cpu::ActPrecision::Int16;
+  return 2.0 * double(rows * cols * tokens) /
+         best_matmul_seconds(type, rows, cols, tokens, threads, 4, precision);
 }
 
 // Cold starts are measured with a one-token prompt (loading, then the first token: what the disk
@@ -121,6 +126,7 @@ void register_bench(CLI::App& app) {
   add_device_options(cmd, o->engine);
   add_thread_options(cmd, o->engine);
   add_mlock_option(cmd, o->engine);
+  add_precision_option(cmd, o->engine);
   cmd->callback([o] {
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
     if (o->depth < 0) fail("--n-depth must be 0 or more");
@@ -189,7 +195,7 @@ void register_bench(CLI::App& app) {
                               uint64_t(o->depth + (o->generate - 1) / 2)
                         : 0;
     const double roofline = bandwidth / double(bytes_per_token + cache_per_token);
-    const double peak_flops = kernel_peak_flops(DType::Q8_0, threads);
+    const double peak_flops = kernel_peak_flops(DType::Q8_0, threads, o->engine.precision);
     const double decode_kernel = plan::measure_decode_kernel_bytes_per_s(threads, 0);
     // A repacked model's interleaved bytes go through the interleaved kernels: their own rate.
     const uint64_t interleaved_per_token = inventory.interleaved_bytes_read_per_token();
@@ -281,6 +287,7 @@ void register_bench(CLI::App& app) {
     if (o->json) {
       nlohmann::ordered_json out = {
           {"model", name}, {"threads", threads}, {"devices", o->engine.devices},
+          {"precision", o->engine.precision == PrecisionPolicy::FfnInt8 ? "ffn-int8" : "int16"},
           {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"n_depth", o->depth}, {"repetitions", o->repetitions},
           {"prefill_tokens_per_s", pp.mean}, {"prefill_tokens_per_s_sd", pp.sd},
           {"decode_tokens_per_s", tg.mean}, {"decode_tokens_per_s_sd", tg.sd},
@@ -336,7 +343,9 @@ void register_bench(CLI::App& app) {
                  decode_kernel / 1e9, format_bytes(bytes_per_token - interleaved_per_token), interleaved_kernel / 1e9,
                  format_bytes(interleaved_per_token), kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
     fmt::print("{}", gpu_lines);
-    fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident): {:.1f} GFLOP/s; {}\n", peak_flops / 1e9,
+    fmt::print("kernel peak (measured, Q8_0 x 64 tokens, cache-resident, {} activations as the FFNs take them): "
+               "{:.1f} GFLOP/s; {}\n",
+               o->engine.precision == PrecisionPolicy::FfnInt8 ? "8-bit" : "16-bit", peak_flops / 1e9,
                pp.mean > 0 ? fmt::format("prefill reaches {:.1f} GFLOP/s = {:.0f}% of it", prefill_flops / 1e9,
                                          100.0 * prefill_flops / peak_flops)
                            : std::string("prefill not measured"));

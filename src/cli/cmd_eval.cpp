@@ -67,6 +67,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("-t,--threads", o->engine.n_threads, "threads (default: physical cores)");
   cmd->add_option("--top", o->top, "logits listed per position")->capture_default_str();
   add_device_options(cmd, o->engine);
+  add_precision_option(cmd, o->engine);
   cmd->callback([o] {
     std::ifstream in(o->ref);
     if (!in) fail("{}: cannot read the reference", o->ref);

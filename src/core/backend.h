@@ -78,6 +78,13 @@ enum class KernelChoice : uint8_t {
                  // its tile mates), row dots elsewhere: prompt steps of a batch
 };
 
+// How finely a backend may round an op's activations for its integer products. The CPU's
+// quantized kernels take 16-bit activations (one scale per 32 elements; within ~1e-5 of F32) and,
+// where an op allows it, 8-bit ones (the vpdpbusd kernels: ~1.4x the prompt throughput, ~250x
+// coarser); the CUDA kernels multiply F32 activations and ignore it. Which ops allow 8 bits is
+// the precision policy (PrecisionPolicy in model/deepseek2.h).
+enum class ActivationBits : uint8_t { Sixteen, Eight };
+
 struct MatmulOp {
   WeightView weight;         // one matrix: [rows, cols]
   const float* input;        // [n_tokens, cols]
@@ -171,6 +178,7 @@ struct MoeOp {
   int64_t n_tokens, top_k, dim, ffn_dims;
   float* slots;                 // [n_tokens, top_k, dim]
   KernelChoice kernels = KernelChoice::ByTokenCount;
+  ActivationBits activations = ActivationBits::Sixteen;  // of all three products
 };
 
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.

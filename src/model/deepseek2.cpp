@@ -398,7 +398,8 @@ void Deepseek2Model::run_layers(const Batch& batch, std::span<const KvLayerView>
       float* slots = ws.get(W::kSlots, T * std::max<int64_t>(hp_.n_expert_used, 1) * embd);
       be.moe({.input = h, .gate = l.ffn_gate, .up = l.ffn_up, .down = l.ffn_down,
               .expert_ids = in.dense_ids, .n_expert = 1, .n_tokens = T, .top_k = 1,
-              .dim = embd, .ffn_dims = hp_.n_ff_dense, .slots = slots, .kernels = batch.kernels});
+              .dim = embd, .ffn_dims = hp_.n_ff_dense, .slots = slots, .kernels = batch.kernels,
+              .activations = ffn_activations_});
       be.moe_reduce({.slots = slots, .weights = in.dense_weights, .n_tokens = T, .top_k = 1,
                      .dim = embd, .output = out});
       be.add(x, out, T * embd);
@@ -520,7 +521,8 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
     return MoeOp{.input = input, .gate = shard.gate, .up = shard.up, .down = shard.down,
                  .expert_ids = shard_ids, .local_index = shard.device_local_index,
                  .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
-                 .ffn_dims = hp_.n_ff_expert, .slots = shard_slots, .kernels = kernels};
+                 .ffn_dims = hp_.n_ff_expert, .slots = shard_slots, .kernels = kernels,
+                 .activations = ffn_activations_};
   };
 
   // Other devices with memory of their own: input and routing over, their experts started.
@@ -568,7 +570,7 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
     be.moe({.input = h, .gate = l.gate_shexp, .up = l.up_shexp, .down = l.down_shexp,
             .expert_ids = in.dense_ids, .n_expert = 1, .n_tokens = T, .top_k = 1, .dim = embd,
             .ffn_dims = int64_t(hp_.n_ff_expert) * hp_.n_expert_shared, .slots = shared_slot,
-            .kernels = kernels});
+            .kernels = kernels, .activations = ffn_activations_});
     be.moe_reduce({.slots = shared_slot, .weights = in.dense_weights, .n_tokens = T,
                    .top_k = 1, .dim = embd, .output = shared_out});
   }

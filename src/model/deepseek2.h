@@ -29,6 +29,15 @@ struct Batch {
   KernelChoice kernels = KernelChoice::ByTokenCount;  // passed to every matmul-like op
 };
 
+// Which products may take 8-bit activations (ActivationBits in core/backend.h). Decided by the
+// fixtures (README "Precision"): with the feed-forward products in 8 bits every fixture check
+// passes, while the router and what feeds it straight (attention) keep 16, because V3's sigmoid
+// group routing flips on small errors.
+enum class PrecisionPolicy : uint8_t {
+  FfnInt8,  // default: routed experts, shared experts and dense FFNs in 8 bits, the rest in 16
+  Int16,    // every product in 16 bits: the closest to the F32 reference (~1e-3 logits)
+};
+
 class Deepseek2Model {
  public:
   // Reads the hyperparameters and binds every weight where `devices` says (for devices with
@@ -53,6 +62,10 @@ class Deepseek2Model {
   // kMaxGraphTokens tokens is captured the second time its shape is seen and replayed after
   // that. On by default; off runs every step op by op (the same results).
   void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
+  // Before the first forward(): captured graphs keep the activations' precision.
+  void set_precision(PrecisionPolicy policy) {
+    ffn_activations_ = policy == PrecisionPolicy::FfnInt8 ? ActivationBits::Eight : ActivationBits::Sixteen;
+  }
   bool captures_steps() const { return graphs_enabled_ && graph_device_ != nullptr; }
   static constexpr int64_t kMaxGraphTokens = 64;
   // Starts reading from disk, in the background, the weights used in place that every token
@@ -153,6 +166,7 @@ class Deepseek2Model {
   // Graphs of decode steps (set_graphs_enabled).
   Backend* graph_device_ = nullptr;
   bool graphs_enabled_ = true;
+  ActivationBits ffn_activations_ = ActivationBits::Eight;  // of every MoeOp (set_precision)
   std::vector<GraphEntry> graphs_;
   std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
   // Bumped whenever a workspace buffer is allocated anew: captured graphs hold its pointers.

@@ -71,6 +71,7 @@ Engine::Engine(const EngineOptions& options) {
   }
   model_ = std::make_unique<Deepseek2Model>(*file_, devices);
   model_->set_graphs_enabled(options.graphs);
+  model_->set_precision(options.precision);
   // The interleaved formats of `tandem repack` have fast kernels on AVX-512 only; elsewhere each
   // 16-row group is taken apart into plain rows at every use.
   if (cpu::best_cpu_isa() != cpu::CpuIsa::Avx512) {

@@ -11,13 +11,13 @@
 
 #include "core/backend.h"
 #include "gguf/gguf_file.h"
+#include "model/deepseek2.h"
 #include "model/deepseek2_hparams.h"
 #include "plan/placement.h"
 
 namespace tandem {
 
 class Backend;
-class Deepseek2Model;
 class KvCache;
 class Tokenizer;
 
@@ -31,6 +31,7 @@ struct EngineOptions {
   // "sim:2x200MiB" (see device_setup.h).
   std::string devices = "auto";
   bool graphs = true;           // decode steps replayed as graphs where the plan allows
+  PrecisionPolicy precision = PrecisionPolicy::FfnInt8;  // which products take 8-bit activations
   std::string rules;            // rule file pinning weight groups to devices (with --devices)
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
   bool mlock = false;           // lock the model file in RAM so it is never paged out

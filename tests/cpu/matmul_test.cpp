@@ -68,8 +68,10 @@ constexpr FormatBound kInt8ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
     {DType::Q4_0, 1e-2}, {DType::Q5_0, 1e-2}, {DType::Q5_1, 1e-2}, {DType::Q2_K, 8e-3},
     {DType::Q3_K, 8e-3}, {DType::Q4_K, 8e-3}, {DType::Q5_K, 8e-3}, {DType::Q6_K, 8e-3},
-    {DType::Q4_1, 1e-5}, {DType::IQ4_NL, 1e-5}, {DType::IQ4_XS, 1e-5}, {DType::TQ1_0, 1e-5},
-    {DType::TQ2_0, 1e-5}, {DType::MXFP4, 1e-5},
+    // IQ4: the 16-bit row dots (no 8-bit ones), but from kLanesMinTokens tokens on the 8-bit
+    // token lanes (gemm_q8.h, one scale per 32): as Q4_0.
+    {DType::IQ4_NL, 1e-2}, {DType::IQ4_XS, 1e-2},
+    {DType::Q4_1, 1e-5}, {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5}, {DType::MXFP4, 1e-5},
 };
 
 constexpr ActPrecision kPrecisions[] = {ActPrecision::Int16, ActPrecision::Int8};
@@ -359,47 +361,54 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// matmul_many cuts rows into tasks across all the matrices at once; every output must be the
-// same bits that one matmul() per matrix gives, at every level, for one token, a few (row dots)
-// and enough for the token-lanes path, with an empty matrix in the middle of the list.
+// matmul_many cuts rows into tasks across all the matrices at once, and prepares an input once
+// for consecutive matrices that read it (a MoE's gate and up); every output must be the same bits
+// that one matmul() per matrix gives, at every level and precision, for one token, a few (row
+// dots) and enough for the token-lanes path, with an empty matrix in the middle of the list.
 TEST(MatmulMany, EachOutputBitIdenticalToItsOwnMatmul) {
   ThreadPool pool(2);
   struct Spec {
     DType type;
-    int64_t rows, cols, n_tokens;
+    int64_t rows, cols;
+    int same_input_as = -1;  // reads the input of that earlier spec
   };
-  for (int64_t n_tokens : {int64_t(1), int64_t(3), kLanesMinTokens + 1}) {
-    const std::vector<Spec> specs = {{DType::Q4_K, 300, 512, n_tokens},
-                                     {DType::Q8_0, 0, 64, n_tokens},
-                                     {DType::Q5_0, 77, 1408, n_tokens},
-                                     {DType::Q6_K, 129, 256, n_tokens},
-                                     {DType::BF16, 33, 100, n_tokens}};
-    std::vector<std::vector<uint8_t>> weights;
-    std::vector<std::vector<float>> inputs;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      weights.push_back(make_weights(specs[i].type, specs[i].rows, specs[i].cols, 40 + i));
-      inputs.push_back(gaussian(size_t(specs[i].n_tokens * specs[i].cols), 50 + uint32_t(i)));
-    }
-    for (CpuIsa isa : supported_cpu_isas()) {
-      std::vector<std::vector<float>> outputs(specs.size());
-      std::vector<MatmulArgs> args;
+  const std::vector<Spec> specs = {{DType::Q4_K, 300, 512},    {DType::Q4_K, 64, 512, 0},
+                                   {DType::Q8_0, 0, 64},       {DType::Q5_0, 77, 1408},
+                                   {DType::Q6_K, 129, 256},    {DType::Q4_K, 48, 256, 4},
+                                   {DType::BF16, 33, 100}};
+  for (ActPrecision precision : kPrecisions) {
+    for (int64_t n_tokens : {int64_t(1), int64_t(3), kLanesMinTokens + 1}) {
+      std::vector<std::vector<uint8_t>> weights;
+      std::vector<std::vector<float>> inputs;
       for (size_t i = 0; i < specs.size(); ++i) {
-        outputs[i].assign(size_t(specs[i].rows * specs[i].n_tokens), NAN);
-        args.push_back({.weight_type = specs[i].type,
-                        .weights = weights[i].data(),
-                        .rows = specs[i].rows,
-                        .cols = specs[i].cols,
-                        .input = inputs[i].data(),
-                        .n_tokens = specs[i].n_tokens,
-                        .output = outputs[i].data()});
+        weights.push_back(make_weights(specs[i].type, specs[i].rows, specs[i].cols, 40 + i));
+        inputs.push_back(specs[i].same_input_as >= 0
+                             ? inputs[size_t(specs[i].same_input_as)]
+                             : gaussian(size_t(n_tokens * specs[i].cols), 50 + uint32_t(i)));
       }
-      matmul_many_with_isa(isa, args, pool);
-      for (size_t i = 0; i < specs.size(); ++i) {
-        const std::vector<float> alone =
-            run(isa, specs[i].type, weights[i], specs[i].rows, specs[i].cols, inputs[i],
-                specs[i].n_tokens, pool, ActPrecision::Int16);
-        EXPECT_TRUE(same_bits(outputs[i], alone))
-            << dtype_name(specs[i].type) << " " << cpu_isa_name(isa) << " tokens " << n_tokens;
+      for (CpuIsa isa : supported_cpu_isas()) {
+        std::vector<std::vector<float>> outputs(specs.size());
+        std::vector<MatmulArgs> args;
+        for (size_t i = 0; i < specs.size(); ++i) {
+          outputs[i].assign(size_t(specs[i].rows * n_tokens), NAN);
+          const int source = specs[i].same_input_as >= 0 ? specs[i].same_input_as : int(i);
+          args.push_back({.weight_type = specs[i].type,
+                          .weights = weights[i].data(),
+                          .rows = specs[i].rows,
+                          .cols = specs[i].cols,
+                          .input = inputs[size_t(source)].data(),
+                          .n_tokens = n_tokens,
+                          .output = outputs[i].data(),
+                          .precision = precision});
+        }
+        matmul_many_with_isa(isa, args, pool);
+        for (size_t i = 0; i < specs.size(); ++i) {
+          const std::vector<float> alone = run(isa, specs[i].type, weights[i], specs[i].rows,
+                                               specs[i].cols, inputs[i], n_tokens, pool, precision);
+          EXPECT_TRUE(same_bits(outputs[i], alone))
+              << dtype_name(specs[i].type) << " " << cpu_isa_name(isa) << " "
+              << precision_name(precision) << " tokens " << n_tokens << " spec " << i;
+        }
       }
     }
   }
@@ -414,24 +423,26 @@ namespace {
 constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,  DType::Q4_K,
                                    DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
-// From kLanesMinTokens on, Int16 matmuls of these formats run the token-lanes path (gemm_q16.h). Its
-// AVX-512 version must give the portable version's bits: the same exact integer group sums, then
-// the same float operations per lane in the same order.
+// From kLanesMinTokens on, matmuls of these formats run the token-lanes paths (gemm_q16.h for
+// Int16, gemm_q8.h for Int8). Their AVX-512 versions must give the portable versions' bits: the
+// same exact integer group sums, then the same float operations per lane in the same order.
 TEST(MatmulLanes, Avx512GivesThePortableBits) {
   if (!cpu_supports(CpuIsa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   ThreadPool pool(2);
   const int64_t rows = 37;  // four-row blocks and a remainder
-  for (DType type : kLanesFormats) {
-    const int64_t cols = is_k_quant(type) ? 2048 : 1408;
-    const std::vector<uint8_t> weights = make_weights(type, rows, cols, 21);
-    for (int64_t n_tokens : {kLanesMinTokens, int64_t(16), int64_t(33)}) {
-      const std::vector<float> x = gaussian(size_t(n_tokens * cols), 22);
-      const std::vector<float> portable = run(CpuIsa::Portable, type, weights, rows, cols, x,
-                                              n_tokens, pool, ActPrecision::Int16);
-      const std::vector<float> avx512 = run(CpuIsa::Avx512, type, weights, rows, cols, x,
-                                            n_tokens, pool, ActPrecision::Int16);
-      EXPECT_TRUE(same_bits(portable, avx512))
-          << dtype_name(type) << " n_tokens " << n_tokens;
+  for (ActPrecision precision : kPrecisions) {
+    for (DType type : kLanesFormats) {
+      const int64_t cols = is_k_quant(type) ? 2048 : 1408;
+      const std::vector<uint8_t> weights = make_weights(type, rows, cols, 21);
+      for (int64_t n_tokens : {kLanesMinTokens, int64_t(16), int64_t(33)}) {
+        const std::vector<float> x = gaussian(size_t(n_tokens * cols), 22);
+        const std::vector<float> portable =
+            run(CpuIsa::Portable, type, weights, rows, cols, x, n_tokens, pool, precision);
+        const std::vector<float> avx512 =
+            run(CpuIsa::Avx512, type, weights, rows, cols, x, n_tokens, pool, precision);
+        EXPECT_TRUE(same_bits(portable, avx512))
+            << dtype_name(type) << " " << precision_name(precision) << " n_tokens " << n_tokens;
+      }
     }
   }
 }
@@ -442,18 +453,19 @@ TEST(MatmulLanes, Avx512GivesThePortableBits) {
 TEST(MatmulLanes, ATokensResultDoesNotDependOnItsCompanions) {
   ThreadPool pool(2);
   const int64_t rows = 24, cols = 512, few = kLanesMinTokens, many = 20;
-  for (CpuIsa isa : supported_cpu_isas()) {
-    for (DType type : kLanesFormats) {
-      const std::vector<uint8_t> weights = make_weights(type, rows, cols, 31);
-      const std::vector<float> x = gaussian(size_t(many * cols), 32);
-      const std::vector<float> among_many =
-          run(isa, type, weights, rows, cols, x, many, pool, ActPrecision::Int16);
-      const std::vector<float> x_few(x.begin(), x.begin() + few * cols);
-      const std::vector<float> alone =
-          run(isa, type, weights, rows, cols, x_few, few, pool, ActPrecision::Int16);
-      EXPECT_TRUE(same_bits(alone, std::vector<float>(among_many.begin(),
-                                                      among_many.begin() + few * rows)))
-          << dtype_name(type) << " " << cpu_isa_name(isa);
+  for (ActPrecision precision : kPrecisions) {
+    for (CpuIsa isa : supported_cpu_isas()) {
+      for (DType type : kLanesFormats) {
+        const std::vector<uint8_t> weights = make_weights(type, rows, cols, 31);
+        const std::vector<float> x = gaussian(size_t(many * cols), 32);
+        const std::vector<float> among_many =
+            run(isa, type, weights, rows, cols, x, many, pool, precision);
+        const std::vector<float> x_few(x.begin(), x.begin() + few * cols);
+        const std::vector<float> alone = run(isa, type, weights, rows, cols, x_few, few, pool, precision);
+        EXPECT_TRUE(same_bits(alone, std::vector<float>(among_many.begin(),
+                                                        among_many.begin() + few * rows)))
+            << dtype_name(type) << " " << cpu_isa_name(isa) << " " << precision_name(precision);
+      }
     }
   }
 }

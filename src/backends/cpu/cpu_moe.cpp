@@ -64,6 +64,9 @@ void CpuBackend::moe(const MoeOp& op) {
   auto args_of = [&](const WeightView& w, const float* input, int64_t n, float* output) {
     return cpu::MatmulArgs{.weight_type = w.type, .weights = w.data, .rows = w.rows,
                            .cols = w.cols, .input = input, .n_tokens = n, .output = output,
+                           .precision = op.activations == ActivationBits::Eight
+                                            ? cpu::ActPrecision::Int8
+                                            : cpu::ActPrecision::Int16,
                            .kernels = op.kernels};
   };
   matmul_args_.clear();

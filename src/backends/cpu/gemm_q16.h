@@ -125,12 +125,12 @@ inline void unpack_q5_0(const void* row, int64_t cols, UnpackedRow out) {
 // Q4_K and Q5_K: sub-block j of 32 is group j; value = d * scale_j * q - dmin * min_j. The
 // scales and mins of super-block b, for every level's unpacking.
 template <class Block>
-inline void unpack_k_group_scales(const Block& block, int64_t b, UnpackedRow out) {
+inline void unpack_k_group_scales(const Block& block, int64_t b, float* scale, float* min) {
   const KScales s = unpack_k_scales(block.scales);
   const float d = f16_value(block.d), dmin = f16_value(block.dmin);
   for (int j = 0; j < 8; ++j) {
-    out.scale[8 * b + j] = d * float(s.scale[j]);
-    out.min[8 * b + j] = dmin * float(s.min[j]);
+    scale[8 * b + j] = d * float(s.scale[j]);
+    min[8 * b + j] = dmin * float(s.min[j]);
   }
 }
 
@@ -139,7 +139,7 @@ inline void unpack_q4_q5_k(const void* row, int64_t cols, UnpackedRow out) {
   const auto* blocks = static_cast<const Block*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = blocks[b];
-    unpack_k_group_scales(block, b, out);
+    unpack_k_group_scales(block, b, out.scale, out.min);
     int16_t* w = out.w + kQK_K * b;
     for (int c = 0; c < 4; ++c) {
       for (int i = 0; i < 32; ++i) {

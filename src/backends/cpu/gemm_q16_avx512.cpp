@@ -66,7 +66,7 @@ void unpack_q4_q5_k_avx512(const void* row, int64_t cols, UnpackedRow out) {
   const auto* blocks = static_cast<const Block*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = blocks[b];
-    unpack_k_group_scales(block, b, out);
+    unpack_k_group_scales(block, b, out.scale, out.min);
     int16_t* w = out.w + kQK_K * b;
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = load256(block.qh);

@@ -82,6 +82,9 @@ struct KernelTable {
   PrepareActFn prepare[kActKinds] = {};               // F32 has none: x is read in place
   // Int16 only; nullptr where a format (or the level) has no token-lanes path.
   LanesRowsFn lanes[kDTypeSlots] = {};
+  // The Int8 token-lanes path (gemm_q8.h; ActKind::Q8 activations in its own tiles); nullptr where
+  // a format (or the level) has none.
+  LanesRowsFn lanes8[kDTypeSlots] = {};
   // Int16 only, indexed by the base format of an interleaved one (Q8_0 for Q8_0_R16); nullptr
   // where the level has none: matmul then takes each group apart into plain rows.
   GroupDotFn group_dots[kDTypeSlots] = {};
@@ -111,9 +114,11 @@ void fill_avx512_kernels(KernelTable& table);
 void fill_portable_q16_kernels(KernelTable& table);
 void fill_avx2_q16_kernels(KernelTable& table);
 void fill_avx512_q16_kernels(KernelTable& table);
-// Token-lanes kernels (gemm_q16_*.cpp); the AVX-512 level needs VNNI.
+// Token-lanes kernels (gemm_q16_*.cpp, gemm_q8_*.cpp); the AVX-512 level needs VNNI.
 void fill_portable_lanes_kernels(KernelTable& table);
 void fill_avx512_lanes_kernels(KernelTable& table);
+void fill_portable_lanes8_kernels(KernelTable& table);
+void fill_avx512_lanes8_kernels(KernelTable& table);
 // Interleaved-format kernels (dot_r16_avx512.cpp).
 void fill_avx512_group_kernels(KernelTable& table);
 // few_query_attention.h's kernels (few_query_attention.cpp and its _avx512 file).
@@ -127,5 +132,9 @@ void fill_avx512_few_query_attention(KernelTable& table);
 void build_lanes_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
                       int64_t cols, uint8_t* tile);
 size_t lanes_tile_bytes(int64_t cols);
+// The same for the Int8 path (gemm_q8.h's layout), from ActKind::Q8 rows.
+void build_lanes8_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
+                       int64_t cols, uint8_t* tile);
+size_t lanes8_tile_bytes(int64_t cols);
 
 }  // namespace tandem::cpu

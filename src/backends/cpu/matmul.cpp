@@ -33,8 +33,18 @@ KernelTable build_table(CpuIsa isa) {
   }
   // The token-lanes path where it beats the row dots: AVX-512 VNNI, and the portable level (its
   // only other kernels are scalar too). AVX2 keeps its row dots.
-  if (isa == CpuIsa::Portable) fill_portable_lanes_kernels(table);
-  if (isa == CpuIsa::Avx512) fill_avx512_lanes_kernels(table);
+  if (isa == CpuIsa::Portable) {
+    fill_portable_lanes_kernels(table);
+    fill_portable_lanes8_kernels(table);
+  }
+  if (isa == CpuIsa::Avx512) {
+    fill_avx512_lanes_kernels(table);
+    fill_avx512_lanes8_kernels(table);
+  }
+  // The IQ4 formats have no 8-bit row dot, only the decoder's F32 fallback (30x slower): at Int8
+  // their row dots are the 16-bit ones (their token lanes are 8-bit).
+  for (DType type : {DType::IQ4_NL, DType::IQ4_XS})
+    table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
 }
 
@@ -96,6 +106,8 @@ struct ReadyMatmul {
   RowDotFn dot = nullptr;
   const uint8_t* act = nullptr;
   size_t act_stride = 0;
+  const float* input = nullptr;  // what `act` (and `tiles`) were prepared from
+  ActKind act_kind = ActKind::F32;
   const uint8_t* weights = nullptr;
   size_t weight_stride = 0;
   int64_t rows = 0;
@@ -103,6 +115,46 @@ struct ReadyMatmul {
   int64_t n_tokens = 0;
   float* output = nullptr;
 };
+
+// The token-lanes path a matmul takes, if any: its kernel, the activations it is built from, and
+// its tiles (gemm_q16.h for Int16, gemm_q8.h for Int8).
+struct LanesPath {
+  LanesRowsFn rows = nullptr;  // nullptr: row dots
+  ActKind act = ActKind::Q16;
+  void (*build_tile)(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
+                     int64_t cols, uint8_t* tile) = nullptr;
+  size_t tile_bytes = 0;
+};
+
+LanesPath lanes_path(const KernelTable& table, const MatmulArgs& args) {
+  switch (args.kernels) {
+    case KernelChoice::PerToken:
+      return {};
+    case KernelChoice::Tiled:
+      break;
+    case KernelChoice::ByTokenCount:
+      if (args.n_tokens < kLanesMinTokens) return {};
+      break;
+  }
+  const size_t base = size_t(dtype_info(args.weight_type).base);
+  if (args.precision == ActPrecision::Int8) {
+    if (!table.lanes8[base]) return {};
+    return {table.lanes8[base], ActKind::Q8, build_lanes8_tile, lanes8_tile_bytes(args.cols)};
+  }
+  if (!table.lanes[base]) return {};
+  return {table.lanes[base], ActKind::Q16, build_lanes_tile, lanes_tile_bytes(args.cols)};
+}
+
+// The precision a matmul runs at: as asked, except that an Int8 matmul of an interleaved format
+// that takes no token-lanes path runs the 16-bit group kernels where the level has them: there
+// are no 8-bit ones, and taking the groups apart for 8-bit row dots would halve decode speed.
+ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
+  const DType base = dtype_info(args.weight_type).base;
+  if (args.precision == ActPrecision::Int8 && base != args.weight_type &&
+      table.group_dots[size_t(base)] && !lanes_path(table, args).rows)
+    return ActPrecision::Int16;
+  return args.precision;
+}
 
 // Checks the arguments and returns the kernel of `args` (for an interleaved format, its base
 // format's, which runs on groups taken apart); nullptr when there is nothing to do.
@@ -125,39 +177,32 @@ const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& a
   if (args.rows == 0 || args.n_tokens == 0) return nullptr;
   TANDEM_CHECK(args.weights != nullptr && args.input != nullptr && args.output != nullptr);
   TANDEM_CHECK(args.precision == ActPrecision::Int16 || args.precision == ActPrecision::Int8);
-  return &table.formats[size_t(args.precision)][size_t(info.base)];
-}
-
-LanesRowsFn lanes_kernel(const KernelTable& table, const MatmulArgs& args) {
-  if (args.precision != ActPrecision::Int16) return nullptr;
-  switch (args.kernels) {
-    case KernelChoice::PerToken:
-      return nullptr;
-    case KernelChoice::Tiled:
-      break;
-    case KernelChoice::ByTokenCount:
-      if (args.n_tokens < kLanesMinTokens) return nullptr;
-      break;
-  }
-  return table.lanes[size_t(dtype_info(args.weight_type).base)];
+  return &table.formats[size_t(precision_of(table, args))][size_t(info.base)];
 }
 
 int64_t lanes_tiles(int64_t n_tokens) {
   return (n_tokens + 15) / 16;
 }
 
+// The activations a matmul prepares: its lanes path's, else its row dots'.
+ActKind prepared_kind(const FormatKernel& kernel, const LanesPath& lanes) {
+  return lanes.rows ? lanes.act : kernel.act;
+}
+
 size_t prepared_bytes(const KernelTable& table, const FormatKernel& kernel, const MatmulArgs& args) {
-  if (kernel.act == ActKind::F32) return 0;
-  size_t bytes = act_row_bytes(kernel.act, args.cols) * size_t(args.n_tokens);
-  if (lanes_kernel(table, args))
-    bytes += lanes_tile_bytes(args.cols) * size_t(lanes_tiles(args.n_tokens));
-  return bytes;
+  const LanesPath lanes = lanes_path(table, args);
+  const ActKind act = prepared_kind(kernel, lanes);
+  if (act == ActKind::F32) return 0;
+  return act_row_bytes(act, args.cols) * size_t(args.n_tokens) +
+         lanes.tile_bytes * size_t(lanes.rows ? lanes_tiles(args.n_tokens) : 0);
 }
 
 // Activations are used in place by float kernels, else prepared into `scratch` (the calling
-// thread for one token, all threads for several).
+// thread for one token, all threads for several), or taken from `previous` when it prepared the
+// same input the same way (a MoE's gate and up projections share theirs).
 ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
-                       const MatmulArgs& args, uint8_t* scratch, ThreadPool& pool) {
+                       const MatmulArgs& args, uint8_t* scratch, ThreadPool& pool,
+                       const ReadyMatmul* previous = nullptr) {
   const DType row_type = dtype_info(args.weight_type).base;
   ReadyMatmul ready{.type = args.weight_type,
                     .row_type = row_type,
@@ -170,9 +215,23 @@ ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
                     .cols = args.cols,
                     .n_tokens = args.n_tokens,
                     .output = args.output};
-  if (kernel.act != ActKind::F32) {
-    ready.act_stride = act_row_bytes(kernel.act, args.cols);
-    const PrepareActFn prepare = table.prepare[size_t(kernel.act)];
+  const LanesPath lanes = lanes_path(table, args);
+  const ActKind act = prepared_kind(kernel, lanes);
+  ready.input = args.input;
+  ready.act_kind = act;
+  if (act != ActKind::F32) {
+    ready.act_stride = act_row_bytes(act, args.cols);
+    if (previous && previous->input == args.input && previous->act_kind == act &&
+        previous->n_tokens == args.n_tokens && previous->cols == args.cols &&
+        (previous->tiles != nullptr) == (lanes.rows != nullptr)) {
+      ready.act = previous->act;
+      ready.tiles = previous->tiles;
+      ready.lanes = lanes.rows;
+      scratch = nullptr;  // nothing to prepare
+    }
+  }
+  if (act != ActKind::F32 && scratch) {
+    const PrepareActFn prepare = table.prepare[size_t(act)];
     if (args.n_tokens == 1) {
       prepare(args.input, scratch, args.cols);
     } else {
@@ -182,21 +241,23 @@ ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
       });
     }
     ready.act = scratch;
-    if (LanesRowsFn lanes = lanes_kernel(table, args)) {
+    if (lanes.rows) {
       uint8_t* tiles = scratch + ready.act_stride * size_t(args.n_tokens);
-      const size_t tile_bytes = lanes_tile_bytes(args.cols);
       pool.parallel_for(lanes_tiles(args.n_tokens), [&](int64_t tile, int) {
-        build_lanes_tile(ready.act, ready.act_stride, tile * 16,
+        lanes.build_tile(ready.act, ready.act_stride, tile * 16,
                          std::min<int64_t>(16, args.n_tokens - tile * 16), args.cols,
-                         tiles + size_t(tile) * tile_bytes);
+                         tiles + size_t(tile) * lanes.tile_bytes);
       });
-      ready.lanes = lanes;
+      ready.lanes = lanes.rows;
       ready.tiles = tiles;
     }
-    if (row_type != args.weight_type) {
-      if (ready.lanes) ready.group_lanes = table.group_lanes[size_t(row_type)];
-      else if (args.precision == ActPrecision::Int16) ready.group_dot = table.group_dots[size_t(row_type)];
-    }
+  }
+  // The kernels that read interleaved groups whole are Int16 only; the Int8 lanes path takes the
+  // groups apart into plain rows.
+  if (act != ActKind::F32 && row_type != args.weight_type &&
+      precision_of(table, args) == ActPrecision::Int16) {
+    if (ready.lanes) ready.group_lanes = table.group_lanes[size_t(row_type)];
+    else ready.group_dot = table.group_dots[size_t(row_type)];
   }
   return ready;
 }
@@ -303,7 +364,8 @@ void run_matmul_many(const KernelTable& table, std::span<const MatmulArgs> args,
   for (size_t i = 0; i < args.size(); ++i) {
     const FormatKernel* kernel = kernels[i];
     if (!kernel) continue;
-    ready.push_back(make_ready(table, *kernel, args[i], scratch, pool));
+    ready.push_back(make_ready(table, *kernel, args[i], scratch, pool,
+                               ready.empty() ? nullptr : &ready.back()));
     scratch += prepared_bytes(table, *kernel, args[i]);
     first_task.push_back(first_task.back() + (args[i].rows + tile_rows - 1) / tile_rows);
   }

@@ -6,8 +6,11 @@
 // F32. Quantized formats quantize x once per call and take integer dot products per block:
 // by default (ActPrecision::Int16) to 16 bits with one scale per 32 elements, which keeps the
 // result within ~1e-5 of f32 activations; ActPrecision::Int8 quantizes to 8 bits (Q8_0-style
-// blocks of 32, Q8_K super-blocks of 256 for the k-quants) as the fast engines do, ~250x less
-// accurate and enough to flip expert choices of sigmoid-routed models. F32/F16 multiply in float;
+// blocks of 32, Q8_K super-blocks of 256 for the k-quants' row dots) as the fast engines do,
+// ~250x less accurate and enough to flip expert choices of sigmoid-routed models when every
+// product takes it, ~1.5x the many-token throughput (vpdpbusd: four products per lane and
+// instruction where vpdpwssd does two). The model's precision policy (PrecisionPolicy in
+// model/deepseek2.h) gives it to the feed-forward products only. F32/F16 multiply in float;
 // so does BF16, except that Int8 on AVX-512 rounds x to bf16 for the bf16 dot-product instruction.
 // Accuracy per format and precision: kInt16ErrorBound, kInt8ErrorBound in
 // tests/cpu/matmul_test.cpp.
@@ -24,7 +27,7 @@ namespace tandem::cpu {
 // How finely quantized formats quantize the activations x (see above).
 enum class ActPrecision : uint8_t {
   Int16,  // default: near-f32 accuracy
-  Int8,   // faster to compute, 8-bit activation error; for benchmarks and opt-in speed work
+  Int8,   // faster to compute, 8-bit activation error: the FFNs' products by default
 };
 
 struct MatmulArgs {
@@ -39,9 +42,9 @@ struct MatmulArgs {
   KernelChoice kernels = KernelChoice::ByTokenCount;  // see core/backend.h
 };
 
-// From this many tokens on, Int16 matmuls of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K take the
-// token-lanes path (gemm_q16.h, on AVX-512 and portable): each row unpacked once, 16 tokens per
-// vector. A tile costs ~6.7 row dots whatever its fill (matmul_bench "tokens/": 69 us per token
+// From this many tokens on, matmuls of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+// take the token-lanes path (gemm_q16.h for Int16, gemm_q8.h for Int8; on AVX-512 and portable):
+// each row unpacked once, 16 tokens per vector. A tile costs ~6.7 row dots whatever its fill (matmul_bench "tokens/": 69 us per token
 // as row dots at 1-3 tokens, 460 us per tile), so below 8 tokens the row dots are faster.
 // KernelChoice::PerToken never takes it, KernelChoice::Tiled takes it from one token on.
 constexpr int64_t kLanesMinTokens = 8;
@@ -50,8 +53,11 @@ constexpr int64_t kLanesMinTokens = 8;
 // and the 16-row interleaved Q8_0_R16, Q5_0_R16, Q4_K_R16 (`tandem repack`; rows a multiple
 // of 16).
 // An interleaved matrix gives what its base format's rows would give with the same kernels,
-// except that the Int16 row dots on AVX-512 are replaced by kernels that take 16 rows at once
+// except that the row dots on AVX-512 are replaced by kernels that take 16 rows at once
 // (dot_r16_avx512.cpp: about twice the decode speed; rounding differs, accuracy is the same).
+// Those are 16-bit, and an Int8 matmul's row dots take them too (more accurate, and faster than
+// taking the groups apart for 8-bit row dots). Likewise IQ4_NL / IQ4_XS, which have no 8-bit row
+// dots: their Int8 row dots are the 16-bit ones.
 bool matmul_supports(DType weight_type);
 
 // Uses the kernels of best_cpu_isa(). Throws tandem::Error for a format it does not support or

@@ -1,0 +1,266 @@
+// The 8-bit token-lanes path (gemm_q8.h) with AVX-512 VNNI: four weight rows at a time against a
+// tile of 16 tokens, so each load of 16 tokens' activation quads feeds four vpdpbusd, each with a
+// row's four weights broadcast. Bit for bit the portable version: the same exact integer group
+// sums, then the same float operations per lane in the same order.
+#include "backends/cpu/avx512_intrinsics.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/gemm_q8.h"
+#include "backends/cpu/kernels.h"
+#include "core/aligned_buffer.h"
+
+namespace tandem::cpu {
+namespace {
+
+// ---- unpacking to bytes, vectorized: the same bytes and float scales as gemm_q8.h's ----
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+inline __m128i load128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+inline void store256(uint8_t* p, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
+
+// The 32 nibbles of 16 bytes as bytes in element order (element j in the low nibble of byte j,
+// element j + 16 in the high one).
+inline __m256i nibbles8_16(const uint8_t* qs) {
+  const __m128i q = load128(qs), low4 = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_and_si128(q, low4));
+}
+
+void unpack8_q8_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const BlockQ8_0*>(row);
+  const __m256i flip = _mm256_set1_epi8(char(0x80));  // q + 128 as a byte
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    store256(out.u + 32 * b, _mm256_xor_si256(load256(blocks[b].qs), flip));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+void unpack8_q4_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const BlockQ4_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    store256(out.u + 32 * b, nibbles8_16(blocks[b].qs));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+void unpack8_q5_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const BlockQ5_0*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    uint32_t qh;
+    std::memcpy(&qh, blocks[b].qh, sizeof(qh));
+    const __m256i low = nibbles8_16(blocks[b].qs);
+    store256(out.u + 32 * b, _mm256_mask_add_epi8(low, __mmask32(qh), low, _mm256_set1_epi8(16)));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+// unpack_k_group_scales in one vector: the 8 scales and 8 mins as floats times d and dmin (the
+// same products, so the same bits).
+template <class Block>
+inline void unpack_k_group_scales_avx512(const Block& block, int64_t b, float* scale, float* min) {
+  alignas(16) uint32_t words[4];
+  unpack_k_scales_words(block.scales, words);
+  const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(words))));
+  const __m512 factors = _mm512_insertf32x8(_mm512_set1_ps(f16_value(block.d)),
+                                            _mm256_set1_ps(f16_value(block.dmin)), 1);
+  const __m512 products = _mm512_mul_ps(values, factors);
+  _mm256_storeu_ps(scale + 8 * b, _mm512_castps512_ps256(products));
+  _mm256_storeu_ps(min + 8 * b, _mm512_extractf32x8_ps(products, 1));
+}
+
+template <bool kFifthBit, class Block>
+void unpack8_q4_q5_k_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const Block*>(row);
+  const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const Block& block = blocks[b];
+    unpack_k_group_scales_avx512(block, b, out.scale, out.min);
+    uint8_t* u = out.u + kQK_K * b;
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = load256(block.qh);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = load256(block.qs + 32 * c);
+      __m256i lo = _mm256_and_si256(q, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFifthBit) {
+        lo = _mm256_mask_add_epi8(lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c)))),
+                                  lo, sixteen);
+        hi = _mm256_mask_add_epi8(hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(2 << (2 * c)))),
+                                  hi, sixteen);
+      }
+      store256(u + 64 * c, lo);
+      store256(u + 64 * c + 32, hi);
+    }
+  }
+}
+
+void unpack8_q6_k_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const BlockQ6_K*>(row);
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const BlockQ6_K& block = blocks[b];
+    const float d = f16_value(block.d);
+    for (int k = 0; k < 16; ++k) out.scale[16 * b + k] = d * float(block.scales[k]);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i ql0 = load256(block.ql + 64 * half);
+      const __m256i ql1 = load256(block.ql + 64 * half + 32);
+      const __m256i qh = load256(block.qh + 32 * half);
+      uint8_t* u = out.u + kQK_K * b + 128 * half;
+      // As gemm_q16_avx512.cpp's Q6_K: low 4 bits from ql0 / ql1, bits 4-5 from qh; (A & B) | C.
+      store256(u, _mm256_ternarylogic_epi32(ql0, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45), 0xEA));
+      store256(u + 32, _mm256_ternarylogic_epi32(ql1, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45), 0xEA));
+      store256(u + 64, _mm256_ternarylogic_epi32(_mm256_srli_epi16(ql0, 4), low4, _mm256_and_si256(qh, bits45), 0xEA));
+      store256(u + 96, _mm256_ternarylogic_epi32(_mm256_srli_epi16(ql1, 4), low4,
+                                                 _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45), 0xEA));
+    }
+  }
+}
+
+// The 16 levels + 128 as bytes, in both 128-bit halves, for vpshufb.
+inline __m256i iq4_level_bytes() {
+  const __m128i levels = _mm_xor_si128(load128(kIq4NlValues), _mm_set1_epi8(char(0x80)));
+  return _mm256_broadcastsi128_si256(levels);
+}
+
+void unpack8_iq4_nl_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
+  const __m256i levels = iq4_level_bytes();
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    store256(out.u + 32 * b, _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs)));
+    out.scale[b] = f16_value(blocks[b].d);
+  }
+}
+
+void unpack8_iq4_xs_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const BlockIQ4_XS*>(row);
+  const __m256i levels = iq4_level_bytes();
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float d = f16_value(blocks[b].d);
+    for (int sub = 0; sub < 8; ++sub) {
+      store256(out.u + kQK_K * b + 32 * sub,
+               _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs + 16 * sub)));
+      out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
+    }
+  }
+}
+
+UnpackRow8Fn avx512_unpacker8(DType type) {
+  switch (type) {
+    case DType::Q8_0:
+      return unpack8_q8_0_avx512;
+    case DType::Q4_0:
+      return unpack8_q4_0_avx512;
+    case DType::Q5_0:
+      return unpack8_q5_0_avx512;
+    case DType::Q4_K:
+      return unpack8_q4_q5_k_avx512<false, BlockQ4_K>;
+    case DType::Q5_K:
+      return unpack8_q4_q5_k_avx512<true, BlockQ5_K>;
+    case DType::Q6_K:
+      return unpack8_q6_k_avx512;
+    case DType::IQ4_NL:
+      return unpack8_iq4_nl_avx512;
+    case DType::IQ4_XS:
+      return unpack8_iq4_xs_avx512;
+    default:
+      return nullptr;
+  }
+}
+
+// ---- the token-lanes product ----
+
+inline __m512i broadcast_quad(const uint8_t* u) {
+  int32_t quad;
+  std::memcpy(&quad, u, sizeof(quad));
+  return _mm512_set1_epi32(quad);
+}
+
+// kRows unpacked rows against one tile; lane t of out[r] is token t's result.
+template <int kGroup, bool kMins, int kOffsetShift, int kRows>
+inline void tile_rows8(const UnpackedRow8* w, const Q8Tile& x, int64_t cols, __m512* out) {
+  for (int r = 0; r < kRows; ++r) out[r] = _mm512_setzero_ps();
+  const int64_t n_groups = cols / kGroup;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    // -o Σ x of the group, per lane: where each row's sum starts.
+    __m512i start = _mm512_setzero_si512();
+    if constexpr (kOffsetShift > 0) {
+      const int64_t first16 = g * kGroup / 16;
+      __m512i sum = _mm512_loadu_si512(x.isum16 + first16 * kLanes);
+      if constexpr (kGroup == 32) sum = _mm512_add_epi32(sum, _mm512_loadu_si512(x.isum16 + (first16 + 1) * kLanes));
+      start = _mm512_sub_epi32(start, _mm512_slli_epi32(sum, kOffsetShift));
+    }
+    __m512i acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = start;
+    const int64_t first_quad = g * kGroup / 4;
+    for (int i = 0; i < kGroup / 4; ++i) {
+      const __m512i xv = _mm512_loadu_si512(x.quads + (first_quad + i) * kLanes);
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = _mm512_dpbusd_epi32(acc[r], broadcast_quad(w[r].u + 4 * (first_quad + i)), xv);
+    }
+    const int64_t block = g * kGroup / 32;
+    const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);
+    for (int r = 0; r < kRows; ++r)
+      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g]), dx),
+                               out[r]);
+    if constexpr (kMins) {
+      const __m512 sums = _mm512_loadu_ps(x.sum32 + block * kLanes);
+      for (int r = 0; r < kRows; ++r) out[r] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g]), sums, out[r]);
+    }
+  }
+}
+
+// Rows `row` .. `row + kRows - 1` of `m`, unpacked into `scratch`, against every tile.
+template <int kGroup, bool kMins, int kOffsetShift, int kRows>
+void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
+  const UnpackRow8Fn unpack = avx512_unpacker8(m.type);
+  UnpackedRow8 w[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    w[r] = unpacked_row8(scratch, kRows, m.cols, r);
+    unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
+  }
+  const size_t tile_bytes = q8_tile_bytes(m.cols);
+  for (int64_t first = 0; first < m.n_tokens; first += kLanes) {
+    const Q8Tile x = q8_tile(m.tiles + size_t(first / kLanes) * tile_bytes, m.cols);
+    __m512 out[kRows];
+    tile_rows8<kGroup, kMins, kOffsetShift, kRows>(w, x, m.cols, out);
+    alignas(64) float lanes[kRows][kLanes];
+    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r]);
+    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - first);
+    for (int64_t t = 0; t < n; ++t)
+      for (int r = 0; r < kRows; ++r) m.output[(first + t) * m.rows + row + r] = lanes[r][t];
+  }
+}
+
+template <int kGroup, bool kMins, int kOffsetShift>
+void lanes8_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
+  constexpr int kRows = 4;
+  thread_local AlignedBuffer scratch;
+  if (scratch.size() < unpack8_scratch_bytes(kRows, m.cols))
+    scratch = AlignedBuffer(unpack8_scratch_bytes(kRows, m.cols));
+  int64_t row = first_row;
+  for (; row + kRows <= last_row; row += kRows)
+    rows_against_tiles8<kGroup, kMins, kOffsetShift, kRows>(m, row, scratch.data());
+  for (; row < last_row; ++row) rows_against_tiles8<kGroup, kMins, kOffsetShift, 1>(m, row, scratch.data());
+}
+
+}  // namespace
+
+void fill_avx512_lanes8_kernels(KernelTable& table) {
+  for (DType type : kLanesFormats)
+    table.lanes8[size_t(type)] = lanes8_kernel_for(row_unpacker8(type).shape, [](auto v) -> LanesRowsFn {
+      using V = decltype(v);
+      return lanes8_rows<V::group, V::mins, V::offset_shift>;
+    });
+}
+
+}  // namespace tandem::cpu
