@@ -84,11 +84,12 @@ double best_matmul_seconds(DType type, int64_t rows, int64_t cols, int64_t token
 // (what prefill could reach), in multiply-adds x 2 per second, with the activations the policy
 // gives the FFNs (the bulk of a prompt's arithmetic).
 double kernel_peak_flops(DType type, int threads, PrecisionPolicy policy) {
-  const int64_t rows = 256, cols = 2048, tokens = 64;
+  // Enough rows that preparing the 64 tokens' activations (per call, not per row) is a few percent.
+  const int64_t rows = 2048, cols = 2048, tokens = 64;
   const cpu::ActPrecision precision =
       policy == PrecisionPolicy::FfnInt8 ? cpu::ActPrecision::Int8 : cpu::ActPrecision::Int16;
   return 2.0 * double(rows * cols * tokens) /
-         best_matmul_seconds(type, rows, cols, tokens, threads, 4, precision);
+         best_matmul_seconds(type, rows, cols, tokens, threads, 1, precision);
 }
 
 // Cold starts are measured with a one-token prompt (loading, then the first token: what the disk

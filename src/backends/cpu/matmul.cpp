@@ -41,8 +41,10 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_lanes_kernels(table);
     fill_avx512_lanes8_kernels(table);
   }
-  // The IQ4 formats have no 8-bit row dot, only the decoder's F32 fallback (30x slower): at Int8
-  // their row dots are the 16-bit ones (their token lanes are 8-bit).
+  // The IQ4 formats have no 8-bit row dots, only the decoder's F32 fallback (30x slower): at Int8
+  // their row dots are the 16-bit ones (their token lanes are 8-bit). An 8-bit row dot on
+  // ActBlockQ8 activations measured 1.1-1.3x slower than the 16-bit one (matmul_bench), so
+  // none is kept.
   for (DType type : {DType::IQ4_NL, DType::IQ4_XS})
     table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
@@ -116,6 +118,18 @@ struct ReadyMatmul {
   float* output = nullptr;
 };
 
+// The precision a matmul runs at: as asked, except that an Int8 matmul of an interleaved format
+// runs the 16-bit kernels that read whole groups where the level has them: there are no 8-bit
+// ones, and taking the groups apart for 8-bit kernels costs more than the 8 bits save (decode at
+// half the speed, prompts at a third).
+ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
+  const size_t base = size_t(dtype_info(args.weight_type).base);
+  if (args.precision == ActPrecision::Int8 && base != size_t(args.weight_type) &&
+      (table.group_dots[base] || table.group_lanes[base]))
+    return ActPrecision::Int16;
+  return args.precision;
+}
+
 // The token-lanes path a matmul takes, if any: its kernel, the activations it is built from, and
 // its tiles (gemm_q16.h for Int16, gemm_q8.h for Int8).
 struct LanesPath {
@@ -137,23 +151,12 @@ LanesPath lanes_path(const KernelTable& table, const MatmulArgs& args) {
       break;
   }
   const size_t base = size_t(dtype_info(args.weight_type).base);
-  if (args.precision == ActPrecision::Int8) {
+  if (precision_of(table, args) == ActPrecision::Int8) {
     if (!table.lanes8[base]) return {};
     return {table.lanes8[base], ActKind::Q8, build_lanes8_tile, lanes8_tile_bytes(args.cols)};
   }
   if (!table.lanes[base]) return {};
   return {table.lanes[base], ActKind::Q16, build_lanes_tile, lanes_tile_bytes(args.cols)};
-}
-
-// The precision a matmul runs at: as asked, except that an Int8 matmul of an interleaved format
-// that takes no token-lanes path runs the 16-bit group kernels where the level has them: there
-// are no 8-bit ones, and taking the groups apart for 8-bit row dots would halve decode speed.
-ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
-  const DType base = dtype_info(args.weight_type).base;
-  if (args.precision == ActPrecision::Int8 && base != args.weight_type &&
-      table.group_dots[size_t(base)] && !lanes_path(table, args).rows)
-    return ActPrecision::Int16;
-  return args.precision;
 }
 
 // Checks the arguments and returns the kernel of `args` (for an interleaved format, its base

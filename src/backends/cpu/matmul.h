@@ -55,9 +55,10 @@ constexpr int64_t kLanesMinTokens = 8;
 // An interleaved matrix gives what its base format's rows would give with the same kernels,
 // except that the row dots on AVX-512 are replaced by kernels that take 16 rows at once
 // (dot_r16_avx512.cpp: about twice the decode speed; rounding differs, accuracy is the same).
-// Those are 16-bit, and an Int8 matmul's row dots take them too (more accurate, and faster than
-// taking the groups apart for 8-bit row dots). Likewise IQ4_NL / IQ4_XS, which have no 8-bit row
-// dots: their Int8 row dots are the 16-bit ones.
+// Those, and the token-lanes kernels that read whole groups, are 16-bit, and an Int8 matmul of an
+// interleaved format runs them too (more accurate, and faster than taking the groups apart for
+// the 8-bit kernels). IQ4_NL / IQ4_XS have no 8-bit row dots: their Int8 row dots are the 16-bit
+// ones (their token lanes are 8-bit).
 bool matmul_supports(DType weight_type);
 
 // Uses the kernels of best_cpu_isa(). Throws tandem::Error for a format it does not support or
