@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command that verifies the CUDA backend on a GPU machine, in about 5 minutes on one
+# The one command that verifies the CUDA backend on a GPU machine, in about 5-7 minutes on one
 # H200 with 16 cores (its budget is 8):
 #   1. the CUDA tests: every op against the CPU backend, captures, host tasks, the fixture models
 #      on cuda:0 and on a hybrid plan (tests/cuda);
@@ -7,7 +7,9 @@
 #      cuda:0 alone and on a hybrid plan (experts 0-3 of every layer on the CPU);
 #   3. the lite-shaped model (generated there, Q4_K_M, 9.7 GiB) with `tandem bench`, fully on
 #      the GPU and hybrid (experts 0-31 of every layer on the CPU): tokens/s, the GPU's
-#      bandwidth roofline, the cost model's prediction.
+#      bandwidth roofline, the cost model's prediction;
+#   4. (informational) a kernel profile of a short run on the GPU by ncu, where it is installed:
+#      the kernels that take a decode step's time (OUT/kernel_profile.txt).
 # Writes OUT/gpu-check.log (everything) and OUT/gpu-check.json (the summary), and prints the
 # summary last. Runs what tools/gpu-bundle.sh prepared (binaries built elsewhere: the machine has
 # nvcc but no -dev libraries), from gpu-bundle/ or $BUNDLE.
@@ -92,6 +94,19 @@ if run gen_model_lite 240 "$tandem" gen-model --preset lite --format Q4_K_M -o "
     -p 512 -n 64 -r 2 -t $threads --json > \"$out/bench_hybrid.json\""
   run bench_gpu_no_graphs 120 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --no-graphs -p 0 -n 64 -r 2 -t $threads \
     --json > \"$out/bench_gpu_no_graphs.json\""
+  # 4. Where the GPU's time goes: every kernel of a short run on cuda:0 (a two-token prompt, four
+  #    decode steps, op by op so each launch is seen) timed by ncu, one metric and one pass per
+  #    kernel, summed by kernel name (kernel_profile.txt / .json). Informational: not a check.
+  if command -v ncu >/dev/null; then
+    say "== kernel_profile (informational)"
+    timeout 180 ncu --metrics gpu__time_duration.sum --csv --print-units base --log-file "$out/ncu.csv" \
+      "$tandem" run "$lite" --devices cuda:0 --no-graphs -p "Once upon" -n 4 --temp 0 -t "$threads" >>"$log" 2>&1 ||
+      say "   ncu exited $?"
+    python3 tools/gpu/kernel_profile.py "$out/ncu.csv" --steps 5 --json "$out/kernel_profile.json" \
+      >"$out/kernel_profile.txt" 2>&1 && head -30 "$out/kernel_profile.txt" | tee -a "$log"
+  else
+    say "== kernel_profile skipped: no ncu on this machine"
+  fi
 fi
 rm -f "$lite"
 
