@@ -77,46 +77,55 @@ struct UnpackShape {
   bool mins = false;
 };
 
-// One weight row unpacked: w (int16, offsets applied, |w| <= 128), scale and min per group.
-struct UnpackedRow {
-  int16_t* w;    // [cols]
+// One weight row unpacked: w (the Int16 path: int16 with the format's offsets applied, |w| <= 128;
+// the Int8 path, gemm_q8.h: unsigned bytes), scale and min per group.
+template <class T>
+struct UnpackedRowOf {
+  T* w;          // [cols]
   float* scale;  // [cols / group]
   float* min;    // [cols / group], formats with mins only
 };
+using UnpackedRow = UnpackedRowOf<int16_t>;
 
 inline float f16_value(uint16_t h) {
   return f16_to_f32(h);
 }
 
-inline void unpack_q8_0(const void* row, int64_t cols, UnpackedRow out) {
+// The portable unpackers, for both paths: each element's integer quant q (before the format's
+// offset) is stored as T(q + kBias). The Int16 path's kBias is the format's offset (-8 for Q4_0,
+// ...), the Int8 path's 0, or +128 for formats whose quants are signed (Q8_0, the IQ4 levels).
+template <class T, int kBias>
+inline void unpack_q8_0(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const BlockQ8_0*>(row);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    for (int i = 0; i < 32; ++i) out.w[32 * b + i] = blocks[b].qs[i];
+    for (int i = 0; i < 32; ++i) out.w[32 * b + i] = T(blocks[b].qs[i] + kBias);
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
 
-inline void unpack_q4_0(const void* row, int64_t cols, UnpackedRow out) {
+template <class T, int kBias>
+inline void unpack_q4_0(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const BlockQ4_0*>(row);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    int16_t* w = out.w + 32 * b;
+    T* w = out.w + 32 * b;
     for (int i = 0; i < 16; ++i) {
-      w[i] = int16_t((blocks[b].qs[i] & 15) - 8);
-      w[i + 16] = int16_t((blocks[b].qs[i] >> 4) - 8);
+      w[i] = T((blocks[b].qs[i] & 15) + kBias);
+      w[i + 16] = T((blocks[b].qs[i] >> 4) + kBias);
     }
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
 
-inline void unpack_q5_0(const void* row, int64_t cols, UnpackedRow out) {
+template <class T, int kBias>
+inline void unpack_q5_0(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const BlockQ5_0*>(row);
   for (int64_t b = 0; b < cols / 32; ++b) {
     uint32_t qh;
     std::memcpy(&qh, blocks[b].qh, sizeof(qh));
-    int16_t* w = out.w + 32 * b;
+    T* w = out.w + 32 * b;
     for (int i = 0; i < 16; ++i) {
-      w[i] = int16_t(((blocks[b].qs[i] & 15) | ((qh >> i) & 1) << 4) - 16);
-      w[i + 16] = int16_t(((blocks[b].qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
+      w[i] = T(((blocks[b].qs[i] & 15) | ((qh >> i) & 1) << 4) + kBias);
+      w[i + 16] = T(((blocks[b].qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) + kBias);
     }
     out.scale[b] = f16_value(blocks[b].d);
   }
@@ -134,13 +143,14 @@ inline void unpack_k_group_scales(const Block& block, int64_t b, float* scale, f
   }
 }
 
-template <bool kFifthBit, class Block>
-inline void unpack_q4_q5_k(const void* row, int64_t cols, UnpackedRow out) {
+// The quants as they are (the mins are applied in float): both paths store q.
+template <class T, bool kFifthBit, class Block>
+inline void unpack_q4_q5_k(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const Block*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = blocks[b];
     unpack_k_group_scales(block, b, out.scale, out.min);
-    int16_t* w = out.w + kQK_K * b;
+    T* w = out.w + kQK_K * b;
     for (int c = 0; c < 4; ++c) {
       for (int i = 0; i < 32; ++i) {
         int lo = block.qs[32 * c + i] & 15, hi = block.qs[32 * c + i] >> 4;
@@ -148,58 +158,62 @@ inline void unpack_q4_q5_k(const void* row, int64_t cols, UnpackedRow out) {
           lo |= ((block.qh[i] >> (2 * c)) & 1) << 4;
           hi |= ((block.qh[i] >> (2 * c + 1)) & 1) << 4;
         }
-        w[64 * c + i] = int16_t(lo);
-        w[64 * c + 32 + i] = int16_t(hi);
+        w[64 * c + i] = T(lo);
+        w[64 * c + 32 + i] = T(hi);
       }
     }
   }
 }
 
 // Q6_K: 16 sub-blocks of 16 (groups of 16); value = d * scale_k * (q - 32).
-inline void unpack_q6_k(const void* row, int64_t cols, UnpackedRow out) {
+template <class T, int kBias>
+inline void unpack_q6_k(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const BlockQ6_K*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const BlockQ6_K& block = blocks[b];
     const float d = f16_value(block.d);
     for (int k = 0; k < 16; ++k) out.scale[16 * b + k] = d * float(block.scales[k]);
-    int16_t* w = out.w + kQK_K * b;
+    T* w = out.w + kQK_K * b;
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = block.ql + 64 * half;
       const uint8_t* qh = block.qh + 32 * half;
-      int16_t* wh = w + 128 * half;
+      T* wh = w + 128 * half;
       for (int i = 0; i < 32; ++i) {
-        wh[i] = int16_t(((ql[i] & 15) | ((qh[i] >> 0) & 3) << 4) - 32);
-        wh[32 + i] = int16_t(((ql[32 + i] & 15) | ((qh[i] >> 2) & 3) << 4) - 32);
-        wh[64 + i] = int16_t(((ql[i] >> 4) | ((qh[i] >> 4) & 3) << 4) - 32);
-        wh[96 + i] = int16_t(((ql[32 + i] >> 4) | ((qh[i] >> 6) & 3) << 4) - 32);
+        wh[i] = T(((ql[i] & 15) | ((qh[i] >> 0) & 3) << 4) + kBias);
+        wh[32 + i] = T(((ql[32 + i] & 15) | ((qh[i] >> 2) & 3) << 4) + kBias);
+        wh[64 + i] = T(((ql[i] >> 4) | ((qh[i] >> 4) & 3) << 4) + kBias);
+        wh[96 + i] = T(((ql[32 + i] >> 4) | ((qh[i] >> 6) & 3) << 4) + kBias);
       }
     }
   }
 }
 
-// IQ4_NL and IQ4_XS: the levels themselves are the int16 weights (|w| <= 127); the scale per 32 is
-// d (IQ4_NL) or d * (sub-block scale - 32) (IQ4_XS).
-inline void unpack_iq4_32(const uint8_t* qs, int16_t* w) {
+// IQ4_NL and IQ4_XS: the levels themselves are the weights (|w| <= 127); the scale per 32 is d
+// (IQ4_NL) or d * (sub-block scale - 32) (IQ4_XS).
+template <class T, int kBias>
+inline void unpack_iq4_32(const uint8_t* qs, T* w) {
   for (int i = 0; i < 16; ++i) {
-    w[i] = kIq4NlValues[qs[i] & 15];
-    w[i + 16] = kIq4NlValues[qs[i] >> 4];
+    w[i] = T(kIq4NlValues[qs[i] & 15] + kBias);
+    w[i + 16] = T(kIq4NlValues[qs[i] >> 4] + kBias);
   }
 }
 
-inline void unpack_iq4_nl(const void* row, int64_t cols, UnpackedRow out) {
+template <class T, int kBias>
+inline void unpack_iq4_nl(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    unpack_iq4_32(blocks[b].qs, out.w + 32 * b);
+    unpack_iq4_32<T, kBias>(blocks[b].qs, out.w + 32 * b);
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
 
-inline void unpack_iq4_xs(const void* row, int64_t cols, UnpackedRow out) {
+template <class T, int kBias>
+inline void unpack_iq4_xs(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   const auto* blocks = static_cast<const BlockIQ4_XS*>(row);
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const float d = f16_value(blocks[b].d);
     for (int sub = 0; sub < 8; ++sub) {
-      unpack_iq4_32(blocks[b].qs + 16 * sub, out.w + kQK_K * b + 32 * sub);
+      unpack_iq4_32<T, kBias>(blocks[b].qs + 16 * sub, out.w + kQK_K * b + 32 * sub);
       out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
     }
   }
@@ -219,21 +233,21 @@ struct RowUnpacker {
 inline RowUnpacker row_unpacker(DType type) {
   switch (type) {
     case DType::Q8_0:
-      return {unpack_q8_0, {32, false}};
+      return {unpack_q8_0<int16_t, 0>, {32, false}};
     case DType::Q4_0:
-      return {unpack_q4_0, {32, false}};
+      return {unpack_q4_0<int16_t, -8>, {32, false}};
     case DType::Q5_0:
-      return {unpack_q5_0, {32, false}};
+      return {unpack_q5_0<int16_t, -16>, {32, false}};
     case DType::Q4_K:
-      return {unpack_q4_q5_k<false, BlockQ4_K>, {32, true}};
+      return {unpack_q4_q5_k<int16_t, false, BlockQ4_K>, {32, true}};
     case DType::Q5_K:
-      return {unpack_q4_q5_k<true, BlockQ5_K>, {32, true}};
+      return {unpack_q4_q5_k<int16_t, true, BlockQ5_K>, {32, true}};
     case DType::Q6_K:
-      return {unpack_q6_k, {16, false}};
+      return {unpack_q6_k<int16_t, -32>, {16, false}};
     case DType::IQ4_NL:
-      return {unpack_iq4_nl, {32, false}};
+      return {unpack_iq4_nl<int16_t, 0>, {32, false}};
     case DType::IQ4_XS:
-      return {unpack_iq4_xs, {32, false}};
+      return {unpack_iq4_xs<int16_t, 0>, {32, false}};
     default:
       return {};
   }

@@ -89,113 +89,8 @@ struct UnpackShape8 {
   int offset_shift = 0;
 };
 
-// One weight row unpacked: u (uint8, u = w + o), scale and min per group.
-struct UnpackedRow8 {
-  uint8_t* u;    // [cols]
-  float* scale;  // [cols / group]
-  float* min;    // [cols / group], formats with mins only
-};
-
-inline void unpack8_q8_0(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const BlockQ8_0*>(row);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    for (int i = 0; i < 32; ++i) out.u[32 * b + i] = uint8_t(blocks[b].qs[i] + 128);
-    out.scale[b] = f16_value(blocks[b].d);
-  }
-}
-
-inline void unpack8_q4_0(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const BlockQ4_0*>(row);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    uint8_t* u = out.u + 32 * b;
-    for (int i = 0; i < 16; ++i) {
-      u[i] = blocks[b].qs[i] & 15;
-      u[i + 16] = blocks[b].qs[i] >> 4;
-    }
-    out.scale[b] = f16_value(blocks[b].d);
-  }
-}
-
-inline void unpack8_q5_0(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const BlockQ5_0*>(row);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    uint32_t qh;
-    std::memcpy(&qh, blocks[b].qh, sizeof(qh));
-    uint8_t* u = out.u + 32 * b;
-    for (int i = 0; i < 16; ++i) {
-      u[i] = uint8_t((blocks[b].qs[i] & 15) | ((qh >> i) & 1) << 4);
-      u[i + 16] = uint8_t((blocks[b].qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4);
-    }
-    out.scale[b] = f16_value(blocks[b].d);
-  }
-}
-
-template <bool kFifthBit, class Block>
-inline void unpack8_q4_q5_k(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const Block*>(row);
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const Block& block = blocks[b];
-    unpack_k_group_scales(block, b, out.scale, out.min);
-    uint8_t* u = out.u + kQK_K * b;
-    for (int c = 0; c < 4; ++c) {
-      for (int i = 0; i < 32; ++i) {
-        int lo = block.qs[32 * c + i] & 15, hi = block.qs[32 * c + i] >> 4;
-        if constexpr (kFifthBit) {
-          lo |= ((block.qh[i] >> (2 * c)) & 1) << 4;
-          hi |= ((block.qh[i] >> (2 * c + 1)) & 1) << 4;
-        }
-        u[64 * c + i] = uint8_t(lo);
-        u[64 * c + 32 + i] = uint8_t(hi);
-      }
-    }
-  }
-}
-
-inline void unpack8_q6_k(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const BlockQ6_K*>(row);
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const BlockQ6_K& block = blocks[b];
-    const float d = f16_value(block.d);
-    for (int k = 0; k < 16; ++k) out.scale[16 * b + k] = d * float(block.scales[k]);
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = block.ql + 64 * half;
-      const uint8_t* qh = block.qh + 32 * half;
-      uint8_t* u = out.u + kQK_K * b + 128 * half;
-      for (int i = 0; i < 32; ++i) {
-        u[i] = uint8_t((ql[i] & 15) | ((qh[i] >> 0) & 3) << 4);
-        u[32 + i] = uint8_t((ql[32 + i] & 15) | ((qh[i] >> 2) & 3) << 4);
-        u[64 + i] = uint8_t((ql[i] >> 4) | ((qh[i] >> 4) & 3) << 4);
-        u[96 + i] = uint8_t((ql[32 + i] >> 4) | ((qh[i] >> 6) & 3) << 4);
-      }
-    }
-  }
-}
-
-inline void unpack8_iq4_32(const uint8_t* qs, uint8_t* u) {
-  for (int i = 0; i < 16; ++i) {
-    u[i] = uint8_t(kIq4NlValues[qs[i] & 15] + 128);
-    u[i + 16] = uint8_t(kIq4NlValues[qs[i] >> 4] + 128);
-  }
-}
-
-inline void unpack8_iq4_nl(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    unpack8_iq4_32(blocks[b].qs, out.u + 32 * b);
-    out.scale[b] = f16_value(blocks[b].d);
-  }
-}
-
-inline void unpack8_iq4_xs(const void* row, int64_t cols, UnpackedRow8 out) {
-  const auto* blocks = static_cast<const BlockIQ4_XS*>(row);
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const float d = f16_value(blocks[b].d);
-    for (int sub = 0; sub < 8; ++sub) {
-      unpack8_iq4_32(blocks[b].qs + 16 * sub, out.u + kQK_K * b + 32 * sub);
-      out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
-    }
-  }
-}
+// One weight row unpacked: w (uint8, w = q + o), scale and min per group.
+using UnpackedRow8 = UnpackedRowOf<uint8_t>;
 
 using UnpackRow8Fn = void (*)(const void* row, int64_t cols, UnpackedRow8 out);
 
@@ -208,21 +103,21 @@ struct RowUnpacker8 {
 inline RowUnpacker8 row_unpacker8(DType type) {
   switch (type) {
     case DType::Q8_0:
-      return {unpack8_q8_0, {32, false, 7}};
+      return {unpack_q8_0<uint8_t, 128>, {32, false, 7}};
     case DType::Q4_0:
-      return {unpack8_q4_0, {32, false, 3}};
+      return {unpack_q4_0<uint8_t, 0>, {32, false, 3}};
     case DType::Q5_0:
-      return {unpack8_q5_0, {32, false, 4}};
+      return {unpack_q5_0<uint8_t, 0>, {32, false, 4}};
     case DType::Q4_K:
-      return {unpack8_q4_q5_k<false, BlockQ4_K>, {32, true, 0}};
+      return {unpack_q4_q5_k<uint8_t, false, BlockQ4_K>, {32, true, 0}};
     case DType::Q5_K:
-      return {unpack8_q4_q5_k<true, BlockQ5_K>, {32, true, 0}};
+      return {unpack_q4_q5_k<uint8_t, true, BlockQ5_K>, {32, true, 0}};
     case DType::Q6_K:
-      return {unpack8_q6_k, {16, false, 5}};
+      return {unpack_q6_k<uint8_t, 0>, {16, false, 5}};
     case DType::IQ4_NL:
-      return {unpack8_iq4_nl, {32, false, 7}};
+      return {unpack_iq4_nl<uint8_t, 128>, {32, false, 7}};
     case DType::IQ4_XS:
-      return {unpack8_iq4_xs, {32, false, 7}};
+      return {unpack_iq4_xs<uint8_t, 128>, {32, false, 7}};
     default:
       return {};
   }

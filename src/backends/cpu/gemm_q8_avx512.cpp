@@ -39,7 +39,7 @@ void unpack8_q8_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   const auto* blocks = static_cast<const BlockQ8_0*>(row);
   const __m256i flip = _mm256_set1_epi8(char(0x80));  // q + 128 as a byte
   for (int64_t b = 0; b < cols / 32; ++b) {
-    store256(out.u + 32 * b, _mm256_xor_si256(load256(blocks[b].qs), flip));
+    store256(out.w + 32 * b, _mm256_xor_si256(load256(blocks[b].qs), flip));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
@@ -47,7 +47,7 @@ void unpack8_q8_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
 void unpack8_q4_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   const auto* blocks = static_cast<const BlockQ4_0*>(row);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    store256(out.u + 32 * b, nibbles8_16(blocks[b].qs));
+    store256(out.w + 32 * b, nibbles8_16(blocks[b].qs));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
@@ -58,7 +58,7 @@ void unpack8_q5_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
     uint32_t qh;
     std::memcpy(&qh, blocks[b].qh, sizeof(qh));
     const __m256i low = nibbles8_16(blocks[b].qs);
-    store256(out.u + 32 * b, _mm256_mask_add_epi8(low, __mmask32(qh), low, _mm256_set1_epi8(16)));
+    store256(out.w + 32 * b, _mm256_mask_add_epi8(low, __mmask32(qh), low, _mm256_set1_epi8(16)));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
@@ -84,7 +84,7 @@ void unpack8_q4_q5_k_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = blocks[b];
     unpack_k_group_scales_avx512(block, b, out.scale, out.min);
-    uint8_t* u = out.u + kQK_K * b;
+    uint8_t* u = out.w + kQK_K * b;
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = load256(block.qh);
     for (int c = 0; c < 4; ++c) {
@@ -115,7 +115,7 @@ void unpack8_q6_k_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
       const __m256i ql0 = load256(block.ql + 64 * half);
       const __m256i ql1 = load256(block.ql + 64 * half + 32);
       const __m256i qh = load256(block.qh + 32 * half);
-      uint8_t* u = out.u + kQK_K * b + 128 * half;
+      uint8_t* u = out.w + kQK_K * b + 128 * half;
       // As gemm_q16_avx512.cpp's Q6_K: low 4 bits from ql0 / ql1, bits 4-5 from qh; (A & B) | C.
       store256(u, _mm256_ternarylogic_epi32(ql0, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45), 0xEA));
       store256(u + 32, _mm256_ternarylogic_epi32(ql1, low4, _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45), 0xEA));
@@ -136,7 +136,7 @@ void unpack8_iq4_nl_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
   const __m256i levels = iq4_level_bytes();
   for (int64_t b = 0; b < cols / 32; ++b) {
-    store256(out.u + 32 * b, _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs)));
+    store256(out.w + 32 * b, _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs)));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
@@ -147,7 +147,7 @@ void unpack8_iq4_xs_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const float d = f16_value(blocks[b].d);
     for (int sub = 0; sub < 8; ++sub) {
-      store256(out.u + kQK_K * b + 32 * sub,
+      store256(out.w + kQK_K * b + 32 * sub,
                _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs + 16 * sub)));
       out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
     }
@@ -205,7 +205,7 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile& x, int64_t cols, __m
     for (int i = 0; i < kGroup / 4; ++i) {
       const __m512i xv = _mm512_loadu_si512(x.quads + (first_quad + i) * kLanes);
       for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm512_dpbusd_epi32(acc[r], broadcast_quad(w[r].u + 4 * (first_quad + i)), xv);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], broadcast_quad(w[r].w + 4 * (first_quad + i)), xv);
     }
     const int64_t block = g * kGroup / 32;
     const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);

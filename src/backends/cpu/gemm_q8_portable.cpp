@@ -36,7 +36,7 @@ void lanes8_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
         int32_t acc[kLanes];
         for (int t = 0; t < kLanes; ++t) acc[t] = -kOffset * group_sum<kGroup>(x, g, t);
         for (int64_t i = g * kGroup / 4; i < (g + 1) * kGroup / 4; ++i) {
-          const uint8_t* u = w.u + 4 * i;
+          const uint8_t* u = w.w + 4 * i;
           for (int t = 0; t < kLanes; ++t) {
             int8_t q[4];
             std::memcpy(q, x.quads + i * kLanes + t, sizeof(q));
