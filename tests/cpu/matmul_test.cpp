@@ -165,7 +165,7 @@ TEST(Matmul, EveryIsaFormatShapeAndPrecisionMatchesScalarReference) {
       double worst_format = 0.0;
       for (int64_t cols : test_cols(format.type)) {
         const std::vector<uint8_t> weights = make_weights(format.type, rows, cols, uint32_t(cols));
-        for (int64_t n_tokens : {1, 3, 17}) {
+        for (int64_t n_tokens : {1, 3, 6, 17}) {
           const std::vector<float> x = gaussian(size_t(n_tokens * cols), uint32_t(1000 + cols + n_tokens));
           const Reference ref = reference_matmul(format.type, weights, rows, cols, x, n_tokens);
           for (CpuIsa isa : supported_cpu_isas()) {

@@ -141,17 +141,18 @@ struct LanesPath {
 };
 
 LanesPath lanes_path(const KernelTable& table, const MatmulArgs& args) {
+  const bool int8 = precision_of(table, args) == ActPrecision::Int8;
   switch (args.kernels) {
     case KernelChoice::PerToken:
       return {};
     case KernelChoice::Tiled:
       break;
     case KernelChoice::ByTokenCount:
-      if (args.n_tokens < kLanesMinTokens) return {};
+      if (args.n_tokens < (int8 ? kLanes8MinTokens : kLanesMinTokens)) return {};
       break;
   }
   const size_t base = size_t(dtype_info(args.weight_type).base);
-  if (precision_of(table, args) == ActPrecision::Int8) {
+  if (int8) {
     if (!table.lanes8[base]) return {};
     return {table.lanes8[base], ActKind::Q8, build_lanes8_tile, lanes8_tile_bytes(args.cols)};
   }

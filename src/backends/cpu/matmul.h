@@ -44,10 +44,13 @@ struct MatmulArgs {
 
 // From this many tokens on, matmuls of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
 // take the token-lanes path (gemm_q16.h for Int16, gemm_q8.h for Int8; on AVX-512 and portable):
-// each row unpacked once, 16 tokens per vector. A tile costs ~6.7 row dots whatever its fill (matmul_bench "tokens/": 69 us per token
-// as row dots at 1-3 tokens, 460 us per tile), so below 8 tokens the row dots are faster.
+// each row unpacked once, 16 tokens per vector. A 16-bit tile costs ~6.7 row dots whatever its
+// fill (matmul_bench "tokens/": 69 us per token as row dots at 1-3 tokens, 460 us per tile), so
+// below 8 tokens the row dots are faster; an 8-bit tile costs 3-5 of its row dots (Q4_K, Q8_0,
+// Q6_K at 1408x2048: 280-350 us against 65-95 us), so from 5 tokens on it is the faster.
 // KernelChoice::PerToken never takes it, KernelChoice::Tiled takes it from one token on.
 constexpr int64_t kLanesMinTokens = 8;
+constexpr int64_t kLanes8MinTokens = 5;
 
 // Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
 // and the 16-row interleaved Q8_0_R16, Q5_0_R16, Q4_K_R16 (`tandem repack`; rows a multiple
