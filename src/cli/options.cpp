@@ -30,7 +30,7 @@ void add_precision_option(CLI::App* cmd, EngineOptions& options) {
          "activations of the CPU's quantized products: ffn-int8 (default: the experts' and FFNs' "
          "products with 8-bit activations, as llama.cpp takes them everywhere; attention, router "
          "and output head with 16-bit) or int16 (every product with 16-bit activations: closest "
-         "to F32, ~1.4x slower prompts). GPUs multiply F32 activations either way")
+         "to F32, prompts ~1.15x slower). GPUs multiply F32 activations either way")
       ->check(CLI::IsMember({"ffn-int8", "int16"}))
       ->default_str("ffn-int8");
 }

@@ -31,8 +31,9 @@ struct Batch {
 
 // Which products may take 8-bit activations (ActivationBits in core/backend.h). Decided by the
 // fixtures (README "Precision"): with the feed-forward products in 8 bits every fixture check
-// passes, while the router and what feeds it straight (attention) keep 16, because V3's sigmoid
-// group routing flips on small errors.
+// passes, closer to the exact references than llama.cpp; with every product in 8 bits a V3 check
+// fails (its sigmoid group routing flips on small errors), so attention, router and output head
+// keep 16.
 enum class PrecisionPolicy : uint8_t {
   FfnInt8,  // default: routed experts, shared experts and dense FFNs in 8 bits, the rest in 16
   Int16,    // every product in 16 bits: the closest to the F32 reference (~1e-3 logits)

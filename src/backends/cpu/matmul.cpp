@@ -256,8 +256,9 @@ ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
       ready.tiles = tiles;
     }
   }
-  // The kernels that read interleaved groups whole are Int16 only; the Int8 lanes path takes the
-  // groups apart into plain rows.
+  // The kernels that read interleaved groups whole are 16-bit (precision_of sends an Int8 matmul
+  // of an interleaved format to them where the level has them); elsewhere the groups are taken
+  // apart into plain rows.
   if (act != ActKind::F32 && row_type != args.weight_type &&
       precision_of(table, args) == ActPrecision::Int16) {
     if (ready.lanes) ready.group_lanes = table.group_lanes[size_t(row_type)];
