@@ -288,7 +288,7 @@ void register_bench(CLI::App& app) {
     if (o->json) {
       nlohmann::ordered_json out = {
           {"model", name}, {"threads", threads}, {"devices", o->engine.devices},
-          {"precision", o->engine.precision == PrecisionPolicy::FfnInt8 ? "ffn-int8" : "int16"},
+          {"precision", precision_policy_name(o->engine.precision)},
           {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"n_depth", o->depth}, {"repetitions", o->repetitions},
           {"prefill_tokens_per_s", pp.mean}, {"prefill_tokens_per_s_sd", pp.sd},
           {"decode_tokens_per_s", tg.mean}, {"decode_tokens_per_s_sd", tg.sd},

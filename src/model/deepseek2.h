@@ -39,6 +39,11 @@ enum class PrecisionPolicy : uint8_t {
   Int16,    // every product in 16 bits: the closest to the F32 reference (~1e-3 logits)
 };
 
+// "ffn-int8", "int16": the --precision names.
+inline const char* precision_policy_name(PrecisionPolicy policy) {
+  return policy == PrecisionPolicy::FfnInt8 ? "ffn-int8" : "int16";
+}
+
 class Deepseek2Model {
  public:
   // Reads the hyperparameters and binds every weight where `devices` says (for devices with

@@ -25,18 +25,6 @@ inline float f16(uint16_t h) {
   return _cvtsh_ss(h);
 }
 
-inline __m256i load256(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-inline __m128i load128(const void* p) {
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-
-// 32 nibbles of 16 bytes: element j in the low nibble of byte j, element j+16 in the high one.
-inline __m256i unpack_nibbles_32(const uint8_t* qs) {
-  const __m128i v = load128(qs);
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
-}
 
 // ---- float formats ----
 

@@ -35,12 +35,6 @@ inline void reload_from_memory(const void* p) {
   asm volatile("" : : "r"(p) : "memory");
 }
 
-inline __m256i load256(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-inline __m128i load128(const void* p) {
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
 // Activation block b (32 int16); the row is 64-byte aligned.
 inline __m512i load_x(const Q16Row& x, int64_t b) {
   return _mm512_loadu_si512(x.q + 32 * b);

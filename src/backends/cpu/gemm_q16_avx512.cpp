@@ -16,10 +16,6 @@ namespace {
 
 // ---- unpacking, vectorized: the same int16 values and float scales as gemm_q16.h's ----
 
-inline __m256i load256(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
 inline void store512(int16_t* p, __m512i v) {
   _mm512_storeu_si512(p, v);
 }
@@ -175,12 +171,6 @@ UnpackRowFn avx512_unpacker(DType type) {
 
 // ---- the token-lanes product ----
 
-inline __m512i broadcast_pair(const int16_t* w) {
-  int32_t pair;
-  std::memcpy(&pair, w, sizeof(pair));
-  return _mm512_set1_epi32(pair);
-}
-
 // kRows unpacked rows (row r at w[r]) against one tile; lane t of out[r] is token t's result.
 // kStride 1: each row unpacked on its own (pair p at w[r].w + 2p, group g's scale at
 // w[r].scale[g]); kStride 16: a group of 16 interleaved rows unpacked together, pairs and scales
@@ -196,7 +186,7 @@ inline void tile_rows(const UnpackedRow* w, const Q16Tile& x, int64_t cols, __m5
     for (int i = 0; i < kGroup / 2; ++i) {
       const __m512i xv = _mm512_loadu_si512(x.pairs + (first_pair + i) * kLanes);
       for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm512_dpwssd_epi32(acc[r], broadcast_pair(w[r].w + 2 * kStride * (first_pair + i)), xv);
+        acc[r] = _mm512_dpwssd_epi32(acc[r], broadcast_4_bytes(w[r].w + 2 * kStride * (first_pair + i)), xv);
     }
     const int64_t block = g * kGroup / 32;
     const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);

@@ -16,23 +16,8 @@ namespace {
 
 // ---- unpacking to bytes, vectorized: the same bytes and float scales as gemm_q8.h's ----
 
-inline __m256i load256(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-inline __m128i load128(const void* p) {
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-
 inline void store256(uint8_t* p, __m256i v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
-}
-
-// The 32 nibbles of 16 bytes as bytes in element order (element j in the low nibble of byte j,
-// element j + 16 in the high one).
-inline __m256i nibbles8_16(const uint8_t* qs) {
-  const __m128i q = load128(qs), low4 = _mm_set1_epi8(15);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_and_si128(q, low4));
 }
 
 void unpack8_q8_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
@@ -47,7 +32,7 @@ void unpack8_q8_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
 void unpack8_q4_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   const auto* blocks = static_cast<const BlockQ4_0*>(row);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    store256(out.w + 32 * b, nibbles8_16(blocks[b].qs));
+    store256(out.w + 32 * b, unpack_nibbles_32(blocks[b].qs));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
@@ -57,7 +42,7 @@ void unpack8_q5_0_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   for (int64_t b = 0; b < cols / 32; ++b) {
     uint32_t qh;
     std::memcpy(&qh, blocks[b].qh, sizeof(qh));
-    const __m256i low = nibbles8_16(blocks[b].qs);
+    const __m256i low = unpack_nibbles_32(blocks[b].qs);
     store256(out.w + 32 * b, _mm256_mask_add_epi8(low, __mmask32(qh), low, _mm256_set1_epi8(16)));
     out.scale[b] = f16_value(blocks[b].d);
   }
@@ -136,7 +121,7 @@ void unpack8_iq4_nl_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   const auto* blocks = static_cast<const BlockIQ4_NL*>(row);
   const __m256i levels = iq4_level_bytes();
   for (int64_t b = 0; b < cols / 32; ++b) {
-    store256(out.w + 32 * b, _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs)));
+    store256(out.w + 32 * b, _mm256_shuffle_epi8(levels, unpack_nibbles_32(blocks[b].qs)));
     out.scale[b] = f16_value(blocks[b].d);
   }
 }
@@ -148,7 +133,7 @@ void unpack8_iq4_xs_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
     const float d = f16_value(blocks[b].d);
     for (int sub = 0; sub < 8; ++sub) {
       store256(out.w + kQK_K * b + 32 * sub,
-               _mm256_shuffle_epi8(levels, nibbles8_16(blocks[b].qs + 16 * sub)));
+               _mm256_shuffle_epi8(levels, unpack_nibbles_32(blocks[b].qs + 16 * sub)));
       out.scale[8 * b + sub] = d * float(iq4_xs_sub_scale(blocks[b], sub));
     }
   }
@@ -179,12 +164,6 @@ UnpackRow8Fn avx512_unpacker8(DType type) {
 
 // ---- the token-lanes product ----
 
-inline __m512i broadcast_quad(const uint8_t* u) {
-  int32_t quad;
-  std::memcpy(&quad, u, sizeof(quad));
-  return _mm512_set1_epi32(quad);
-}
-
 // kRows unpacked rows against one tile; lane t of out[r] is token t's result.
 template <int kGroup, bool kMins, int kOffsetShift, int kRows>
 inline void tile_rows8(const UnpackedRow8* w, const Q8Tile& x, int64_t cols, __m512* out) {
@@ -205,7 +184,7 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile& x, int64_t cols, __m
     for (int i = 0; i < kGroup / 4; ++i) {
       const __m512i xv = _mm512_loadu_si512(x.quads + (first_quad + i) * kLanes);
       for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm512_dpbusd_epi32(acc[r], broadcast_quad(w[r].w + 4 * (first_quad + i)), xv);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], broadcast_4_bytes(w[r].w + 4 * (first_quad + i)), xv);
     }
     const int64_t block = g * kGroup / 32;
     const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);
