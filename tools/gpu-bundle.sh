@@ -16,13 +16,13 @@ fixtures=../shared/fixtures
 
 # The release tree, for one architecture as tools/test.sh builds it.
 cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
-cmake --build --preset release --target tandem cuda_tests
+cmake --build --preset release --target tandem cuda_tests cuda_matmul_bench
 [[ -f build/release/tests/cuda/cuda_tests ]] || { echo "error: no cuda_tests: was a CUDA toolkit found?" >&2; exit 1; }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-for binary in build/release/bin/tandem build/release/tests/cuda/cuda_tests; do
+for binary in build/release/bin/tandem build/release/tests/cuda/cuda_tests build/release/bench/cuda_matmul_bench; do
   strip -o "$stage/bin/$(basename "$binary")" "$binary"
   # Every shared library but the C library's own and the driver's: those come from the machine.
   ldd "$binary" | awk '/=> \// {print $3}' |

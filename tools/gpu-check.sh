@@ -73,6 +73,11 @@ if ((${skipped:-0} > 0)); then
   say "   $skipped tests SKIPPED: no GPU seen"
 fi
 
+# 1b. (informational) The decode products on a lite layer's shapes by rows per warp.
+say "== cuda_matmul_bench (informational)"
+timeout 60 "$work/bin/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
+timeout 60 "$work/bin/cuda_matmul_bench" --tokens 2 2>&1 | tee -a "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
+
 # 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan.
 hybrid_rules=tests/fixtures/plans/attention_on_gpu_experts_split.yaml
 for plan in gpu hybrid; do
@@ -104,6 +109,13 @@ if run gen_model_lite 240 "$tandem" gen-model --preset lite --format Q4_K_M -o "
       say "   ncu exited $?"
     python3 tools/gpu/kernel_profile.py "$out/ncu.csv" --steps 5 --json "$out/kernel_profile.json" \
       >"$out/kernel_profile.txt" 2>&1 && head -30 "$out/kernel_profile.txt" | tee -a "$log"
+    # 5. The same run's launches of one decode step in more detail (bytes read from memory,
+    #    achieved occupancy, launch shape): why the slowest kernels are slow. Informational.
+    say "== kernel_detail (informational)"
+    timeout 150 ncu --launch-skip 1500 --launch-count 300 --csv --print-units base --log-file "$out/ncu_detail.csv" \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      "$tandem" run "$lite" --devices cuda:0 --no-graphs -p "Once upon" -n 4 --temp 0 -t "$threads" >>"$log" 2>&1 ||
+      say "   ncu exited $?"
   else
     say "== kernel_profile skipped: no ncu on this machine"
   fi

@@ -50,6 +50,61 @@ TANDEM_HD bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
 
 }  // namespace routing_detail
 
+// The pieces of route_token below, shared with the GPU's warp-per-token kernel
+// (backends/cuda/cuda_moe.cu), which runs the per-expert steps on 32 lanes.
+
+// An expert's gate probability before softmax's division by the sum (sigmoid: final).
+TANDEM_HD float gate_probability(MoeGating gating, float logit, float max_logit) {
+  return gating == MoeGating::Softmax ? hd::exp_f(logit - max_logit)
+                                      : 1.0f / (1.0f + hd::exp_f(-logit));
+}
+
+// Group score: V3 (sigmoid) sums each group's two best experts; V2 (softmax) takes the best one,
+// as each model was trained. `s` is the group's selection scores.
+TANDEM_HD float group_score(MoeGating gating, const float* s, int64_t per_group) {
+  float best = -INFINITY, second = -INFINITY;
+  for (int64_t i = 0; i < per_group; ++i) {
+    if (s[i] > best)
+      second = best, best = s[i];
+    else if (s[i] > second)
+      second = s[i];
+  }
+  return gating == MoeGating::Sigmoid && per_group > 1 ? best + second : best;
+}
+
+// A group is kept when fewer than n_groups_used groups rank before it.
+TANDEM_HD bool group_kept(const RouteParams& p, const float* group_scores, int64_t g) {
+  int64_t rank = 0;
+  for (int64_t h = 0; h < p.n_groups; ++h)
+    if (routing_detail::ranks_before(group_scores[h], h, group_scores[g], g)) ++rank;
+  return rank < p.n_groups_used;
+}
+
+// Whether expert e may be pick k: it ranks after pick k - 1 (every expert may be the first).
+TANDEM_HD bool may_pick(const float* selection, const int32_t* ids, int64_t k, int64_t e) {
+  return k == 0 || routing_detail::ranks_before(selection[ids[k - 1]], ids[k - 1], selection[e], e);
+}
+
+// The better of two candidates (score, index) by ranks_before; index -1 is no candidate. Folding
+// candidates with it in any order and grouping finds the same pick as route_token's loop, since
+// ranks_before is a total order on distinct indices: the GPU folds 32 lanes' bests by a shuffle
+// tree (tested on the host against route_token).
+TANDEM_HD void keep_better(float& score, int32_t& index, float other_score, int32_t other_index) {
+  if (other_index < 0) return;
+  if (index < 0 || routing_detail::ranks_before(other_score, other_index, score, index))
+    score = other_score, index = other_index;
+}
+
+// The chosen weights from the unbiased probabilities, summed in k order, then normalized and
+// scaled.
+TANDEM_HD void route_weights(const RouteParams& p, const float* probs, const int32_t* ids,
+                             float* weights) {
+  float sum = 0;
+  for (int64_t k = 0; k < p.top_k; ++k) sum += weights[k] = probs[ids[k]];
+  for (int64_t k = 0; k < p.top_k; ++k)
+    weights[k] = (p.normalize ? weights[k] / sum : weights[k]) * p.scale;
+}
+
 // Routes one token. The caller checks the parameters (RouteParams' comments). Scratch arrays are
 // the caller's: probs and selection [n_expert], group_scores [n_groups].
 TANDEM_HD void route_token(const RouteParams& p, const float* logits /*[n_expert]*/,
@@ -58,59 +113,37 @@ TANDEM_HD void route_token(const RouteParams& p, const float* logits /*[n_expert
                            float* weights /*[top_k]*/) {
   using routing_detail::ranks_before;
   const int64_t n_expert = p.n_expert;
-  if (p.gating == MoeGating::Softmax) {
-    float max_logit = logits[0];  // std::max_element's rule: the first of equal maxima
+  float max_logit = logits[0];  // std::max_element's rule: the first of equal maxima
+  if (p.gating == MoeGating::Softmax)
     for (int64_t e = 1; e < n_expert; ++e)
       if (max_logit < logits[e]) max_logit = logits[e];
-    float sum = 0;
-    for (int64_t e = 0; e < n_expert; ++e) sum += probs[e] = hd::exp_f(logits[e] - max_logit);
+  float sum = 0;
+  for (int64_t e = 0; e < n_expert; ++e) sum += probs[e] = gate_probability(p.gating, logits[e], max_logit);
+  if (p.gating == MoeGating::Softmax)
     for (int64_t e = 0; e < n_expert; ++e) probs[e] /= sum;
-  } else {
-    for (int64_t e = 0; e < n_expert; ++e) probs[e] = 1.0f / (1.0f + hd::exp_f(-logits[e]));
-  }
   // The bias steers which experts are chosen, never how much they weigh (DeepSeek-V3).
   for (int64_t e = 0; e < n_expert; ++e) selection[e] = probs[e] + (bias ? bias[e] : 0.0f);
 
   if (p.n_groups > 1 && p.n_groups_used < p.n_groups) {
-    // Group score: V3 (sigmoid) sums each group's two best experts; V2 (softmax) takes the best
-    // one, as each model was trained.
     const int64_t per_group = n_expert / p.n_groups;
-    for (int64_t g = 0; g < p.n_groups; ++g) {
-      const float* s = selection + g * per_group;
-      float best = -INFINITY, second = -INFINITY;
-      for (int64_t i = 0; i < per_group; ++i) {
-        if (s[i] > best)
-          second = best, best = s[i];
-        else if (s[i] > second)
-          second = s[i];
-      }
-      group_scores[g] = p.gating == MoeGating::Sigmoid && per_group > 1 ? best + second : best;
-    }
-    // A group is kept when fewer than n_groups_used groups rank before it; the others' experts
-    // drop out of the selection.
-    for (int64_t g = 0; g < p.n_groups; ++g) {
-      int64_t rank = 0;
-      for (int64_t h = 0; h < p.n_groups; ++h)
-        if (ranks_before(group_scores[h], h, group_scores[g], g)) ++rank;
-      if (rank < p.n_groups_used) continue;
-      for (int64_t i = 0; i < per_group; ++i) selection[g * per_group + i] = -INFINITY;
-    }
+    for (int64_t g = 0; g < p.n_groups; ++g)
+      group_scores[g] = group_score(p.gating, selection + g * per_group, per_group);
+    // The dropped groups' experts leave the selection.
+    for (int64_t g = 0; g < p.n_groups; ++g)
+      if (!group_kept(p, group_scores, g))
+        for (int64_t i = 0; i < per_group; ++i) selection[g * per_group + i] = -INFINITY;
   }
 
   // Top-k, best first: pick k is the best expert that ranks after pick k - 1.
   for (int64_t k = 0; k < p.top_k; ++k) {
     int64_t best = -1;
     for (int64_t e = 0; e < n_expert; ++e) {
-      if (k > 0 && !ranks_before(selection[ids[k - 1]], ids[k - 1], selection[e], e)) continue;
+      if (!may_pick(selection, ids, k, e)) continue;
       if (best < 0 || ranks_before(selection[e], e, selection[best], best)) best = e;
     }
     ids[k] = int32_t(best);
   }
-  // Weights from the unbiased probabilities, summed in k order.
-  float sum = 0;
-  for (int64_t k = 0; k < p.top_k; ++k) sum += weights[k] = probs[ids[k]];
-  for (int64_t k = 0; k < p.top_k; ++k)
-    weights[k] = (p.normalize ? weights[k] / sum : weights[k]) * p.scale;
+  route_weights(p, probs, ids, weights);
 }
 
 }  // namespace tandem

@@ -246,5 +246,56 @@ TEST(MoeRouting, CpuMoeRouteIsRouteTokenPerToken) {
   }
 }
 
+// The GPU's routing kernel (backends/cuda/cuda_moe.cu) picks each expert with a warp: lane l
+// keeps the best candidate among experts l, l + 32, ..., then a shuffle tree folds lane l with
+// lane l ^ 16, l ^ 8, ... 1. Emulated here on tie-prone and NaN scores: every lane must end with
+// route_token's pick, because keep_better folds under a total order.
+TEST(MoeRouting, WarpFoldOfLaneBestsPicksRouteTokensExperts) {
+  std::mt19937 rng(23);
+  constexpr int kLanes = 32;
+  int64_t picks = 0;
+  for (int64_t n_expert : {8, 64, 160, 256}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> logits(static_cast<size_t>(n_expert));
+      for (float& x : logits) x = tie_prone(rng);
+      if (trial % 4 == 1) logits[size_t(trial) % logits.size()] = NAN;
+      if (trial % 4 == 2) logits[size_t(3 * trial) % logits.size()] = -INFINITY;
+      const int64_t top_k = std::min<int64_t>(8, n_expert);
+      const RouteParams p{.n_expert = n_expert, .top_k = top_k, .gating = MoeGating::Sigmoid};
+      const std::vector<int32_t> expected = route_one(p, logits.data(), nullptr).ids;
+      std::vector<float> selection(logits.size());
+      for (size_t e = 0; e < logits.size(); ++e)
+        selection[e] = gate_probability(MoeGating::Sigmoid, logits[e], 0.0f);
+      std::vector<int32_t> picked(static_cast<size_t>(top_k), -1);
+      for (int64_t k = 0; k < top_k; ++k) {
+        float score[kLanes];
+        int32_t index[kLanes];
+        for (int lane = 0; lane < kLanes; ++lane) {
+          score[lane] = 0.0f, index[lane] = -1;
+          for (int64_t e = lane; e < n_expert; e += kLanes)
+            if (may_pick(selection.data(), picked.data(), k, e))
+              keep_better(score[lane], index[lane], selection[size_t(e)], int32_t(e));
+        }
+        for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+          float next_score[kLanes];
+          int32_t next_index[kLanes];
+          for (int lane = 0; lane < kLanes; ++lane) {
+            next_score[lane] = score[lane], next_index[lane] = index[lane];
+            keep_better(next_score[lane], next_index[lane], score[lane ^ offset], index[lane ^ offset]);
+          }
+          std::copy(next_score, next_score + kLanes, score);
+          std::copy(next_index, next_index + kLanes, index);
+        }
+        for (int lane = 0; lane < kLanes; ++lane)
+          ASSERT_EQ(index[lane], expected[size_t(k)])
+              << "experts " << n_expert << " trial " << trial << " pick " << k << " lane " << lane;
+        picked[size_t(k)] = index[0];
+        ++picks;
+      }
+    }
+  }
+  EXPECT_GT(picks, 1000);
+}
+
 }  // namespace
 }  // namespace tandem

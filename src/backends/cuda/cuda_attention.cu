@@ -3,12 +3,12 @@
 // result) are matmuls over the heads (matmul.cu); what is here is attention proper: each
 // (token, head) query [q_lat | q_rope] against the cache rows [latent | rope key] of its sequence.
 //
-// One block per (token, head) walks the keys in tiles of 64 with a running maximum and sum (the
-// flash-attention recurrence), so no score matrix is stored and a token's result is summed in
-// one fixed order, the same in a prompt chunk and alone. The heads of a token each read the
-// token's cache rows (through L2); sharing one read across heads, and splitting long contexts
-// over several blocks with a fixed-order merge, are the next steps once a GPU shows where the
-// time goes.
+// One block per (token, group of 8 heads, split of the keys) walks its keys in tiles of 8 rows
+// with a running maximum and sum (the flash-attention recurrence), so no score matrix is stored;
+// each warp stages one cache row and scores it against the group's 8 queries. A token's splits
+// are folded in one fixed order, by the same block (prompts) or by a merge kernel (decode), so
+// its result is the same in a prompt chunk and alone. On an H200 the first version (four threads
+// a score, one split per 256 keys) took 50 us a layer at decode for a context of a few tokens.
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
@@ -20,11 +20,17 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kGroup = 8;       // heads per block: they share each tile of cache rows
-constexpr int kKeyTile = 8;     // cache rows per shared-memory tile (8 x 576 floats for DeepSeek)
+constexpr int kKeyTile = kThreads / 32;  // cache rows per tile, one per warp (8 x 576 floats)
 constexpr int kMaxColumns = 4;  // latent columns per thread: kv_lora up to 1024 (DeepSeek: 512)
-// Keys per split, at fixed positions (0-255, 256-511, ...): a token's result is the same fold of
-// the same splits however many tokens share the step and whichever mode computes it.
-constexpr int64_t kSplitKeys = 256;
+// Keys per split, at fixed positions (0 .. n-1, n .. 2n-1, ...) set by the cache's length alone:
+// a token's result is the same fold of the same splits however many tokens share the step and
+// whichever mode computes it. 64 keys (8 tiles) a split, or more where the context is long
+// enough to need more than 64 splits: a decode step at depth 4096 is 64 blocks per head group.
+constexpr int64_t kMinSplitKeys = 64, kMaxSplits = 64;
+int64_t split_keys(int64_t n_ctx) {
+  const int64_t keys = (n_ctx + kMaxSplits - 1) / kMaxSplits;
+  return keys <= kMinSplitKeys ? kMinSplitKeys : (keys + kKeyTile - 1) / kKeyTile * kKeyTile;
+}
 
 __global__ void rope_kernel(RopeOp op, float low, float high) {
   const int64_t half = op.params.rope_dims / 2;
@@ -65,7 +71,7 @@ struct MlaArgs {
   float scale;
   float* o_lat;    // [T, H, lora]
   float* partial;  // parallel mode: [T, H, max_splits, 2 + lora] (max, sum, unnormalized sums)
-  int64_t max_splits;
+  int64_t max_splits, split_keys;
 };
 
 // What attention over a range of keys leaves for one head: the running maximum score, the sum
@@ -80,7 +86,7 @@ __device__ __forceinline__ int64_t keys_of(const MlaArgs& a, int64_t t) {
   return int64_t(a.positions[t]) + 1;
 }
 __device__ __forceinline__ int64_t splits_of(const MlaArgs& a, int64_t t) {
-  return (keys_of(a, t) + kSplitKeys - 1) / kSplitKeys;
+  return (keys_of(a, t) + a.split_keys - 1) / a.split_keys;
 }
 
 // Folds state b into a: both rescaled to the larger maximum. The one merge both modes use, with
@@ -143,20 +149,29 @@ __device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads,
 #pragma unroll
     for (int i = 0; i < kColumns; ++i) state[g].o[i] = 0.0f;
   }
+  const int warp = tid / 32, lane = tid % 32;
   for (int64_t j0 = begin; j0 < end; j0 += kKeyTile) {
     const int n_keys = int(end - j0 < kKeyTile ? end - j0 : kKeyTile);
-    for (int64_t i = tid; i < kKeyTile * row; i += kThreads)
-      sm.keys[i] = i / row < n_keys ? cache[(j0 + i / row) * row + i % row] : 0.0f;
-    __syncthreads();
-    {  // scores: 64 = kGroup x kKeyTile, four threads each, summed by a fixed shuffle tree
-      const int score = tid / 4, part = tid % 4, g = score / kKeyTile, j = score % kKeyTile;
-      float partial = 0.0f;
-      for (int64_t c = part; c < row; c += 4)
-        partial = fmaf(sm.query[g * row + c], sm.keys[j * row + c], partial);
-      partial += __shfl_xor_sync(0xffffffffu, partial, 1);
-      partial += __shfl_xor_sync(0xffffffffu, partial, 2);
-      if (part == 0)
-        sm.p[g * kKeyTile + j] = g < n_heads && j < n_keys ? partial * a.scale : -INFINITY;
+    {  // warp j: cache row j0 + j into shared memory and its scores against the block's heads,
+       // each lane over every 32nd column, then a fixed shuffle tree per head
+      const bool real = warp < n_keys;
+      const float* key = cache + (j0 + warp) * row;
+      float score[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) score[g] = 0.0f;
+      for (int64_t c = lane; c < row; c += 32) {
+        const float k = real ? key[c] : 0.0f;
+        sm.keys[warp * row + c] = k;
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) score[g] = fmaf(sm.query[g * row + c], k, score[g]);
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2)
+          score[g] += __shfl_xor_sync(0xffffffffu, score[g], offset);
+        if (lane == g) sm.p[g * kKeyTile + warp] = g < n_heads && real ? score[g] * a.scale : -INFINITY;
+      }
     }
     __syncthreads();
     float correction[kGroup];
@@ -224,10 +239,10 @@ __global__ void __launch_bounds__(kThreads) mla_sequential_kernel(MlaArgs a, int
   load_queries(a, t, h0, n_heads, sm);
   __syncthreads();
   HeadState<kColumns> total[kGroup], split[kGroup];
-  attend(a, t, n_heads, 0, n_keys < kSplitKeys ? n_keys : kSplitKeys, sm, total);
+  attend(a, t, n_heads, 0, n_keys < a.split_keys ? n_keys : a.split_keys, sm, total);
   for (int64_t s = 1; s < splits_of(a, t); ++s) {
-    const int64_t begin = s * kSplitKeys,
-                  end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
+    const int64_t begin = s * a.split_keys,
+                  end = n_keys < begin + a.split_keys ? n_keys : begin + a.split_keys;
     attend(a, t, n_heads, begin, end, sm, split);
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) merge(total[g], split[g]);
@@ -250,8 +265,8 @@ __global__ void __launch_bounds__(kThreads) mla_split_kernel(MlaArgs a, int64_t 
   load_queries(a, t, h0, n_heads, sm);
   __syncthreads();
   HeadState<kColumns> state[kGroup];
-  const int64_t begin = s * kSplitKeys,
-                end = n_keys < begin + kSplitKeys ? n_keys : begin + kSplitKeys;
+  const int64_t begin = s * a.split_keys,
+                end = n_keys < begin + a.split_keys ? n_keys : begin + a.split_keys;
   attend(a, t, n_heads, begin, end, sm, state);
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -333,7 +348,7 @@ void kv_store(const KvStoreOp& op, cudaStream_t stream) {
 }
 
 int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads) {
-  const int64_t max_splits = (cache.n_ctx + kSplitKeys - 1) / kSplitKeys;
+  const int64_t max_splits = (cache.n_ctx + split_keys(cache.n_ctx) - 1) / split_keys(cache.n_ctx);
   const int64_t n_groups = (n_heads + kGroup - 1) / kGroup;
   // Splitting pays where the tokens' head groups leave most of the device idle, and is kept to
   // what a few tens of MiB of partial states hold.
@@ -347,10 +362,11 @@ void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_strid
                              float* o_lat, float* partial, cudaStream_t stream) {
   if (cache.kv_lora_rank > int64_t(kMaxColumns) * kThreads)
     cuda_failed(cudaErrorInvalidValue, "MLA with kv_lora_rank above 1024", __FILE__, __LINE__);
-  const int64_t max_splits = (cache.n_ctx + kSplitKeys - 1) / kSplitKeys;
+  const int64_t max_splits = (cache.n_ctx + split_keys(cache.n_ctx) - 1) / split_keys(cache.n_ctx);
   const int64_t n_groups = (n_heads + kGroup - 1) / kGroup;
-  const MlaArgs args{q_lat,   q,       q_stride, nope,  cache,   positions,
-                     seq_ids, n_heads, scale,    o_lat, partial, max_splits};
+  const MlaArgs args{q_lat,   q,       q_stride, nope,    cache,      positions,
+                     seq_ids, n_heads, scale,    o_lat,   partial,    max_splits,
+                     split_keys(cache.n_ctx)};
   const int64_t row = cache.kv_lora_rank + cache.rope_dims;
   const size_t shared = smem_bytes(row);
   // kv_lora up to 512 (every DeepSeek): two latent columns per thread; up to 1024: four.

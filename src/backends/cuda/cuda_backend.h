@@ -76,7 +76,6 @@ class CudaBackend final : public Backend {
   // Kernels' own scratch, grown on demand and never inside a capture (the executor runs a
   // step's shape once op by op before capturing it).
   enum Scratch {
-    kRoute,
     kQueryLatent,
     kOutputLatent,
     kAttentionSplits,

@@ -30,6 +30,9 @@ struct MatmulLaunch {
   float* output = nullptr;
   int64_t output_stride = 0, output_mat_stride = 0;
   int64_t n_tokens = 0, n_mats = 1;
+  // Rows a warp of the rows kernel takes (1, 2 or 4; 0: the kernel's choice). The results do not
+  // depend on it; cuda_matmul_bench measures each.
+  int rows_per_warp = 0;
 };
 
 // Whether the kernels read `type` (the formats with a block decoder).
@@ -69,10 +72,8 @@ void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_
 
 // ---- cuda_moe.cu ----
 
-// Routing per token (backends/moe_routing.h, one thread per token); counts += 1 per choice.
-// `scratch`: moe_route_scratch_floats(op) floats.
-int64_t moe_route_scratch_floats(const MoeRouteOp& op);
-void moe_route(const MoeRouteOp& op, float* scratch, cudaStream_t stream);
+// Routing per token (backends/moe_routing.h's steps, one warp per token); counts += 1 per choice.
+void moe_route(const MoeRouteOp& op, cudaStream_t stream);
 // Sorts the slots of held experts by local expert (stable: by slot within an expert) and cuts
 // them into tiles: fills ExpertSlots' arrays.
 void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots, int64_t held,

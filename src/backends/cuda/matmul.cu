@@ -103,6 +103,9 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  // Two steps unrolled: a lane's loads for both are in flight together (a 2048-column Q4_K row
+  // is two steps a lane, so without it each warp waited for memory twice in a row).
+#pragma unroll 2
   for (int64_t s = lane; s < cols / W; s += kWarpSize) {
     if constexpr (NT <= 2) {
       float staged[NT][W];
@@ -124,17 +127,18 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
     for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-// Rows per warp: two where the activations are staged (they serve both), else one.
-__host__ __device__ constexpr int rows_per_warp(int n_tokens) {
+// Rows per warp where the launch does not say: two where the activations are staged (they serve
+// both), else one. More rows a warp put more loads in flight and read the staged activations
+// fewer times; fewer make more warps. A row's sum is the same whichever a warp takes.
+int default_rows_per_warp(int n_tokens) {
   return n_tokens <= 2 ? 2 : 1;
 }
 
 // ---- rows: plain matmul, batched over matrices ----
 
-template <class Dec, int NT>
+template <class Dec, int NT, int R>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     rows_kernel(MatmulLaunch m, int64_t token0, bool aligned) {
-  constexpr int R = rows_per_warp(NT);
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int64_t mat = blockIdx.y;
@@ -164,13 +168,25 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+template <class Dec, int NT, int R>
+void launch_rows_by(const MatmulLaunch& m, int64_t token0, bool aligned, cudaStream_t stream) {
+  const int64_t rows_per_block = kRowsPerBlock * R;
+  const dim3 grid(unsigned((m.rows + rows_per_block - 1) / rows_per_block), unsigned(m.n_mats));
+  rows_kernel<Dec, NT, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(m, token0, aligned);
+  TANDEM_CUDA_CHECK_LAUNCH(rows_kernel);
+}
+
+// Four rows a warp only where the activations are staged (one or two tokens): with more tokens
+// the accumulators would not fit in registers.
 template <class Dec, int NT>
 void launch_rows(const MatmulLaunch& m, int64_t token0, cudaStream_t stream) {
   const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0 && m.input_mat_stride % 4 == 0;
-  const int64_t rows_per_block = kRowsPerBlock * rows_per_warp(NT);
-  const dim3 grid(unsigned((m.rows + rows_per_block - 1) / rows_per_block), unsigned(m.n_mats));
-  rows_kernel<Dec, NT><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(m, token0, aligned);
-  TANDEM_CUDA_CHECK_LAUNCH(rows_kernel);
+  const int r = m.rows_per_warp > 0 ? m.rows_per_warp : default_rows_per_warp(int(NT));
+  if constexpr (NT <= 2) {
+    if (r >= 4) return launch_rows_by<Dec, NT, 4>(m, token0, aligned, stream);
+    if (r == 2) return launch_rows_by<Dec, NT, 2>(m, token0, aligned, stream);
+  }
+  launch_rows_by<Dec, NT, 1>(m, token0, aligned, stream);
 }
 
 // ---- tiled: tensor-core tiles with rows and tokens mapped by a Map ----
@@ -332,43 +348,61 @@ void launch_tiled(const Map& map, int64_t rows, int64_t cols, uint64_t row_bytes
   TANDEM_CUDA_CHECK_LAUNCH(tiled_kernel);
 }
 
-// ---- experts, rows path: one warp per (row, sorted entry) ----
+// ---- experts, rows path: one warp per (R rows, sorted entry) ----
+
+// Rows a warp of the expert kernels takes: gate/up takes R rows of each (2R row streams).
+constexpr int kExpertGateUpRows = 1, kExpertDownRows = 2;
 
 // act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x: the gate and up rows
 // share the staged activations.
-template <class Dec>
+template <class Dec, int R>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
                         uint64_t row_bytes, uint64_t mat_bytes, const float* input, ExpertSlots s,
                         float* act, bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
-  if (row >= ffn || entry >= s.n_active[0]) return;
-  const uint64_t offset = uint64_t(s.expert_of[entry]) * mat_bytes + uint64_t(row) * row_bytes;
-  const uint8_t* rows[2] = {gate + offset, up + offset};
+  if (row0 >= ffn || entry >= s.n_active[0]) return;
+  const uint64_t matrix = uint64_t(s.expert_of[entry]) * mat_bytes;
+  const uint8_t* rows[2 * R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {  // a row past the end repeats the last one; its result is dropped
+    const uint64_t offset = matrix + uint64_t(row0 + r < ffn ? row0 + r : ffn - 1) * row_bytes;
+    rows[2 * r] = gate + offset, rows[2 * r + 1] = up + offset;
+  }
   const float* x[1] = {input + (s.order[entry] / s.top_k) * dim};
-  float acc[2][1];
-  warp_dots<Dec, 1, 2>(rows, dim, x, aligned, acc);
-  const float g = acc[0][0], u = acc[1][0];
-  if (lane == 0) act[int64_t(entry) * ffn + row] = g / (1.0f + expf(-g)) * u;
+  float acc[2 * R][1];
+  warp_dots<Dec, 1, 2 * R>(rows, dim, x, aligned, acc);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float g = acc[2 * r][0], u = acc[2 * r + 1][0];
+      if (row0 + r < ffn) act[int64_t(entry) * ffn + row0 + r] = g / (1.0f + expf(-g)) * u;
+    }
 }
 
-template <class Dec>
+template <class Dec, int R>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                      uint64_t mat_bytes, const float* act, ExpertSlots s, float* slots,
                      bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;
-  if (row >= dim || entry >= s.n_active[0]) return;
-  const uint8_t* rows[1] = {down + uint64_t(s.expert_of[entry]) * mat_bytes +
-                            uint64_t(row) * row_bytes};
+  if (row0 >= dim || entry >= s.n_active[0]) return;
+  const uint8_t* matrix = down + uint64_t(s.expert_of[entry]) * mat_bytes;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    rows[r] = matrix + uint64_t(row0 + r < dim ? row0 + r : dim - 1) * row_bytes;
   const float* x[1] = {act + int64_t(entry) * ffn};
-  float acc[1][1];
-  warp_dots<Dec, 1, 1>(rows, ffn, x, aligned, acc);
-  if (lane == 0) slots[int64_t(s.order[entry]) * dim + row] = acc[0][0];
+  float acc[R][1];
+  warp_dots<Dec, 1, R>(rows, ffn, x, aligned, acc);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < dim) slots[int64_t(s.order[entry]) * dim + row0 + r] = acc[r][0];
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* act,
@@ -446,8 +480,9 @@ void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, i
     const auto* up_bytes = static_cast<const uint8_t*>(up);
     if (!tiled) {
       const bool aligned = aligned16(input) && dim % 4 == 0;
-      const dim3 grid(unsigned(s.max_slots), unsigned((ffn + kRowsPerBlock - 1) / kRowsPerBlock));
-      expert_gate_up_rows<Dec><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+      constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
+      const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
+      expert_gate_up_rows<Dec, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
           gate_bytes, up_bytes, ffn, dim, row_bytes, mat_bytes, input, s, act, aligned);
       TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
       return;
@@ -469,8 +504,9 @@ void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_
     const auto* down_bytes = static_cast<const uint8_t*>(down);
     if (!tiled) {
       const bool aligned = aligned16(act) && ffn % 4 == 0;
-      const dim3 grid(unsigned(s.max_slots), unsigned((dim + kRowsPerBlock - 1) / kRowsPerBlock));
-      expert_down_rows<Dec><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+      constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
+      const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
+      expert_down_rows<Dec, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
           down_bytes, dim, ffn, row_bytes, mat_bytes, act, s, slots, aligned);
       TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
       return;
