@@ -81,7 +81,8 @@ enum class KernelChoice : uint8_t {
 // How finely a backend may round an op's activations for its integer products. The CPU's
 // quantized kernels take 16-bit activations (one scale per 32 elements; within ~1e-5 of F32) and,
 // where an op allows it, 8-bit ones (the vpdpbusd kernels: 1.5x the 16-bit ones' throughput,
-// ~250x coarser); the CUDA kernels multiply F32 activations and ignore it. Which ops allow 8 bits is
+// ~250x coarser); the CUDA backend takes it at decode (dp4a steps on activations quantized per
+// 32, quant/block_dot_q8.h) and keeps F32 activations in its prompt tiles. Which ops allow 8 bits is
 // the precision policy (PrecisionPolicy in model/deepseek2.h).
 enum class ActivationBits : uint8_t { Sixteen, Eight };
 

@@ -99,6 +99,15 @@ TANDEM_HD float sin_f(float x) {
 #endif
 }
 
+// x rounded to the nearest integer, ties to even (the default rounding mode on both sides).
+TANDEM_HD float round_even(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::nearbyint(x);
+#endif
+}
+
 // std::min and std::max (constexpr host functions: device code may not call them without
 // --expt-relaxed-constexpr) with their exact rule: the first argument when neither is smaller
 // (ties, and a NaN on either side).

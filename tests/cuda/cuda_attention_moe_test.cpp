@@ -556,6 +556,87 @@ TEST_F(CudaBackendTest, MoeShardWritesOnlyItsExpertsSlotsAndMatchesCpu) {
   }
 }
 
+// Decode with 8-bit activations (MoeOp::activations = Eight, the feed-forward default): the GPU
+// quantizes x and the SiLU product per 32 and takes dp4a steps (quant/block_dot_q8.h), the CPU
+// its own 8-bit kernels. Both against the exact slots: the CPU's measured 1.6e-4 to 3.2e-4 here
+// (its 8-bit bound for one matmul is 1e-2, tests/cpu/matmul_test.cpp); bound 3e-3, where a wrong
+// scale or nibble costs 1e-2 or more. And the GPU's 8-bit result must differ from its F32 one
+// (else the 8-bit path was not taken).
+TEST_F(CudaBackendTest, MoeWithEightBitActivationsStaysWithinTheirError) {
+  struct Formats {
+    DType gate_up, down;
+  };
+  const int64_t dim = 512, ffn = 256, n_expert = 4, K = 2;
+  uint32_t seed = 7000;
+  for (const Formats f : {Formats{DType::Q4_K, DType::Q6_K}, Formats{DType::Q5_0, DType::Q8_0},
+                          Formats{DType::IQ4_XS, DType::Q5_K}}) {
+    const std::vector<uint8_t> gate =
+        make_weights(f.gate_up, n_expert * ffn, dim, ++seed, 1.0f / std::sqrt(float(dim)));
+    const std::vector<uint8_t> up =
+        make_weights(f.gate_up, n_expert * ffn, dim, ++seed, 1.0f / std::sqrt(float(dim)));
+    const std::vector<uint8_t> down =
+        make_weights(f.down, n_expert * dim, ffn, ++seed, 1.0f / std::sqrt(float(ffn)));
+    const std::vector<float> gate_exact = dequantized(f.gate_up, gate, n_expert * ffn, dim);
+    const std::vector<float> up_exact = dequantized(f.gate_up, up, n_expert * ffn, dim);
+    const std::vector<float> down_exact = dequantized(f.down, down, n_expert * dim, ffn);
+    const auto gate_dev = to_device(gpu(), gate), up_dev = to_device(gpu(), up);
+    const auto down_dev = to_device(gpu(), down);
+    for (int64_t n_tokens : {1, 5}) {
+      std::vector<int32_t> ids(size_t(n_tokens * K));
+      for (size_t s = 0; s < ids.size(); ++s) ids[s] = int32_t((s * 3 + s / 2) % n_expert);
+      const std::vector<float> x = gaussian(size_t(n_tokens * dim), ++seed);
+      const auto x_dev = to_device(gpu(), x);
+      const auto ids_dev = to_device(gpu(), ids);
+      const size_t n_floats = size_t(n_tokens * K * dim);
+      std::vector<double> ref(n_floats), ref_scale(n_floats);
+      for (int64_t s = 0; s < n_tokens * K; ++s) {
+        const int32_t e = ids[size_t(s)];
+        exact_expert(gate_exact.data() + e * ffn * dim, up_exact.data() + e * ffn * dim,
+                     down_exact.data() + e * dim * ffn, x.data() + (s / K) * dim, dim, ffn,
+                     ref.data() + s * dim, ref_scale.data() + s * dim);
+      }
+      const auto slots_dev = poisoned(gpu(), n_floats);
+      std::vector<float> by_bits[2];
+      std::vector<float> slots_cpu(n_floats);
+      for (ActivationBits bits : {ActivationBits::Sixteen, ActivationBits::Eight}) {
+        MoeOp op{.n_expert = n_expert, .n_tokens = n_tokens, .top_k = K, .dim = dim,
+                 .ffn_dims = ffn, .kernels = KernelChoice::ByTokenCount, .activations = bits};
+        MoeOp on_cpu = op;
+        op.input = x_dev.data(), on_cpu.input = x.data();
+        op.gate = weight_view(f.gate_up, gate_dev.data(), ffn, dim, n_expert);
+        op.up = weight_view(f.gate_up, up_dev.data(), ffn, dim, n_expert);
+        op.down = weight_view(f.down, down_dev.data(), dim, ffn, n_expert);
+        on_cpu.gate = weight_view(f.gate_up, gate.data(), ffn, dim, n_expert);
+        on_cpu.up = weight_view(f.gate_up, up.data(), ffn, dim, n_expert);
+        on_cpu.down = weight_view(f.down, down.data(), dim, ffn, n_expert);
+        op.expert_ids = ids_dev.data(), on_cpu.expert_ids = ids.data();
+        op.slots = slots_dev.data(), on_cpu.slots = slots_cpu.data();
+        poison(gpu(), slots_dev);
+        gpu().moe(op);
+        by_bits[bits == ActivationBits::Eight] = to_host(gpu(), slots_dev);
+        if (bits == ActivationBits::Eight) cpu_.moe(on_cpu);
+      }
+      const std::string context = fmt::format("{}/{} n_tokens={}", dtype_name(f.gate_up),
+                                              dtype_name(f.down), n_tokens);
+      Worst gpu_vs_exact, cpu_vs_exact;
+      size_t differ = 0;
+      for (size_t i = 0; i < n_floats; ++i) {
+        auto where = [&] { return fmt::format("{} element {}", context, i); };
+        gpu_vs_exact.add(normalized_error(by_bits[1][i], ref[i], ref_scale[i]), where);
+        cpu_vs_exact.add(normalized_error(slots_cpu[i], ref[i], ref_scale[i]), where);
+        differ += by_bits[1][i] != by_bits[0][i];
+      }
+      EXPECT_LE(gpu_vs_exact.error, 3e-3) << "GPU (8-bit) vs exact at " << gpu_vs_exact.where;
+      EXPECT_LE(cpu_vs_exact.error, 3e-3) << "CPU (8-bit) vs exact at " << cpu_vs_exact.where;
+      if (!is_standin(gpu())) {
+        EXPECT_GT(differ, n_floats / 2) << context << ": the 8-bit path gave the F32 path's bits";
+      }
+      std::printf("  %s: GPU 8-bit vs exact %.3g, CPU 8-bit vs exact %.3g\n", context.c_str(),
+                  gpu_vs_exact.error, cpu_vs_exact.error);
+    }
+  }
+}
+
 // Both sum weight · slot over k in routing order from 0, one f32 multiply and one add per term,
 // each rounded (the GPU with __fmul_rn/__fadd_rn, the CPU without contraction): the same bits.
 TEST_F(CudaBackendTest, MoeReduceIsExact) {

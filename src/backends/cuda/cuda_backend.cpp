@@ -30,6 +30,8 @@ constexpr int64_t kTiledMinTokens = 16;
 // rounding. free_bytes() keeps it out of what it offers.
 constexpr size_t kScratchReserveBytes = size_t(256) << 20;
 
+constexpr size_t kActQ8Bytes = 40;  // sizeof(blocks::ActQ8): one block of 32 activations
+
 constexpr size_t kStagingBytes = size_t(32) << 20;
 // Below this a synchronous copy goes straight from pageable memory (the driver stages it).
 constexpr size_t kDirectCopyBytes = size_t(4) << 20;
@@ -579,10 +581,30 @@ void CudaBackend::moe(const MoeOp& op) {
         "{}: expert gate and up matrices stored in different formats ({} and {}) are not "
         "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them alike",
         name_, dtype_name(op.gate.type), dtype_name(op.up.type));
-  expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim, op.gate.row_bytes,
-                 op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act, use_tiles, stream_);
-  expert_down(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
-              op.down.matrix_bytes(), act, s, op.slots, use_tiles, stream_);
+  // Decode with 8-bit activations where the policy allows them and the format has the step
+  // (MoeOp::activations; quant/block_dot_q8.h): the inputs quantized once per product.
+  const bool eight = op.activations == ActivationBits::Eight && !use_tiles;
+  if (eight && matmul_supports_q8(op.gate.type) && op.dim % 32 == 0) {
+    auto* input_q8 = static_cast<blocks::ActQ8*>(
+        scratch(kInputQ8, size_t(op.n_tokens * (op.dim / 32)) * kActQ8Bytes));
+    quantize_q8(op.input, op.n_tokens * op.dim, input_q8, stream_);
+    expert_gate_up_q8(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim,
+                      op.gate.row_bytes, op.gate.matrix_bytes(), input_q8, s, act, stream_);
+  } else {
+    expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim,
+                   op.gate.row_bytes, op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act,
+                   use_tiles, stream_);
+  }
+  if (eight && matmul_supports_q8(op.down.type) && op.ffn_dims % 32 == 0) {
+    auto* act_q8 = static_cast<blocks::ActQ8*>(
+        scratch(kActQ8, size_t(n_slots * (op.ffn_dims / 32)) * kActQ8Bytes));
+    quantize_q8(act, n_slots * op.ffn_dims, act_q8, stream_);
+    expert_down_q8(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
+                   op.down.matrix_bytes(), act_q8, s, op.slots, stream_);
+  } else {
+    expert_down(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
+                op.down.matrix_bytes(), act, s, op.slots, use_tiles, stream_);
+  }
 }
 
 void CudaBackend::moe_reduce(const MoeReduceOp& op) {

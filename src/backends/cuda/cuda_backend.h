@@ -87,6 +87,8 @@ class CudaBackend final : public Backend {
     kGate,
     kUp,
     kAct,
+    kInputQ8,
+    kActQ8,
     kScratchCount
   };
   void* scratch(Scratch which, size_t bytes);

@@ -12,6 +12,10 @@
 #include "core/backend.h"
 #include "core/dtype.h"
 
+namespace tandem::blocks {
+struct ActQ8;  // quant/block_dot_q8.h
+}
+
 namespace tandem::cuda {
 
 // ---- matmul.cu ----
@@ -69,6 +73,21 @@ void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, i
 void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                  uint64_t mat_bytes, const float* act, const ExpertSlots& s, float* slots,
                  bool tiled, cudaStream_t stream);
+
+// The 8-bit path of the expert products (quant/block_dot_q8.h: dp4a on ActQ8 activations, one
+// scale per 32), for MoeOp::activations == Eight at decode (the rows kernels; prompts keep the
+// F32 tensor-core tiles). Formats without an 8-bit step keep F32 activations.
+bool matmul_supports_q8(DType type);
+// out[b] = the b-th 32 of x[0 .. n) quantized (n a multiple of 32).
+void quantize_q8(const float* x, int64_t n, blocks::ActQ8* out, cudaStream_t stream);
+// As expert_gate_up / expert_down's rows path, with the inputs quantized by quantize_q8: `input`
+// [tokens, dim / 32] blocks, `act` [max_slots, ffn / 32].
+void expert_gate_up_q8(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
+                       uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
+                       const ExpertSlots& s, float* act, cudaStream_t stream);
+void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                    uint64_t mat_bytes, const blocks::ActQ8* act, const ExpertSlots& s,
+                    float* slots, cudaStream_t stream);
 
 // ---- cuda_moe.cu ----
 

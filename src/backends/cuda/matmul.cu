@@ -26,6 +26,7 @@
 #include "backends/cuda/kernels.h"
 #include "quant/block_decode.h"
 #include "quant/block_dot.h"
+#include "quant/block_dot_q8.h"
 
 namespace tandem::cuda {
 namespace {
@@ -405,6 +406,102 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
       if (row0 + r < dim) slots[int64_t(s.order[entry]) * dim + row0 + r] = acc[r][0];
 }
 
+// ---- experts, rows path with 8-bit activations (quant/block_dot_q8.h) ----
+
+// acc[r][t] = rows[r] · x[t] over `cols` with ActQ8 activations, summed across the warp: lane l
+// takes 32-weight chunks l, l + 32, ... as warp_dots does, each chunk's activations loaded once
+// for all R rows.
+template <class Dec, class Dot, int NT, int R>
+__device__ __forceinline__ void warp_dots_q8(const uint8_t* const (&rows)[R], int64_t cols,
+                                             const blocks::ActQ8* const (&x)[NT],
+                                             float (&acc)[R][NT]) {
+  constexpr int kChunks = Dec::kElems / 32;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+#pragma unroll 2
+  for (int64_t s = lane; s < cols / 32; s += kWarpSize) {
+    blocks::ActQ8 staged[NT];
+    const blocks::ActQ8* here[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) staged[t] = x[t][s], here[t] = &staged[t];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      blocks::Quants32 q;
+      Dot::quants32(rows[r] + (s / kChunks) * Dec::kBytes, int(s % kChunks), q);
+      blocks::dot32_q8<Dec::kType, NT>(q, here, acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+template <class Dec, class Dot, int R>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    expert_gate_up_rows_q8(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
+                           uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
+                           ExpertSlots s, float* act) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
+  const int entry = blockIdx.x;
+  if (row0 >= ffn || entry >= s.n_active[0]) return;
+  const uint64_t matrix = uint64_t(s.expert_of[entry]) * mat_bytes;
+  const uint8_t* rows[2 * R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const uint64_t offset = matrix + uint64_t(row0 + r < ffn ? row0 + r : ffn - 1) * row_bytes;
+    rows[2 * r] = gate + offset, rows[2 * r + 1] = up + offset;
+  }
+  const blocks::ActQ8* x[1] = {input + (s.order[entry] / s.top_k) * (dim / 32)};
+  float acc[2 * R][1];
+  warp_dots_q8<Dec, Dot, 1, 2 * R>(rows, dim, x, acc);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float g = acc[2 * r][0], u = acc[2 * r + 1][0];
+      if (row0 + r < ffn) act[int64_t(entry) * ffn + row0 + r] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+template <class Dec, class Dot, int R>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    expert_down_rows_q8(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                        uint64_t mat_bytes, const blocks::ActQ8* act, ExpertSlots s, float* slots) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
+  const int entry = blockIdx.x;
+  if (row0 >= dim || entry >= s.n_active[0]) return;
+  const uint8_t* matrix = down + uint64_t(s.expert_of[entry]) * mat_bytes;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    rows[r] = matrix + uint64_t(row0 + r < dim ? row0 + r : dim - 1) * row_bytes;
+  const blocks::ActQ8* x[1] = {act + int64_t(entry) * (ffn / 32)};
+  float acc[R][1];
+  warp_dots_q8<Dec, Dot, 1, R>(rows, ffn, x, acc);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < dim) slots[int64_t(s.order[entry]) * dim + row0 + r] = acc[r][0];
+}
+
+// One thread per block of 32 activations.
+__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, bool aligned,
+                                   blocks::ActQ8* out) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < n_blocks;
+       b += int64_t(gridDim.x) * blockDim.x) {
+    float v[32];
+    stage<32>(x + 32 * b, aligned, v);
+    blocks::ActQ8 q;
+    blocks::quantize_act32(v, q);
+    out[b] = q;
+  }
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* act,
                                 const int32_t* n_active, int64_t ffn) {
   const int64_t n = int64_t(n_active[0]) * ffn;
@@ -513,6 +610,55 @@ void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_
     }
     const ExpertMap map{down_bytes, mat_bytes, s, act, ffn, slots, dim, /*down=*/true};
     launch_tiled<Dec>(map, dim, ffn, row_bytes, unsigned(s.max_tiles), 1, stream);
+  });
+}
+
+bool matmul_supports_q8(DType type) {
+  return blocks::visit_block_dot_q8(type, [](auto, auto) {});
+}
+
+void quantize_q8(const float* x, int64_t n, blocks::ActQ8* out, cudaStream_t stream) {
+  const int64_t n_blocks = n / 32;
+  if (n_blocks == 0) return;
+  const int64_t grid = (n_blocks + 127) / 128;
+  quantize_q8_kernel<<<unsigned(grid < 4096 ? grid : 4096), 128, 0, stream>>>(x, n_blocks,
+                                                                              aligned16(x), out);
+  TANDEM_CUDA_CHECK_LAUNCH(quantize_q8_kernel);
+}
+
+template <class Fn>
+void visit_q8_or_fail(DType type, Fn&& fn) {
+  if (!blocks::visit_block_dot_q8(type, fn))
+    cuda_failed(cudaErrorInvalidValue, "a weight format without an 8-bit GPU step", __FILE__,
+                __LINE__);
+}
+
+void expert_gate_up_q8(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
+                       uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
+                       const ExpertSlots& s, float* act, cudaStream_t stream) {
+  visit_q8_or_fail(type, [&](auto dec, auto dot) {
+    using Dec = decltype(dec);
+    using Dot = decltype(dot);
+    constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
+    const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
+    expert_gate_up_rows_q8<Dec, Dot, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+        static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim, row_bytes,
+        mat_bytes, input, s, act);
+    TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows_q8);
+  });
+}
+
+void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                    uint64_t mat_bytes, const blocks::ActQ8* act, const ExpertSlots& s,
+                    float* slots, cudaStream_t stream) {
+  visit_q8_or_fail(type, [&](auto dec, auto dot) {
+    using Dec = decltype(dec);
+    using Dot = decltype(dot);
+    constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
+    const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
+    expert_down_rows_q8<Dec, Dot, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+        static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots);
+    TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows_q8);
   });
 }
 
