@@ -32,9 +32,10 @@ void register_gen_model(CLI::App& app) {
   cmd->add_option("-o,--output", options->output_path, "GGUF file to write")->required();
   cmd->add_option("--format", options->format,
                   "weight mix: Q4_K_M (Q4_K + Q6_K, Q5_0/Q8_0 for short rows, as converters do), "
-                  "IQ4_XS (IQ4_NL for short rows, Q6_K output), Q8_0, BF16, F16, F32; norms and "
-                  "router stay F32. Other GGUF types (the grid i-quants, Q4_1, TQ1_0, TQ2_0, "
-                  "MXFP4) are read but not written yet")
+                  "IQ4_XS (IQ4_NL for short rows, Q6_K output), Q8_0, BF16, F16, F32; Q4_1, "
+                  "TQ1_0, TQ2_0, MXFP4 (every matrix but the Q6_K output; TQ rows that are not "
+                  "whole 256-blocks Q4_0), for benches of those formats; norms and router stay "
+                  "F32. The grid i-quants (IQ1_S ... IQ3_S) are not written")
       ->capture_default_str();
   cmd->add_option("--seed", options->seed, "random seed (same seed, same file)")->capture_default_str();
   cmd->add_option("--layers", *layers, "override the preset's layer count (0 = preset's)");

@@ -23,6 +23,11 @@ DType mix_type(std::string_view mix, const std::string& name, const TensorRole& 
   if (mix == "BF16") return DType::BF16;
   if (mix == "Q8_0") return DType::Q8_0;
   if (role.group == WeightGroup::OutputHead) return DType::Q6_K;  // Q4_K_M and Q2_K alike
+  // The formats gen-model writes for benches and tests of their kernels: every other matrix.
+  if (mix == "Q4_1") return DType::Q4_1;
+  if (mix == "TQ1_0") return DType::TQ1_0;
+  if (mix == "TQ2_0") return DType::TQ2_0;
+  if (mix == "MXFP4") return DType::MXFP4;
   const bool down = contains(name, "ffn_down");
   if (mix == "Q4_K_M") {
     // llama.cpp gives more bits to ffn_down only (attn_v_b is not its "attn_v"; the fixtures'
@@ -62,6 +67,8 @@ DType fallback_for_row(DType type, uint64_t row) {
       break;
     case DType::Q2_K:
     case DType::Q3_K:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
       fallback = DType::Q4_0;
       break;
     case DType::IQ1_S:
@@ -98,8 +105,9 @@ uint64_t TensorLayout::n_bytes() const {
 }
 
 const std::vector<std::string>& deepseek2_quant_mixes() {
-  static const std::vector<std::string> mixes = {"Q4_K_M", "Q8_0",   "BF16",     "F16",       "F32",
-                                                 "Q2_K",   "IQ4_XS", "UD-IQ1_S", "UD-IQ2_XXS"};
+  static const std::vector<std::string> mixes = {
+      "Q4_K_M",     "Q8_0", "BF16",  "F16",   "F32",  "Q2_K", "IQ4_XS", "UD-IQ1_S",
+      "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4"};
   return mixes;
 }
 

@@ -1,6 +1,7 @@
 #include "model/synthetic_model.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -174,6 +175,10 @@ int32_t llama_file_type(const std::string& format) {
   if (format == "Q8_0") return 7;
   if (format == "Q4_K_M") return 15;
   if (format == "IQ4_XS") return 30;
+  if (format == "Q4_1") return 3;
+  if (format == "TQ1_0") return 36;
+  if (format == "TQ2_0") return 37;
+  if (format == "MXFP4") return 38;
   return 32;  // BF16
 }
 
@@ -201,7 +206,8 @@ const SyntheticPreset& find_synthetic_preset(const std::string& name) {
 }
 
 const std::vector<std::string>& synthetic_formats() {
-  static const std::vector<std::string> formats = {"Q4_K_M", "IQ4_XS", "Q8_0", "BF16", "F16", "F32"};
+  static const std::vector<std::string> formats = {"Q4_K_M", "IQ4_XS", "Q8_0",  "BF16",  "F16",
+                                                    "F32",    "Q4_1",   "TQ1_0", "TQ2_0", "MXFP4"};
   return formats;
 }
 
@@ -210,7 +216,7 @@ SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPo
   SyntheticPreset preset = find_synthetic_preset(options.preset);
   const auto& formats = synthetic_formats();
   if (std::find(formats.begin(), formats.end(), options.format) == formats.end())
-    fail("unknown --format '{}'; choose one of Q4_K_M, IQ4_XS, Q8_0, BF16, F16, F32", options.format);
+    fail("unknown --format '{}'; choose one of {}", options.format, fmt::join(formats, ", "));
   Deepseek2Hparams& hp = preset.hparams;
   if (options.n_layers) {
     if (*options.n_layers <= hp.n_leading_dense)

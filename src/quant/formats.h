@@ -31,7 +31,7 @@ void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t blocks);
 void quantize_q6_k(const float* x, BlockQ6_K* y, int64_t blocks);
 void quantize_q8_k(const float* x, BlockQ8_K* y, int64_t blocks);
 
-// more_formats.cpp: decoding (and iq4_quantize.cpp, writing IQ4_NL and IQ4_XS).
+// more_formats.cpp (and iq4_quantize.cpp, writing IQ4_NL and IQ4_XS).
 void dequantize_q4_1(const BlockQ4_1* x, float* y, int64_t blocks);
 void dequantize_iq4_nl(const BlockIQ4_NL* x, float* y, int64_t blocks);
 void dequantize_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t blocks);
@@ -40,5 +40,9 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t blocks);
 void dequantize_tq1_0(const BlockTQ1_0* x, float* y, int64_t blocks);
 void dequantize_tq2_0(const BlockTQ2_0* x, float* y, int64_t blocks);
 void dequantize_mxfp4(const BlockMXFP4* x, float* y, int64_t blocks);
+void quantize_q4_1(const float* x, BlockQ4_1* y, int64_t blocks);
+void quantize_tq1_0(const float* x, BlockTQ1_0* y, int64_t blocks);
+void quantize_tq2_0(const float* x, BlockTQ2_0* y, int64_t blocks);
+void quantize_mxfp4(const float* x, BlockMXFP4* y, int64_t blocks);
 
 }  // namespace tandem::quant

@@ -68,6 +68,10 @@ bool can_quantize(DType type) {
     case DType::Q8_K:
     case DType::IQ4_NL:
     case DType::IQ4_XS:
+    case DType::Q4_1:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
+    case DType::MXFP4:
       return true;
     default:
       return false;
@@ -154,6 +158,14 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return quantize_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), blocks);
     case DType::Q8_K:
       return quantize_q8_k(src, static_cast<BlockQ8_K*>(dst), blocks);
+    case DType::Q4_1:
+      return quantize_q4_1(src, static_cast<BlockQ4_1*>(dst), blocks);
+    case DType::TQ1_0:
+      return quantize_tq1_0(src, static_cast<BlockTQ1_0*>(dst), blocks);
+    case DType::TQ2_0:
+      return quantize_tq2_0(src, static_cast<BlockTQ2_0*>(dst), blocks);
+    case DType::MXFP4:
+      return quantize_mxfp4(src, static_cast<BlockMXFP4*>(dst), blocks);
     default:
       break;
   }

@@ -14,13 +14,13 @@ namespace tandem {
 // Formats dequantize_row accepts: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
 // Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (and Q8_K, the activation format).
 bool can_dequantize(DType type);
-// The formats tandem decodes with its reference decoders but neither writes nor has kernels of
-// their own for yet: Q4_1, TQ1_0, TQ2_0, MXFP4.
+// The formats tandem multiplies through its reference decoders, having no kernels of their own
+// for them yet: Q4_1, TQ1_0, TQ2_0, MXFP4.
 bool decoded_only(DType type);
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 
 // Formats quantize_row writes: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
-// IQ4_XS, Q8_K.
+// IQ4_XS, Q4_1, TQ1_0, TQ2_0, MXFP4, Q8_K.
 // Deterministic for a given input; chosen for low error at a speed that can write a 10 GB
 // model in minutes, not for equality with any other tool's quantizer.
 bool can_quantize(DType type);

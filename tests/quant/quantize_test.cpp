@@ -185,12 +185,44 @@ TEST(Quantize, UnsupportedFormatsThrowInsteadOfWritingGarbage) {
   const std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> out(4096);
   std::vector<float> back(256);
-  for (const DType type : {DType::Q2_K, DType::Q3_K, DType::Q5_1, DType::Q4_1, DType::I8}) {
+  for (const DType type : {DType::Q2_K, DType::Q3_K, DType::Q5_1, DType::I8}) {
     EXPECT_FALSE(can_quantize(type)) << dtype_name(type);
     EXPECT_THROW(quantize_row(type, x.data(), out.data(), 256), Error) << dtype_name(type);
   }
   EXPECT_FALSE(can_dequantize(DType::IQ2_XXS));  // named (inspect), not read yet
   EXPECT_THROW(dequantize_row(DType::Q8_1, out.data(), back.data(), 256), Error);
+}
+
+// The writers gen-model uses for the formats read mostly from others' files: plain rounding, no
+// search. Gaussian round trips within their bounds (measured, in the comments; the ternary
+// formats keep one level each side of zero, so they lose much of a Gaussian by design), zeros
+// stay zeros, and values already on a format's grid come back exactly.
+TEST(Quantize, Q4_1TernaryAndMxfp4WritersRoundTrip) {
+  const std::vector<float> x = gaussian(kRowElems, 17);
+  const std::pair<DType, double> bounds[] = {
+      {DType::Q4_1, 0.0845},   // 0.07823
+      {DType::MXFP4, 0.1205},  // 0.11148
+      {DType::TQ2_0, 0.4700},  // 0.43457
+      {DType::TQ1_0, 0.4700},  // 0.43457 (the same digits, packed five to a byte)
+  };
+  for (const auto& [type, bound] : bounds) {
+    const double nrmse = normalized_rms_error(x, round_trip(type, x));
+    EXPECT_LE(nrmse, bound) << dtype_name(type);
+    std::printf("  %-5s normalized rms error %.5f (bound %.4f)\n",
+                std::string(dtype_name(type)).c_str(), nrmse, bound);
+    const std::vector<float> zeros(kRowElems, 0.0f);
+    for (const float v : round_trip(type, zeros)) ASSERT_EQ(v, 0.0f) << dtype_name(type);
+    // A decoded row is on the grid: quantizing it again gives the same values.
+    const std::vector<float> y = round_trip(type, x);
+    EXPECT_EQ(round_trip(type, y), y) << dtype_name(type);
+  }
+  // Every ternary pattern survives TQ1_0's five-digits-a-byte packing: digits -1, 0, 1 in a
+  // pattern that visits all 243 five-digit combinations, times a scale that f16 holds exactly.
+  std::vector<float> ternary(256 * 4);
+  for (size_t i = 0; i < ternary.size(); ++i) ternary[i] = 0.5f * float(int((i * 7 + i / 3) % 3) - 1);
+  for (size_t b = 0; b < ternary.size(); b += 256) ternary[b] = 0.5f;  // each block's scale 0.5
+  for (const DType type : {DType::TQ1_0, DType::TQ2_0})
+    EXPECT_EQ(round_trip(type, ternary), ternary) << dtype_name(type);
 }
 
 TEST(Quantize, RequantizingADecodedRowGivesTheSameBytes) {
