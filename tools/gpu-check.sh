@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The one command that verifies the CUDA backend on a GPU machine, in about 5-7 minutes on one
-# H200 with 16 cores (its budget is 8):
+# The one command that verifies the CUDA backend on a GPU machine, in about 2-3 minutes on one
+# H200 with 16 cores (its budget is 8; the run of 2026-12-04 took 125 s):
 #   1. the CUDA tests: every op against the CPU backend, captures, host tasks, the fixture models
-#      on cuda:0 and on a hybrid plan (tests/cuda);
+#      on cuda:0 and on a hybrid plan (tests/cuda); then (informational) cuda_matmul_bench, the
+#      decode products on a lite layer's shapes by rows per warp;
 #   2. every F32 fixture and the Q4_K_M fixture with the fixtures' own checker (check.py), on
 #      cuda:0 alone and on a hybrid plan (experts 0-3 of every layer on the CPU);
 #   3. the lite-shaped model (generated there, Q4_K_M, 9.7 GiB) with `tandem bench`, fully on
-#      the GPU and hybrid (experts 0-31 of every layer on the CPU): tokens/s, the GPU's
-#      bandwidth roofline, the cost model's prediction;
+#      the GPU (the default precision, and --precision int16: F32 activations everywhere) and
+#      hybrid (experts 0-31 of every layer on the CPU): tokens/s, the GPU's bandwidth roofline,
+#      the cost model's prediction;
 #   4. (informational) a kernel profile of a short run on the GPU by ncu, where it is installed:
-#      the kernels that take a decode step's time (OUT/kernel_profile.txt).
+#      the kernels that take a decode step's time (OUT/kernel_profile.txt), and 5. one decode
+#      step's launches in detail (bytes from memory, occupancy, launch shape: OUT/ncu_detail.csv).
+# OUT holds more than the 8 files a device run returns: pack it (tar) to bring it back.
 # Writes OUT/gpu-check.log (everything) and OUT/gpu-check.json (the summary), and prints the
 # summary last. Runs what tools/gpu-bundle.sh prepared (binaries built elsewhere: the machine has
 # nvcc but no -dev libraries), from gpu-bundle/ or $BUNDLE.
@@ -97,6 +101,10 @@ if run gen_model_lite 240 "$tandem" gen-model --preset lite --format Q4_K_M -o "
   run bench_gpu 150 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 -p 512 -n 128 -r 3 -t $threads --json > \"$out/bench_gpu.json\""
   run bench_hybrid 200 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --rules tools/gpu/lite_half_experts_on_host.yaml \
     -p 512 -n 64 -r 2 -t $threads --json > \"$out/bench_hybrid.json\""
+  # The feed-forward products with F32 activations (--precision int16) against the default's
+  # 8-bit ones: what the dp4a steps buy at decode.
+  run bench_gpu_int16 120 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --precision int16 -p 0 -n 64 -r 2 \
+    -t $threads --json > \"$out/bench_gpu_int16.json\""
   run bench_gpu_no_graphs 120 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --no-graphs -p 0 -n 64 -r 2 -t $threads \
     --json > \"$out/bench_gpu_no_graphs.json\""
   # 4. Where the GPU's time goes: every kernel of a short run on cuda:0 (a two-token prompt, four
@@ -137,7 +145,7 @@ try:
                                             if t.get("result") == "SKIPPED")}
 except (OSError, ValueError):
     pass
-for name in ("bench_gpu", "bench_hybrid", "bench_gpu_no_graphs"):
+for name in ("bench_gpu", "bench_hybrid", "bench_gpu_int16", "bench_gpu_no_graphs"):
     try:
         b = json.load(open(os.path.join(out, name + ".json")))
     except (OSError, ValueError):
@@ -154,7 +162,7 @@ print(f"{summary['passed']} passed, {summary['failed']} failed in {seconds} s")
 for c in checks:
     if c["status"] != "pass":
         print(f"  FAILED {c['check']}: {c['detail']}")
-for name in ("bench_gpu", "bench_hybrid", "bench_gpu_no_graphs"):
+for name in ("bench_gpu", "bench_hybrid", "bench_gpu_int16", "bench_gpu_no_graphs"):
     if name in summary:
         s, g = summary[name], summary[name]["gpu"]
         print(f"{name}: pp {s['prefill_tokens_per_s'] or 0:.1f} t/s, tg {s['decode_tokens_per_s'] or 0:.1f} t/s; "
