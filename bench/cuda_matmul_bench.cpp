@@ -1,5 +1,6 @@
-// The GPU's decode products (matmul_rows, one or two tokens) on the shapes of a DeepSeek-V2-Lite
-// layer, each with one, two and four rows a warp: microseconds a launch (best of 50, CUDA events)
+// The GPU's decode products (matmul_rows; one token, or up to 8 with --tokens, where the kernel
+// keeps its own rows per warp) on the shapes of a DeepSeek-V2-Lite layer, each with one, two and
+// four rows a warp: microseconds a launch (best of 50, CUDA events)
 // and the weight bytes streamed per second, beside the device's copy bandwidth. It says which
 // rows-per-warp the kernels should take for which shape; results do not depend on the choice.
 //

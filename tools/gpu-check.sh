@@ -80,7 +80,6 @@ fi
 # 1b. (informational) The decode products on a lite layer's shapes by rows per warp.
 say "== cuda_matmul_bench (informational)"
 timeout 60 "$work/bin/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
-timeout 60 "$work/bin/cuda_matmul_bench" --tokens 2 2>&1 | tee -a "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
 
 # 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan.
 hybrid_rules=tests/fixtures/plans/attention_on_gpu_experts_split.yaml

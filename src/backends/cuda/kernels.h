@@ -34,8 +34,8 @@ struct MatmulLaunch {
   float* output = nullptr;
   int64_t output_stride = 0, output_mat_stride = 0;
   int64_t n_tokens = 0, n_mats = 1;
-  // Rows a warp of the rows kernel takes (1, 2 or 4; 0: the kernel's choice). The results do not
-  // depend on it; cuda_matmul_bench measures each.
+  // Rows a warp of the rows kernel takes for one token (1, 2 or 4; 0: the kernel's choice; more
+  // tokens keep theirs). The results do not depend on it; cuda_matmul_bench measures each.
   int rows_per_warp = 0;
 };
 

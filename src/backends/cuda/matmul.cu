@@ -104,17 +104,19 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-  // Two steps unrolled: a lane's loads for both are in flight together (a 2048-column Q4_K row
-  // is two steps a lane, so without it each warp waited for memory twice in a row).
+  if constexpr (NT <= 2) {
+    // Decode. Two steps unrolled: a lane's loads for both are in flight together (a 2048-column
+    // Q4_K row is two steps a lane, so without it each warp waited for memory twice in a row).
 #pragma unroll 2
-  for (int64_t s = lane; s < cols / W; s += kWarpSize) {
-    if constexpr (NT <= 2) {
+    for (int64_t s = lane; s < cols / W; s += kWarpSize) {
       float staged[NT][W];
 #pragma unroll
       for (int t = 0; t < NT; ++t) stage<W>(x[t] + W * s, aligned, staged[t]);
 #pragma unroll
       for (int r = 0; r < R; ++r) Steps::template step<NT>(rows[r], s, staged, acc[r]);
-    } else {
+    }
+  } else {
+    for (int64_t s = lane; s < cols / W; s += kWarpSize) {
       const float* here[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t) here[t] = x[t] + W * s;
@@ -131,8 +133,11 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
 // Rows per warp where the launch does not say: two where the activations are staged (they serve
 // both), else one. More rows a warp put more loads in flight and read the staged activations
 // fewer times; fewer make more warps. A row's sum is the same whichever a warp takes.
-int default_rows_per_warp(int n_tokens) {
+constexpr int default_rows_per_warp_of(int n_tokens) {
   return n_tokens <= 2 ? 2 : 1;
+}
+int default_rows_per_warp(int n_tokens) {
+  return default_rows_per_warp_of(n_tokens);
 }
 
 // ---- rows: plain matmul, batched over matrices ----
@@ -177,17 +182,21 @@ void launch_rows_by(const MatmulLaunch& m, int64_t token0, bool aligned, cudaStr
   TANDEM_CUDA_CHECK_LAUNCH(rows_kernel);
 }
 
-// Four rows a warp only where the activations are staged (one or two tokens): with more tokens
-// the accumulators would not fit in registers.
+// The choice of rows per warp is offered for one token (decode) only: each variant is a kernel
+// per format to compile (nvcc's time for this file grows with them), and two tokens keep two
+// rows a warp, more tokens one.
 template <class Dec, int NT>
 void launch_rows(const MatmulLaunch& m, int64_t token0, cudaStream_t stream) {
   const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0 && m.input_mat_stride % 4 == 0;
   const int r = m.rows_per_warp > 0 ? m.rows_per_warp : default_rows_per_warp(int(NT));
-  if constexpr (NT <= 2) {
+  if constexpr (NT == 1) {
     if (r >= 4) return launch_rows_by<Dec, NT, 4>(m, token0, aligned, stream);
     if (r == 2) return launch_rows_by<Dec, NT, 2>(m, token0, aligned, stream);
+    return launch_rows_by<Dec, NT, 1>(m, token0, aligned, stream);
+  } else {
+    (void)r;
+    launch_rows_by<Dec, NT, default_rows_per_warp_of(NT)>(m, token0, aligned, stream);
   }
-  launch_rows_by<Dec, NT, 1>(m, token0, aligned, stream);
 }
 
 // ---- tiled: tensor-core tiles with rows and tokens mapped by a Map ----
