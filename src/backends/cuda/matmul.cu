@@ -1,13 +1,14 @@
 // Matrix products on the GPU straight from the GGUF blocks: every format's weights are decoded
-// eight at a time by quant/block_decode.h (the same code the host tests check bit for bit against
-// src/quant), and multiplied with F32 activations. Two kernel families, as on the CPU:
+// by quant/block_decode.h and block_dot.h (the same code the host tests check against src/quant)
+// and multiplied with F32 activations, or, for the expert products at decode where the precision
+// policy allows it, with 8-bit ones (block_dot_q8.h). Two kernel families, as on the CPU:
 //
-// - Rows (decode, and KernelChoice::PerToken): one warp per weight row, each lane decoding every
-//   32nd group of 8 weights and multiplying it with up to 8 tokens, then a shuffle tree across the
-//   warp. Decode is bound by reading the weights once (about 0.56 bytes a weight in Q4_K against
-//   4 for the F32 activations, which stay in L1/L2 and are shared by the 4 rows of a block). A
-//   token's terms are added in the same order whatever the token count, so its result is the
-//   same alone or beside others (batch invariance).
+// - Rows (decode, and KernelChoice::PerToken): one warp per one to four weight rows, each lane
+//   taking every 32nd step of 32 weights for up to 8 tokens, then a shuffle tree across the warp.
+//   A token's terms are added in the same order whatever the token count and the rows a warp
+//   takes, so its result is the same alone or beside others (batch invariance). The H200 profile
+//   (README, Performance): with F32 activations a step costs ~4 instructions a weight, so the
+//   kernel streams ~900 GB/s of the 4200 the memory gives; dp4a on 8-bit activations ~1.3.
 // - Tiled (prompts, expert batches): 64 rows x 64 tokens per block of 4 warps; each 64 x 32 tile
 //   of weights is decoded once into shared memory and multiplied by the tensor cores (WMMA
 //   m16n16k8 in TF32). TF32 keeps 10 mantissa bits, so each operand is split into a high and a
@@ -15,9 +16,6 @@
 //   the fixtures' V3 routing flips on bf16-sized errors (DESIGN.md, precision per op). A token's
 //   column is computed from its own activations in a fixed order, so its result does not depend
 //   on its tile mates.
-//
-// Not yet measured on a GPU: the occupancy, bytes per thread and roofline fractions these
-// choices buy are for the first tools/gpu-check.sh run to establish.
 #include <mma.h>
 
 #include <cstdint>
@@ -363,60 +361,6 @@ void launch_tiled(const Map& map, int64_t rows, int64_t cols, uint64_t row_bytes
 // Rows a warp of the expert kernels takes: gate/up takes R rows of each (2R row streams).
 constexpr int kExpertGateUpRows = 1, kExpertDownRows = 2;
 
-// act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x: the gate and up rows
-// share the staged activations.
-template <class Dec, int R>
-__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
-    expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
-                        uint64_t row_bytes, uint64_t mat_bytes, const float* input, ExpertSlots s,
-                        float* act, bool aligned) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
-  const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
-  if (row0 >= ffn || entry >= s.n_active[0]) return;
-  const uint64_t matrix = uint64_t(s.expert_of[entry]) * mat_bytes;
-  const uint8_t* rows[2 * R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {  // a row past the end repeats the last one; its result is dropped
-    const uint64_t offset = matrix + uint64_t(row0 + r < ffn ? row0 + r : ffn - 1) * row_bytes;
-    rows[2 * r] = gate + offset, rows[2 * r + 1] = up + offset;
-  }
-  const float* x[1] = {input + (s.order[entry] / s.top_k) * dim};
-  float acc[2 * R][1];
-  warp_dots<Dec, 1, 2 * R>(rows, dim, x, aligned, acc);
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float g = acc[2 * r][0], u = acc[2 * r + 1][0];
-      if (row0 + r < ffn) act[int64_t(entry) * ffn + row0 + r] = g / (1.0f + expf(-g)) * u;
-    }
-}
-
-template <class Dec, int R>
-__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
-    expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
-                     uint64_t mat_bytes, const float* act, ExpertSlots s, float* slots,
-                     bool aligned) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
-  const int entry = blockIdx.x;
-  if (row0 >= dim || entry >= s.n_active[0]) return;
-  const uint8_t* matrix = down + uint64_t(s.expert_of[entry]) * mat_bytes;
-  const uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    rows[r] = matrix + uint64_t(row0 + r < dim ? row0 + r : dim - 1) * row_bytes;
-  const float* x[1] = {act + int64_t(entry) * ffn};
-  float acc[R][1];
-  warp_dots<Dec, 1, R>(rows, ffn, x, aligned, acc);
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (row0 + r < dim) slots[int64_t(s.order[entry]) * dim + row0 + r] = acc[r][0];
-}
-
-// ---- experts, rows path with 8-bit activations (quant/block_dot_q8.h) ----
-
 // acc[r][t] = rows[r] · x[t] over `cols` with ActQ8 activations, summed across the warp: lane l
 // takes 32-weight chunks l, l + 32, ... as warp_dots does, each chunk's activations loaded once
 // for all R rows.
@@ -449,25 +393,50 @@ __device__ __forceinline__ void warp_dots_q8(const uint8_t* const (&rows)[R], in
     for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-template <class Dec, class Dot, int R>
+// The activations an expert kernel multiplies, row `i` of a [rows, cols] matrix: F32 (the
+// rows kernels' steps, block_dot.h) or ActQ8 blocks (dp4a steps, block_dot_q8.h).
+struct F32Input {
+  const float* data;
+  bool aligned;
+  template <class Dec, int R>
+  __device__ void dots(const uint8_t* const (&rows)[R], int64_t cols, int64_t i,
+                       float (&acc)[R][1]) const {
+    const float* x[1] = {data + i * cols};
+    warp_dots<Dec, 1, R>(rows, cols, x, aligned, acc);
+  }
+};
+
+template <class Dot>
+struct Q8Input {
+  const blocks::ActQ8* data;
+  template <class Dec, int R>
+  __device__ void dots(const uint8_t* const (&rows)[R], int64_t cols, int64_t i,
+                       float (&acc)[R][1]) const {
+    const blocks::ActQ8* x[1] = {data + i * (cols / 32)};
+    warp_dots_q8<Dec, Dot, 1, R>(rows, cols, x, acc);
+  }
+};
+
+// act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x: the gate and up rows
+// share the staged activations.
+template <class Dec, int R, class Input>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
-    expert_gate_up_rows_q8(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
-                           uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
-                           ExpertSlots s, float* act) {
+    expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
+                        uint64_t row_bytes, uint64_t mat_bytes, Input input, ExpertSlots s,
+                        float* act) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
-  const int entry = blockIdx.x;
+  const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
   if (row0 >= ffn || entry >= s.n_active[0]) return;
   const uint64_t matrix = uint64_t(s.expert_of[entry]) * mat_bytes;
   const uint8_t* rows[2 * R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < R; ++r) {  // a row past the end repeats the last one; its result is dropped
     const uint64_t offset = matrix + uint64_t(row0 + r < ffn ? row0 + r : ffn - 1) * row_bytes;
     rows[2 * r] = gate + offset, rows[2 * r + 1] = up + offset;
   }
-  const blocks::ActQ8* x[1] = {input + (s.order[entry] / s.top_k) * (dim / 32)};
   float acc[2 * R][1];
-  warp_dots_q8<Dec, Dot, 1, 2 * R>(rows, dim, x, acc);
+  input.template dots<Dec, 2 * R>(rows, dim, s.order[entry] / s.top_k, acc);
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -476,10 +445,10 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     }
 }
 
-template <class Dec, class Dot, int R>
+template <class Dec, int R, class Input>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
-    expert_down_rows_q8(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
-                        uint64_t mat_bytes, const blocks::ActQ8* act, ExpertSlots s, float* slots) {
+    expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                     uint64_t mat_bytes, Input act, ExpertSlots s, float* slots) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;
@@ -489,13 +458,35 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
 #pragma unroll
   for (int r = 0; r < R; ++r)
     rows[r] = matrix + uint64_t(row0 + r < dim ? row0 + r : dim - 1) * row_bytes;
-  const blocks::ActQ8* x[1] = {act + int64_t(entry) * (ffn / 32)};
   float acc[R][1];
-  warp_dots_q8<Dec, Dot, 1, R>(rows, ffn, x, acc);
+  act.template dots<Dec, R>(rows, ffn, entry, acc);
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (row0 + r < dim) slots[int64_t(s.order[entry]) * dim + row0 + r] = acc[r][0];
+}
+
+template <class Dec, class Input>
+void launch_expert_gate_up(const void* gate, const void* up, int64_t ffn, int64_t dim,
+                           uint64_t row_bytes, uint64_t mat_bytes, const Input& input,
+                           const ExpertSlots& s, float* act, cudaStream_t stream) {
+  constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
+  const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
+  expert_gate_up_rows<Dec, R, Input><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+      static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim, row_bytes,
+      mat_bytes, input, s, act);
+  TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
+}
+
+template <class Dec, class Input>
+void launch_expert_down(const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
+                        uint64_t mat_bytes, const Input& act, const ExpertSlots& s, float* slots,
+                        cudaStream_t stream) {
+  constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
+  const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
+  expert_down_rows<Dec, R, Input><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
+      static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots);
+  TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
 }
 
 // One thread per block of 32 activations.
@@ -585,12 +576,8 @@ void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, i
     const auto* gate_bytes = static_cast<const uint8_t*>(gate);
     const auto* up_bytes = static_cast<const uint8_t*>(up);
     if (!tiled) {
-      const bool aligned = aligned16(input) && dim % 4 == 0;
-      constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
-      const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
-      expert_gate_up_rows<Dec, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-          gate_bytes, up_bytes, ffn, dim, row_bytes, mat_bytes, input, s, act, aligned);
-      TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
+      launch_expert_gate_up<Dec>(gate, up, ffn, dim, row_bytes, mat_bytes,
+                                 F32Input{input, aligned16(input) && dim % 4 == 0}, s, act, stream);
       return;
     }
     const ExpertMap gate_map{gate_bytes, mat_bytes, s, input, dim, gate_out, ffn, /*down=*/false};
@@ -609,12 +596,8 @@ void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_
     using Dec = decltype(dec);
     const auto* down_bytes = static_cast<const uint8_t*>(down);
     if (!tiled) {
-      const bool aligned = aligned16(act) && ffn % 4 == 0;
-      constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
-      const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
-      expert_down_rows<Dec, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-          down_bytes, dim, ffn, row_bytes, mat_bytes, act, s, slots, aligned);
-      TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
+      launch_expert_down<Dec>(down, dim, ffn, row_bytes, mat_bytes,
+                              F32Input{act, aligned16(act) && ffn % 4 == 0}, s, slots, stream);
       return;
     }
     const ExpertMap map{down_bytes, mat_bytes, s, act, ffn, slots, dim, /*down=*/true};
@@ -646,14 +629,8 @@ void expert_gate_up_q8(DType type, const void* gate, const void* up, int64_t ffn
                        uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
                        const ExpertSlots& s, float* act, cudaStream_t stream) {
   visit_q8_or_fail(type, [&](auto dec, auto dot) {
-    using Dec = decltype(dec);
-    using Dot = decltype(dot);
-    constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
-    const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
-    expert_gate_up_rows_q8<Dec, Dot, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-        static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim, row_bytes,
-        mat_bytes, input, s, act);
-    TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows_q8);
+    launch_expert_gate_up<decltype(dec)>(gate, up, ffn, dim, row_bytes, mat_bytes,
+                                         Q8Input<decltype(dot)>{input}, s, act, stream);
   });
 }
 
@@ -661,13 +638,8 @@ void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint
                     uint64_t mat_bytes, const blocks::ActQ8* act, const ExpertSlots& s,
                     float* slots, cudaStream_t stream) {
   visit_q8_or_fail(type, [&](auto dec, auto dot) {
-    using Dec = decltype(dec);
-    using Dot = decltype(dot);
-    constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
-    const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
-    expert_down_rows_q8<Dec, Dot, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-        static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots);
-    TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows_q8);
+    launch_expert_down<decltype(dec)>(down, dim, ffn, row_bytes, mat_bytes,
+                                      Q8Input<decltype(dot)>{act}, s, slots, stream);
   });
 }
 
