@@ -71,6 +71,9 @@ void fill_weights(DType type, uint8_t* bytes, size_t size) {
       case DType::Q6_K:
         set_u16(b + offsetof(BlockQ6_K, d), one_f16);
         break;
+      case DType::MXFP4:
+        bytes[b] = 120;  // 2^-7
+        break;
       default:
         break;
     }
@@ -205,7 +208,8 @@ void register_all() {
       {1408, 2048, "expert_up"}, {2048, 1408, "expert_down"}, {102400, 2048, "output_head"}};
   const DType types[] = {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16,
                          DType::Q6_K, DType::Q5_0, DType::Q5_0_R16,
-                         DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::IQ4_NL, DType::BF16};
+                         DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::IQ4_NL, DType::MXFP4,
+                         DType::BF16};
   for (int n_threads : {1, 2})
     benchmark::RegisterBenchmark(("triad/threads:" + std::to_string(n_threads)).c_str(), bm_triad,
                                  n_threads)

@@ -138,6 +138,30 @@ struct BlockMXFP4 {
   uint8_t qs[16];
 };
 
+// FP4 E2M1 values, doubled so that they are integers: sign bit 3, exponent bits 1-2 (bias 1),
+// mantissa bit 0; exponent 0 is subnormal (m * 0.5). Generated from that rule; mxfp4_scale
+// halves the block's power of two to make up for the doubling.
+inline constexpr struct E2M1Doubled {
+  int8_t v[16];
+  constexpr E2M1Doubled() : v() {
+    for (int code = 0; code < 16; ++code) {
+      const int e = (code >> 1) & 3, m = code & 1;
+      const int doubled = e == 0 ? m : (1 << e) + m * (1 << (e - 1));
+      v[code] = int8_t(code & 8 ? -doubled : doubled);
+    }
+  }
+} kE2M1Doubled;
+static_assert(kE2M1Doubled.v[7] == 12 && kE2M1Doubled.v[5] == 6 && kE2M1Doubled.v[9] == -1);
+
+// 2^(e - 128): an MXFP4 block's power of two, halved for the doubled values. e = 0 and 1 give
+// the float subnormals 2^-128 and 2^-127.
+inline float mxfp4_scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t(0x00200000) << e : uint32_t(e - 1) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 // Activation format for dot products against k-quants: x = d * q, with the sums of each group
 // of 16 quants precomputed (they absorb the mins of Q2_K/Q4_K/Q5_K and the offsets of Q3_K/Q6_K).
 struct BlockQ8_K {

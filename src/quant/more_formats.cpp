@@ -13,28 +13,6 @@
 namespace tandem::quant {
 namespace {
 
-// FP4 E2M1 values, doubled so that they are integers: sign bit 3, exponent bits 1-2 (bias 1),
-// mantissa bit 0; exponent 0 is subnormal (m * 0.5). MXFP4 halves its block scale to make up.
-constexpr std::array<int8_t, 16> kE2M1Doubled = [] {
-  std::array<int8_t, 16> v{};
-  for (int code = 0; code < 16; ++code) {
-    const int e = (code >> 1) & 3, m = code & 1;
-    const int doubled = e == 0 ? m : (1 << e) + m * (1 << (e - 1));
-    v[size_t(code)] = int8_t(code & 8 ? -doubled : doubled);
-  }
-  return v;
-}();
-static_assert(kE2M1Doubled[7] == 12 && kE2M1Doubled[5] == 6 && kE2M1Doubled[9] == -1);
-
-// 2^(e - 128): the block's power of two, halved for the doubled values. e = 0 and 1 give the
-// float subnormals 2^-128 and 2^-127.
-float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? uint32_t(0x00200000) << e : uint32_t(e - 1) << 23;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
 // One ternary digit, -1, 0 or 1, of a TQ1_0 byte: the top base-3 digit of b * 3^n mod 256.
 int ternary_digit(uint8_t b, int n) {
   static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
@@ -103,10 +81,10 @@ void dequantize_tq1_0(const BlockTQ1_0* x, float* y, int64_t blocks) {
 
 void dequantize_mxfp4(const BlockMXFP4* x, float* y, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, y += 32) {
-    const float d = e8m0_half(x[b].e);
+    const float d = mxfp4_scale(x[b].e);
     for (int j = 0; j < 16; ++j) {
-      y[j] = float(kE2M1Doubled[x[b].qs[j] & 0xF]) * d;
-      y[j + 16] = float(kE2M1Doubled[x[b].qs[j] >> 4]) * d;
+      y[j] = float(kE2M1Doubled.v[x[b].qs[j] & 0xF]) * d;
+      y[j + 16] = float(kE2M1Doubled.v[x[b].qs[j] >> 4]) * d;
     }
   }
 }
@@ -196,13 +174,13 @@ void quantize_tq1_0(const float* x, BlockTQ1_0* y, int64_t blocks) {
 // codes.
 void quantize_mxfp4(const float* x, BlockMXFP4* y, int64_t blocks) {
   auto encode = [](const float* x, uint8_t e, uint8_t* codes) {
-    const float d = e8m0_half(e);
+    const float d = mxfp4_scale(e);
     float error = 0;
     for (int j = 0; j < 32; ++j) {
       int best = 0;
       float best_error = INFINITY;
       for (int code = 0; code < 16; ++code) {
-        const float diff = float(kE2M1Doubled[size_t(code)]) * d - x[j];
+        const float diff = float(kE2M1Doubled.v[code]) * d - x[j];
         if (diff * diff < best_error) best_error = diff * diff, best = code;
       }
       codes[j] = uint8_t(best);

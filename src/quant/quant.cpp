@@ -36,6 +36,7 @@ bool can_dequantize(DType type) {
     case DType::Q8_K:
     case DType::IQ4_NL:
     case DType::IQ4_XS:
+    case DType::MXFP4:
       return true;
     default:
       return decoded_only(type);
@@ -47,7 +48,6 @@ bool decoded_only(DType type) {
     case DType::Q4_1:
     case DType::TQ1_0:
     case DType::TQ2_0:
-    case DType::MXFP4:
       return true;
     default:
       return false;

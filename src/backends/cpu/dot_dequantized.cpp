@@ -1,5 +1,5 @@
 // Row dots for the formats tandem reads but has no kernels of their own for yet (Q4_1, TQ1_0,
-// TQ2_0, MXFP4): each weight block decoded by its reference decoder (src/quant)
+// TQ2_0): each weight block decoded by its reference decoder (src/quant)
 // into floats and multiplied with the F32 activations, in order, with one accumulator. Slow,
 // exact: activations are not quantized, so these formats run as faithfully as the file allows
 // until kernels that follow the project's activation-precision policy replace them (issue 16).
@@ -39,7 +39,6 @@ void fill_dequantized_kernels(KernelTable& table) {
   set(DType::Q4_1, dot_dequantized<DType::Q4_1>);
   set(DType::TQ1_0, dot_dequantized<DType::TQ1_0>);
   set(DType::TQ2_0, dot_dequantized<DType::TQ2_0>);
-  set(DType::MXFP4, dot_dequantized<DType::MXFP4>);
 }
 
 }  // namespace tandem::cpu

@@ -42,27 +42,19 @@ inline __m512i load_x(const Q16Row& x, int64_t b) {
 
 // ---- 32-element formats ----
 
-// Σ over blocks of scale_b * Σ lanes of dot(b), where scale_b = the block's f16 weight scale
-// (its first two bytes) times the activation scale. Scales are made 16 blocks at a time: one
-// gather of the f16 fields, one conversion, one multiply; the FMAs then read them broadcast from
-// memory. Two accumulators so consecutive blocks' FMAs do not wait on each other.
-template <class DotFn>
-inline float sum_blocks(const void* weights, int block_bytes, const Q16Row& x, int64_t n_blocks,
-                        DotFn dot) {
-  const auto* base = static_cast<const uint8_t*>(weights);
-  const __m512i offsets =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(block_bytes));
+// Σ over blocks of scale_b * Σ lanes of dot(b), where scale_b = the block's weight scale times
+// the activation scale. Scales are made 16 blocks at a time (weight_scales(g, mask): blocks g ..
+// g + 15), multiplied once; the FMAs then read them broadcast from memory. Two accumulators so
+// consecutive blocks' FMAs do not wait on each other.
+template <class ScaleFn, class DotFn>
+inline float sum_scaled_blocks(const Q16Row& x, int64_t n_blocks, ScaleFn weight_scales,
+                               DotFn dot) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   alignas(64) float scale[16];
   for (int64_t g = 0; g < n_blocks; g += 16) {
     const int n = int(std::min<int64_t>(16, n_blocks - g));
     const __mmask16 m = n == 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-    // 4 bytes per block from its start: the f16 scale and two bytes we drop.
-    const __m512i raw =
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, base + g * block_bytes, 1);
-    const __m512 weight_scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
-    _mm512_store_ps(scale, _mm512_mul_ps(weight_scale, _mm512_maskz_loadu_ps(m, x.d + g)));
+    _mm512_store_ps(scale, _mm512_mul_ps(weight_scales(g, m), _mm512_maskz_loadu_ps(m, x.d + g)));
     reload_from_memory(scale);
     int j = 0;
     for (; j + 2 <= n; j += 2) {
@@ -74,6 +66,27 @@ inline float sum_blocks(const void* weights, int block_bytes, const Q16Row& x, i
       acc0 = _mm512_fmadd_ps(_mm512_set1_ps(scale[j]), _mm512_cvtepi32_ps(dot(g + j)), acc0);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+// The first 4 bytes of blocks g .. g + 15 (fewer under the mask) of `block_bytes` each.
+inline __m512i gather_block_heads(const uint8_t* base, int block_bytes, int64_t g, __mmask16 m) {
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(block_bytes));
+  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, base + g * block_bytes, 1);
+}
+
+// The formats whose blocks start with an f16 scale: one gather, one conversion per 16 blocks.
+template <class DotFn>
+inline float sum_blocks(const void* weights, int block_bytes, const Q16Row& x, int64_t n_blocks,
+                        DotFn dot) {
+  const auto* base = static_cast<const uint8_t*>(weights);
+  return sum_scaled_blocks(
+      x, n_blocks,
+      [&](int64_t g, __mmask16 m) {
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather_block_heads(base, block_bytes, g, m)));
+      },
+      dot);
 }
 
 // The 32 nibbles of 16 bytes as int16 in element order (element j in the low nibble of byte j,
@@ -127,6 +140,29 @@ float dot_iq4_nl(const void* w, const void* a, int64_t cols) {
   const __m512i levels = iq4_level_table();
   return sum_blocks(w, sizeof(BlockIQ4_NL), x, cols / 32, [&](int64_t b) {
     if (b % 4 == 0) prefetch_ahead(wb + b, 4 * sizeof(BlockIQ4_NL));
+    const __m512i q = _mm512_permutexvar_epi16(unpack_nibbles_16(wb[b].qs), levels);
+    return _mm512_madd_epi16(q, load_x(x, b));
+  });
+}
+
+// MXFP4: as IQ4_NL with the doubled E2M1 values for levels, and for the scale the power of two
+// of the block's exponent byte e (mxfp4_scale: 2^(e - 128), the float's exponent field e - 1,
+// or a subnormal for e < 2).
+float dot_mxfp4(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockMXFP4*>(w);
+  const auto* base = static_cast<const uint8_t*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const __m512i levels = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(load128(kE2M1Doubled.v)));
+  auto powers_of_two = [&](int64_t g, __mmask16 m) {
+    const __m512i e = _mm512_and_si512(gather_block_heads(base, sizeof(BlockMXFP4), g, m),
+                                       _mm512_set1_epi32(0xFF));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+  };
+  return sum_scaled_blocks(x, cols / 32, powers_of_two, [&](int64_t b) {
+    if (b % 4 == 0) prefetch_ahead(wb + b, 4 * sizeof(BlockMXFP4));
     const __m512i q = _mm512_permutexvar_epi16(unpack_nibbles_16(wb[b].qs), levels);
     return _mm512_madd_epi16(q, load_x(x, b));
   });
@@ -335,6 +371,7 @@ void fill_avx512_q16_kernels(KernelTable& table) {
   set(DType::Q5_K, dot_q5_k);
   set(DType::Q6_K, dot_q6_k);
   set(DType::IQ4_NL, dot_iq4_nl);
+  set(DType::MXFP4, dot_mxfp4);
   set(DType::IQ4_XS, dot_iq4_xs);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }

@@ -273,6 +273,21 @@ float dot_iq4_xs(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
+// MXFP4: 4-bit codes into the doubled E2M1 values, laid out as Q4_0, one power of two a block.
+float dot_mxfp4(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockMXFP4*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int32_t dot = 0;
+    for (int i = 0; i < 16; ++i)
+      dot += kE2M1Doubled.v[wb[b].qs[i] & 15] * x.q[32 * b + i] +
+             kE2M1Doubled.v[wb[b].qs[i] >> 4] * x.q[32 * b + i + 16];
+    sum += mxfp4_scale(wb[b].e) * x.d[b] * float(dot);
+  }
+  return sum;
+}
+
 }  // namespace
 
 void fill_portable_q16_kernels(KernelTable& table) {
@@ -290,6 +305,7 @@ void fill_portable_q16_kernels(KernelTable& table) {
   set(DType::Q6_K, dot_q6_k);
   set(DType::IQ4_NL, dot_iq4_nl);
   set(DType::IQ4_XS, dot_iq4_xs);
+  set(DType::MXFP4, dot_mxfp4);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

@@ -188,13 +188,27 @@ inline void unpack_q6_k(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   }
 }
 
-// IQ4_NL and IQ4_XS: the levels themselves are the weights (|w| <= 127); the scale per 32 is d
-// (IQ4_NL) or d * (sub-block scale - 32) (IQ4_XS).
+// IQ4_NL, IQ4_XS and MXFP4: the levels themselves are the weights (|w| <= 127); the scale per
+// 32 is d (IQ4_NL), d * (sub-block scale - 32) (IQ4_XS) or the block's power of two (MXFP4).
+template <class T, int kBias>
+inline void unpack_levels_32(const uint8_t* qs, const int8_t* levels, T* w) {
+  for (int i = 0; i < 16; ++i) {
+    w[i] = T(levels[qs[i] & 15] + kBias);
+    w[i + 16] = T(levels[qs[i] >> 4] + kBias);
+  }
+}
+
 template <class T, int kBias>
 inline void unpack_iq4_32(const uint8_t* qs, T* w) {
-  for (int i = 0; i < 16; ++i) {
-    w[i] = T(kIq4NlValues[qs[i] & 15] + kBias);
-    w[i + 16] = T(kIq4NlValues[qs[i] >> 4] + kBias);
+  unpack_levels_32<T, kBias>(qs, kIq4NlValues, w);
+}
+
+template <class T, int kBias>
+inline void unpack_mxfp4(const void* row, int64_t cols, UnpackedRowOf<T> out) {
+  const auto* blocks = static_cast<const BlockMXFP4*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    unpack_levels_32<T, kBias>(blocks[b].qs, kE2M1Doubled.v, out.w + 32 * b);
+    out.scale[b] = mxfp4_scale(blocks[b].e);
   }
 }
 
@@ -222,8 +236,8 @@ inline void unpack_iq4_xs(const void* row, int64_t cols, UnpackedRowOf<T> out) {
 using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
 
 // The formats with a token-lanes path.
-constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0,   DType::Q5_0,  DType::Q4_K,
-                                   DType::Q5_K, DType::Q6_K,   DType::IQ4_NL, DType::IQ4_XS};
+constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0,   DType::Q5_0,   DType::Q4_K, DType::Q5_K,
+                                   DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4};
 
 struct RowUnpacker {
   UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path
@@ -248,6 +262,8 @@ inline RowUnpacker row_unpacker(DType type) {
       return {unpack_iq4_nl<int16_t, 0>, {32, false}};
     case DType::IQ4_XS:
       return {unpack_iq4_xs<int16_t, 0>, {32, false}};
+    case DType::MXFP4:
+      return {unpack_mxfp4<int16_t, 0>, {32, false}};
     default:
       return {};
   }

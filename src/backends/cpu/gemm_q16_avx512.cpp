@@ -164,8 +164,8 @@ UnpackRowFn avx512_unpacker(DType type) {
       return unpack_iq4_nl_avx512;
     case DType::IQ4_XS:
       return unpack_iq4_xs_avx512;
-    default:
-      return nullptr;
+    default:  // formats without an unpacker of their own here: the portable one
+      return row_unpacker(type).unpack;
   }
 }
 

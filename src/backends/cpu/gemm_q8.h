@@ -118,6 +118,8 @@ inline RowUnpacker8 row_unpacker8(DType type) {
       return {unpack_iq4_nl<uint8_t, 128>, {32, false, 7}};
     case DType::IQ4_XS:
       return {unpack_iq4_xs<uint8_t, 128>, {32, false, 7}};
+    case DType::MXFP4:
+      return {unpack_mxfp4<uint8_t, 128>, {32, false, 7}};
     default:
       return {};
   }

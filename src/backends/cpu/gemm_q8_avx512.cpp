@@ -157,8 +157,8 @@ UnpackRow8Fn avx512_unpacker8(DType type) {
       return unpack8_iq4_nl_avx512;
     case DType::IQ4_XS:
       return unpack8_iq4_xs_avx512;
-    default:
-      return nullptr;
+    default:  // formats without an unpacker of their own here: the portable one
+      return row_unpacker8(type).unpack;
   }
 }
 

@@ -41,10 +41,10 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_lanes_kernels(table);
     fill_avx512_lanes8_kernels(table);
   }
-  // The IQ4 formats have no 8-bit row dots: at Int8 their row dots are the 16-bit ones (their
-  // token lanes are 8-bit). An 8-bit row dot on ActBlockQ8 activations measured 1.1-1.3x slower
-  // than the 16-bit one (matmul_bench), so none is kept.
-  for (DType type : {DType::IQ4_NL, DType::IQ4_XS})
+  // The IQ4 formats and MXFP4 have no 8-bit row dots: at Int8 their row dots are the 16-bit
+  // ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8 activations measured
+  // 1.1-1.3x slower than the 16-bit one (matmul_bench), so none is kept.
+  for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4})
     table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
 }
@@ -426,6 +426,7 @@ bool matmul_supports(DType weight_type) {
     case DType::Q4_K_R16:
     case DType::IQ4_NL:
     case DType::IQ4_XS:
+    case DType::MXFP4:
       return true;
     default:
       return decoded_only(weight_type);  // through the reference decoders (dot_dequantized.cpp)
