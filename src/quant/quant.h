@@ -15,7 +15,7 @@ namespace tandem {
 // Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (and Q8_K, the activation format).
 bool can_dequantize(DType type);
 // The formats tandem multiplies through its reference decoders, having no kernels of their own
-// for them yet: Q4_1, TQ1_0, TQ2_0.
+// for them yet: TQ1_0, TQ2_0.
 bool decoded_only(DType type);
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 

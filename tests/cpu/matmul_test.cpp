@@ -57,22 +57,25 @@ struct FormatBound {
 };
 constexpr FormatBound kInt16ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 1e-5}, {DType::Q8_0, 5e-5},
-    {DType::Q4_0, 5e-5}, {DType::Q5_0, 5e-5}, {DType::Q5_1, 5e-5}, {DType::Q2_K, 3e-5},
+    {DType::Q4_0, 5e-5}, {DType::Q5_0, 5e-5}, {DType::Q5_1, 5e-5}, {DType::Q4_1, 5e-5},
+    {DType::Q2_K, 3e-5},
     {DType::Q3_K, 3e-5}, {DType::Q4_K, 3e-5}, {DType::Q5_K, 3e-5}, {DType::Q6_K, 3e-5},
     // The IQ4 levels and MXFP4's doubled E2M1 values are 8-bit signed weights with one scale per
     // 32: as Q4_0.
     {DType::IQ4_NL, 5e-5}, {DType::IQ4_XS, 5e-5}, {DType::MXFP4, 5e-5},
     // Decoded and multiplied with F32 activations at both precisions: as F32.
-    {DType::Q4_1, 1e-5}, {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5},
+    {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5},
 };
 constexpr FormatBound kInt8ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
-    {DType::Q4_0, 1e-2}, {DType::Q5_0, 1e-2}, {DType::Q5_1, 1e-2}, {DType::Q2_K, 8e-3},
+    // Q4_1: 16-bit row dots, 8-bit token lanes (as IQ4 below).
+    {DType::Q4_0, 1e-2}, {DType::Q5_0, 1e-2}, {DType::Q5_1, 1e-2}, {DType::Q4_1, 1e-2},
+    {DType::Q2_K, 8e-3},
     {DType::Q3_K, 8e-3}, {DType::Q4_K, 8e-3}, {DType::Q5_K, 8e-3}, {DType::Q6_K, 8e-3},
     // IQ4 and MXFP4: the 16-bit row dots (no 8-bit ones), but from kLanes8MinTokens tokens on
     // the 8-bit token lanes (gemm_q8.h, one scale per 32): as Q4_0.
     {DType::IQ4_NL, 1e-2}, {DType::IQ4_XS, 1e-2}, {DType::MXFP4, 1e-2},
-    {DType::Q4_1, 1e-5}, {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5},
+    {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5},
 };
 
 constexpr ActPrecision kPrecisions[] = {ActPrecision::Int16, ActPrecision::Int8};

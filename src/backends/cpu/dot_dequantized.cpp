@@ -1,4 +1,4 @@
-// Row dots for the formats tandem reads but has no kernels of their own for yet (Q4_1, TQ1_0,
+// Row dots for the formats tandem reads but has no kernels of their own for yet (TQ1_0,
 // TQ2_0): each weight block decoded by its reference decoder (src/quant)
 // into floats and multiplied with the F32 activations, in order, with one accumulator. Slow,
 // exact: activations are not quantized, so these formats run as faithfully as the file allows
@@ -36,7 +36,6 @@ void fill_dequantized_kernels(KernelTable& table) {
     for (int precision = 0; precision < kActPrecisions; ++precision)
       table.formats[size_t(precision)][size_t(type)] = {ActKind::F32, dot};
   };
-  set(DType::Q4_1, dot_dequantized<DType::Q4_1>);
   set(DType::TQ1_0, dot_dequantized<DType::TQ1_0>);
   set(DType::TQ2_0, dot_dequantized<DType::TQ2_0>);
 }

@@ -75,6 +75,21 @@ float dot_q4_0(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
+// Q4_1: d · q + m, q the nibble; the m part from the activations' sums.
+float dot_q4_1(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockQ4_1*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const int16_t* q = x.q + 32 * b;
+    int32_t dot = 0;
+    for (int i = 0; i < 16; ++i) dot += (wb[b].qs[i] & 15) * q[i] + (wb[b].qs[i] >> 4) * q[i + 16];
+    sum += f16_to_f32(wb[b].d) * x.d[b] * float(dot) +
+           f16_to_f32(wb[b].m) * (x.sum16[2 * b] + x.sum16[2 * b + 1]);
+  }
+  return sum;
+}
+
 // Σ (q - offset) x over a Q5_0 / Q5_1 block (q in 0..31).
 inline int32_t dot_5bit(const uint8_t* qs, const uint8_t* qh_bytes, const int16_t* x, int offset) {
   uint32_t qh;
@@ -297,6 +312,7 @@ void fill_portable_q16_kernels(KernelTable& table) {
   set(DType::Q8_0, dot_q8_0);
   set(DType::Q4_0, dot_q4_0);
   set(DType::Q5_0, dot_q5_0);
+  set(DType::Q4_1, dot_q4_1);
   set(DType::Q5_1, dot_q5_1);
   set(DType::Q2_K, dot_q2_k);
   set(DType::Q3_K, dot_q3_k);

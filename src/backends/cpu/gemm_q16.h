@@ -131,6 +131,21 @@ inline void unpack_q5_0(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   }
 }
 
+// Q4_1: value = d * q + m: the quants as they are, m as a min of -m (applied in float).
+template <class T>
+inline void unpack_q4_1(const void* row, int64_t cols, UnpackedRowOf<T> out) {
+  const auto* blocks = static_cast<const BlockQ4_1*>(row);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    T* w = out.w + 32 * b;
+    for (int i = 0; i < 16; ++i) {
+      w[i] = T(blocks[b].qs[i] & 15);
+      w[i + 16] = T(blocks[b].qs[i] >> 4);
+    }
+    out.scale[b] = f16_value(blocks[b].d);
+    out.min[b] = -f16_value(blocks[b].m);
+  }
+}
+
 // Q4_K and Q5_K: sub-block j of 32 is group j; value = d * scale_j * q - dmin * min_j. The
 // scales and mins of super-block b, for every level's unpacking.
 template <class Block>
@@ -236,8 +251,9 @@ inline void unpack_iq4_xs(const void* row, int64_t cols, UnpackedRowOf<T> out) {
 using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
 
 // The formats with a token-lanes path.
-constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0,   DType::Q5_0,   DType::Q4_K, DType::Q5_K,
-                                   DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4};
+constexpr DType kLanesFormats[] = {DType::Q8_0,   DType::Q4_0,   DType::Q5_0,  DType::Q4_1,
+                                   DType::Q4_K,   DType::Q5_K,   DType::Q6_K,  DType::IQ4_NL,
+                                   DType::IQ4_XS, DType::MXFP4};
 
 struct RowUnpacker {
   UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path
@@ -252,6 +268,8 @@ inline RowUnpacker row_unpacker(DType type) {
       return {unpack_q4_0<int16_t, -8>, {32, false}};
     case DType::Q5_0:
       return {unpack_q5_0<int16_t, -16>, {32, false}};
+    case DType::Q4_1:
+      return {unpack_q4_1<int16_t>, {32, true}};
     case DType::Q4_K:
       return {unpack_q4_q5_k<int16_t, false, BlockQ4_K>, {32, true}};
     case DType::Q5_K:

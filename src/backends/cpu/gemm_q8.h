@@ -108,6 +108,8 @@ inline RowUnpacker8 row_unpacker8(DType type) {
       return {unpack_q4_0<uint8_t, 0>, {32, false, 3}};
     case DType::Q5_0:
       return {unpack_q5_0<uint8_t, 0>, {32, false, 4}};
+    case DType::Q4_1:
+      return {unpack_q4_1<uint8_t>, {32, true, 0}};
     case DType::Q4_K:
       return {unpack_q4_q5_k<uint8_t, false, BlockQ4_K>, {32, true, 0}};
     case DType::Q5_K:

@@ -41,10 +41,10 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_lanes_kernels(table);
     fill_avx512_lanes8_kernels(table);
   }
-  // The IQ4 formats and MXFP4 have no 8-bit row dots: at Int8 their row dots are the 16-bit
-  // ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8 activations measured
-  // 1.1-1.3x slower than the 16-bit one (matmul_bench), so none is kept.
-  for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4})
+  // The IQ4 formats, MXFP4 and Q4_1 have no 8-bit row dots: at Int8 their row dots are the
+  // 16-bit ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8 activations
+  // measured 1.1-1.3x slower than the 16-bit one (matmul_bench), so none is kept.
+  for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q4_1})
     table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
 }
@@ -427,6 +427,7 @@ bool matmul_supports(DType weight_type) {
     case DType::IQ4_NL:
     case DType::IQ4_XS:
     case DType::MXFP4:
+    case DType::Q4_1:
       return true;
     default:
       return decoded_only(weight_type);  // through the reference decoders (dot_dequantized.cpp)
