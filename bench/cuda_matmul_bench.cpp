@@ -48,10 +48,10 @@ const Shape kShapes[] = {
     {"output head (Q6_K)", DType::Q6_K, 102400, 2048, 1},
 };
 
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    const cudaError_t e = (call);                                                    \
-    if (e != cudaSuccess) fail("{} failed: {}", #call, cudaGetErrorString(e));        \
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    const cudaError_t e = (call);                                              \
+    if (e != cudaSuccess) fail("{} failed: {}", #call, cudaGetErrorString(e)); \
   } while (0)
 
 double best_us(cudaStream_t stream, int repeats, const std::function<void()>& launch) {
@@ -81,14 +81,15 @@ int run(int n_tokens) {
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
-  // A buffer past the L2 so that each launch reads its weights from memory: the shapes rotate
-  // through copies of their matrices.
-  fmt::print("{:<24} {:>6} {:>10} {:>10} {:>10} {:>10}  (us a launch, GB/s of weights; {} token{})\n",
-             "shape", "type", "MB", "1 row/warp", "2 rows", "4 rows", n_tokens, n_tokens == 1 ? "" : "s");
+  fmt::print(
+      "{:<24} {:>6} {:>10} {:>10} {:>10} {:>10}  (us a launch, GB/s of weights; {} token{})\n",
+      "shape", "type", "MB", "1 row/warp", "2 rows", "4 rows", n_tokens, n_tokens == 1 ? "" : "s");
   for (const Shape& shape : kShapes) {
     const uint64_t row = row_bytes(shape.type, uint64_t(shape.cols));
     const uint64_t matrix = row * uint64_t(shape.rows);
     const uint64_t bytes = matrix * uint64_t(shape.n_mats);
+    // A buffer past the L2 so that each launch reads its weights from memory: the shapes rotate
+    // through copies of their matrices.
     const int copies = int(std::max<uint64_t>(1, (uint64_t(256) << 20) / bytes));
     std::vector<uint8_t> host(matrix);
     std::vector<float> values(size_t(shape.cols));
@@ -103,27 +104,30 @@ int run(int n_tokens) {
     for (float& v : x) v = normal(rng);
     auto input = gpu.allocate(x.size() * sizeof(float), "bench input");
     gpu.copy_from_host(input->data(), x.data(), x.size() * sizeof(float));
-    auto output = gpu.allocate(size_t(shape.rows * shape.n_mats * n_tokens) * sizeof(float), "bench output");
-    std::string line = fmt::format("{:<24} {:>6} {:>10.2f}", shape.what, dtype_name(shape.type), double(bytes) / 1e6);
+    auto output =
+        gpu.allocate(size_t(shape.rows * shape.n_mats * n_tokens) * sizeof(float), "bench output");
+    std::string line = fmt::format("{:<24} {:>6} {:>10.2f}", shape.what, dtype_name(shape.type),
+                                   double(bytes) / 1e6);
     for (int r : {1, 2, 4}) {
       int next = 0;
       const double us = best_us(stream, 50, [&] {
-        cuda::matmul_rows({.type = shape.type,
-                           .weights = static_cast<uint8_t*>(weights->data()) + uint64_t(next) * bytes,
-                           .rows = shape.rows,
-                           .cols = shape.cols,
-                           .row_bytes = row,
-                           .mat_bytes = matrix,
-                           .input = input->floats(),
-                           .input_stride = shape.cols * shape.n_mats,
-                           .input_mat_stride = shape.cols,
-                           .output = output->floats(),
-                           .output_stride = shape.rows * shape.n_mats,
-                           .output_mat_stride = shape.rows,
-                           .n_tokens = n_tokens,
-                           .n_mats = shape.n_mats,
-                           .rows_per_warp = r},
-                          stream);
+        cuda::matmul_rows(
+            {.type = shape.type,
+             .weights = static_cast<uint8_t*>(weights->data()) + uint64_t(next) * bytes,
+             .rows = shape.rows,
+             .cols = shape.cols,
+             .row_bytes = row,
+             .mat_bytes = matrix,
+             .input = input->floats(),
+             .input_stride = shape.cols * shape.n_mats,
+             .input_mat_stride = shape.cols,
+             .output = output->floats(),
+             .output_stride = shape.rows * shape.n_mats,
+             .output_mat_stride = shape.rows,
+             .n_tokens = n_tokens,
+             .n_mats = shape.n_mats,
+             .rows_per_warp = r},
+            stream);
         next = (next + 1) % copies;
       });
       line += fmt::format(" {:>5.1f} {:>4.0f}", us, double(bytes) / us * 1e-3);

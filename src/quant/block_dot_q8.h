@@ -183,7 +183,8 @@ struct BlockDotQ8<DType::Q6_K> {
     const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ6_K, d)));
     TANDEM_UNROLL
     for (int s = 0; s < 2; ++s)
-      out.scale[s] = hd::mul_rn(d, float(int8_t(block[offsetof(BlockQ6_K, scales) + 2 * chunk + s])));
+      out.scale[s] =
+          hd::mul_rn(d, float(int8_t(block[offsetof(BlockQ6_K, scales) + 2 * chunk + s])));
     uint32_t low[8], high[8];
     load_words<false>(block + offsetof(BlockQ6_K, ql) + 64 * h + 32 * (k & 1), low);
     load_words<false>(block + offsetof(BlockQ6_K, qh) + 32 * h, high);

@@ -170,7 +170,8 @@ __device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads,
 #pragma unroll
         for (int offset = 16; offset > 0; offset /= 2)
           score[g] += __shfl_xor_sync(0xffffffffu, score[g], offset);
-        if (lane == g) sm.p[g * kKeyTile + warp] = g < n_heads && real ? score[g] * a.scale : -INFINITY;
+        if (lane == g)
+          sm.p[g * kKeyTile + warp] = g < n_heads && real ? score[g] * a.scale : -INFINITY;
       }
     }
     __syncthreads();

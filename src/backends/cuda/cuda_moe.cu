@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(kRouteWarps* kWarp) route_kernel(MoeRouteOp op
     float best_score = 0.0f;
     int32_t best = -1;
     for (int64_t e = lane; e < E; e += kWarp)
-      if (may_pick(selection, picked, k, e)) keep_better(best_score, best, selection[e], int32_t(e));
+      if (may_pick(selection, picked, k, e))
+        keep_better(best_score, best, selection[e], int32_t(e));
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       const float other_score = __shfl_xor_sync(0xffffffffu, best_score, offset);
       const int32_t other = __shfl_xor_sync(0xffffffffu, best, offset);

@@ -131,11 +131,8 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
 // Rows per warp where the launch does not say: two where the activations are staged (they serve
 // both), else one. More rows a warp put more loads in flight and read the staged activations
 // fewer times; fewer make more warps. A row's sum is the same whichever a warp takes.
-constexpr int default_rows_per_warp_of(int n_tokens) {
+constexpr int default_rows_per_warp(int n_tokens) {
   return n_tokens <= 2 ? 2 : 1;
-}
-int default_rows_per_warp(int n_tokens) {
-  return default_rows_per_warp_of(n_tokens);
 }
 
 // ---- rows: plain matmul, batched over matrices ----
@@ -193,7 +190,7 @@ void launch_rows(const MatmulLaunch& m, int64_t token0, cudaStream_t stream) {
     return launch_rows_by<Dec, NT, 1>(m, token0, aligned, stream);
   } else {
     (void)r;
-    launch_rows_by<Dec, NT, default_rows_per_warp_of(NT)>(m, token0, aligned, stream);
+    launch_rows_by<Dec, NT, default_rows_per_warp(NT)>(m, token0, aligned, stream);
   }
 }
 
