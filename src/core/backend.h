@@ -190,6 +190,23 @@ struct MoeReduceOp {
   float* output;                // [n_tokens, dim]
 };
 
+// Which of a layer's experts this device computes in this step, when some experts have copies
+// on several devices: step_local_index[e] = local_index[e] where core/replica_choice.h's rule
+// gives expert e to `shard`, else -1; the moe op then takes it as its local_index. Every device of
+// the layer runs it on the same routing, so each chosen expert is computed exactly once.
+struct ReplicaPickOp {
+  const int32_t* expert_ids;   // [n_slots] the step's routing
+  int64_t n_slots;
+  const int32_t* holders;      // [n_expert][max_holders] shard numbers, the home first, -1 pads
+  int32_t max_holders;         // 1 .. kMaxReplicaShards
+  int64_t n_expert;
+  int32_t shard;               // this device's shard number
+  int32_t busy_shard;          // the layer's device: it starts at busy_load (shared experts)
+  int32_t busy_load;
+  const int32_t* local_index;  // [n_expert] this device's matrix of each expert, -1 if not held
+  int32_t* step_local_index;   // [n_expert] out
+};
+
 // A point in a backend's stream of submitted ops.
 class Event {
  public:
@@ -278,6 +295,7 @@ class Backend {
   virtual void moe_route(const MoeRouteOp& op) = 0;
   virtual void moe(const MoeOp& op) = 0;
   virtual void moe_reduce(const MoeReduceOp& op) = 0;
+  virtual void pick_replicas(const ReplicaPickOp& op) = 0;
   // y += x over n floats.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   // y += parts[0], then += parts[1], ... over n floats: the rounding of one add() per part in

@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "core/error.h"
+#include "core/replica_choice.h"
 #include "gguf/gguf_file.h"
 #include "model/deepseek2_internal.h"
 #include "quant/quant.h"
@@ -91,16 +92,27 @@ void Deepseek2Model::bind_experts(Layer& l, uint32_t il) {
   const int64_t embd = hp_.n_embd, ff = hp_.n_ff_expert, n_exp = hp_.n_expert;
   const std::vector<Backend*>& where = devices_.experts[il];
   TANDEM_CHECK(int64_t(where.size()) == n_exp);
-  std::vector<Backend*> devices;  // in order of first appearance
+  static const std::vector<std::vector<Backend*>> no_copies;
+  const std::vector<std::vector<Backend*>>& copies =
+      il < devices_.expert_copies.size() ? devices_.expert_copies[il] : no_copies;
+  TANDEM_CHECK(copies.empty() || int64_t(copies.size()) == n_exp);
+  auto holds = [&](Backend* d, int32_t e) {
+    return where[size_t(e)] == d ||
+           (!copies.empty() && std::ranges::find(copies[size_t(e)], d) != copies[size_t(e)].end());
+  };
+  std::vector<Backend*> devices;  // in order of first appearance: homes, then copies
   for (Backend* d : where)
     if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  for (const std::vector<Backend*>& of : copies)
+    for (Backend* d : of)
+      if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
   for (Backend* d : devices) {
     ExpertShard shard;
     shard.device = d;
     shard.local_index.assign(size_t(n_exp), -1);
     std::vector<int32_t> held;
     for (int32_t e = 0; e < n_exp; ++e)
-      if (where[size_t(e)] == d) {
+      if (holds(d, e)) {
         shard.local_index[size_t(e)] = int32_t(held.size());
         held.push_back(e);
       }
@@ -116,9 +128,58 @@ void Deepseek2Model::bind_experts(Layer& l, uint32_t il) {
     }
     l.shards.push_back(std::move(shard));
   }
+  if (std::ranges::any_of(copies, [](const auto& of) { return !of.empty(); }))
+    bind_expert_copies(l, il, copies);
   l.expert_stacks = {&binder_.info(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}),
                      &binder_.info(blk + "ffn_up_exps.weight", {embd, ff, n_exp}),
                      &binder_.info(blk + "ffn_down_exps.weight", {ff, embd, n_exp})};
+}
+
+// The holders table of a layer whose experts have copies, on every device that holds some.
+void Deepseek2Model::bind_expert_copies(Layer& l, uint32_t il,
+                                        const std::vector<std::vector<Backend*>>& copies) {
+  const int64_t n_exp = hp_.n_expert;
+  const std::vector<Backend*>& where = devices_.experts[il];
+  auto shard_of = [&](const Backend* d) {
+    for (size_t i = 0; i < l.shards.size(); ++i)
+      if (l.shards[i].device == d) return int32_t(i);
+    return int32_t(-1);
+  };
+  auto kind = [](const Backend* d) { return d->name().substr(0, d->name().find(':')); };
+  if (l.shards.size() > size_t(kMaxReplicaShards))
+    fail("layer {}: its experts are spread over {} devices; copies of experts work over at most {}",
+         il, l.shards.size(), kMaxReplicaShards);
+  for (const std::vector<Backend*>& of : copies)
+    l.max_holders = std::max(l.max_holders, int32_t(1 + of.size()));
+  // Per expert its holders' shard numbers, the home first, -1 padding.
+  std::vector<int32_t> holders(size_t(n_exp * l.max_holders), -1);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    int32_t* h = &holders[size_t(e * l.max_holders)];
+    h[0] = shard_of(where[size_t(e)]);
+    for (size_t i = 0; i < copies[size_t(e)].size(); ++i) {
+      const Backend* d = copies[size_t(e)][i];
+      if (d->uses_host_memory() || kind(d) != kind(where[size_t(e)]))
+        fail("layer {} expert {}: a copy on {} beside its home on {}; copies of experts go only to "
+             "devices of the home's kind with memory of their own (the same kernels give the "
+             "same bits)",
+             il, e, d->name(), where[size_t(e)]->name());
+      h[i + 1] = shard_of(d);
+    }
+  }
+  const size_t table_bytes = holders.size() * sizeof(int32_t);
+  for (ExpertShard& shard : l.shards) {
+    Backend& d = *shard.device;
+    if (d.uses_host_memory()) continue;  // the host's experts have no copies: its index is fixed
+    const std::string what = fmt::format("blk.{}.expert holders", il);
+    shard.holders_buffer = d.allocate(table_bytes, what);
+    d.copy_from_host(shard.holders_buffer->data(), holders.data(), table_bytes);
+    shard.step_index_buffer = d.allocate(size_t(n_exp) * sizeof(int32_t), what);
+    std::vector<int32_t> home(size_t(n_exp), -1);
+    for (int64_t e = 0; e < n_exp; ++e)
+      if (where[size_t(e)] == &d) home[size_t(e)] = shard.local_index[size_t(e)];
+    shard.home_index_buffer = d.allocate(size_t(n_exp) * sizeof(int32_t), what);
+    d.copy_from_host(shard.home_index_buffer->data(), home.data(), size_t(n_exp) * sizeof(int32_t));
+  }
 }
 
 bool Deepseek2Model::read_on_demand(const WeightBinder::Bound& bound) const {
@@ -517,9 +578,31 @@ void Deepseek2Model::routed_experts(const Layer& l, const float* h, int64_t T,
   const bool own_shard = std::any_of(l.shards.begin(), l.shards.end(),
                                      [&](const ExpertShard& shard) { return shard.device == &be; });
   if (own_shard && l.shards.size() > 1) be.zero(slots, slot_floats);
+  // With copies of experts, each device first works out which of its experts it computes this
+  // step (all of them reach the same answer from the same routing). A step with as many slots as
+  // the layer has experts (a prompt chunk) chooses nearly all of them: each is read at home.
+  const bool use_copies = T * k < hp_.n_expert;
+  int32_t busy_shard = -1;  // the layer's device, which also runs the shared experts
+  for (size_t i = 0; i < l.shards.size(); ++i)
+    if (l.shards[i].device == &be) busy_shard = int32_t(i);
   auto op_for = [&](const ExpertShard& shard, const float* input, const int32_t* shard_ids, float* shard_slots) {
+    const int32_t* local_index = shard.device_local_index;
+    if (shard.home_index_buffer && !use_copies) {
+      local_index = static_cast<const int32_t*>(shard.home_index_buffer->data());
+    } else if (shard.step_index_buffer) {
+      auto* step_index = static_cast<int32_t*>(shard.step_index_buffer->data());
+      const auto* holders = static_cast<const int32_t*>(shard.holders_buffer->data());
+      shard.device->pick_replicas({.expert_ids = shard_ids, .n_slots = T * k, .holders = holders,
+                                   .max_holders = l.max_holders, .n_expert = hp_.n_expert,
+                                   .shard = int32_t(&shard - l.shards.data()),
+                                   .busy_shard = busy_shard,
+                                   .busy_load = int32_t(hp_.n_expert_shared),
+                                   .local_index = shard.device_local_index,
+                                   .step_local_index = step_index});
+      local_index = step_index;
+    }
     return MoeOp{.input = input, .gate = shard.gate, .up = shard.up, .down = shard.down,
-                 .expert_ids = shard_ids, .local_index = shard.device_local_index,
+                 .expert_ids = shard_ids, .local_index = local_index,
                  .n_expert = hp_.n_expert, .n_tokens = T, .top_k = k, .dim = embd,
                  .ffn_dims = hp_.n_ff_expert, .slots = shard_slots, .kernels = kernels,
                  .activations = ffn_activations_};

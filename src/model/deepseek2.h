@@ -105,6 +105,8 @@ class Deepseek2Model {
   void bind_attention(Layer& layer, uint32_t il, Backend& on);
   void bind_head_shards(Layer& layer, uint32_t il);
   void bind_experts(Layer& layer, uint32_t il);
+  void bind_expert_copies(Layer& layer, uint32_t il,
+                          const std::vector<std::vector<Backend*>>& copies);
   void bind_routing_counts();
   // True for tensors whose bytes are needed only in part: routed expert stacks used in place,
   // and the embedding table when the LM head does not share it.

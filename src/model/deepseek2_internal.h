@@ -30,6 +30,9 @@ struct Deepseek2Model::Layer {
   WeightView router;                            // [n_expert, n_embd] F32 logits
   const float* expert_bias = nullptr;           // [n_expert] selection-only bias (V3), or null
   std::vector<ExpertShard> shards;              // the routed experts, by device
+  // With copies of experts (DevicePlan::expert_copies): the most devices holding one expert (the
+  // width of each shard's holders table); 1 without copies.
+  int32_t max_holders = 1;
   WeightView gate_shexp, up_shexp, down_shexp;  // shared experts, width n_ff_expert * n_shared
   // The file's tensors of the routed experts (gate, up, down stacks of all experts).
   std::array<const gguf::TensorInfo*, 3> expert_stacks{};
@@ -49,6 +52,10 @@ struct Deepseek2Model::ExpertShard {
   std::vector<int32_t> local_index;  // [n_expert]: matrix in the stacks, -1 if elsewhere (host)
   const int32_t* device_local_index = nullptr;  // the same in the device's memory
   std::shared_ptr<DeviceBuffer> local_index_buffer;
+  // With copies: the layer's holders table in the device's memory, the step's local index (which
+  // of its experts this device computes this step: ReplicaPickOp) that its moe op reads, and the
+  // local index of its home experts only (prompt chunks, which do not use the copies).
+  std::shared_ptr<DeviceBuffer> holders_buffer, step_index_buffer, home_index_buffer;
 };
 
 // Some heads of a layer's attention on one device: its rows of q_b (or q), its heads' k_b and

@@ -22,6 +22,11 @@ struct DevicePlan {
   std::vector<Backend*> layers;
   // Per MoE layer, per routed expert: where its three matrices live (empty for dense layers).
   std::vector<std::vector<Backend*>> experts;
+  // Per MoE layer, per routed expert: the devices that hold a copy of it besides experts[l][e]
+  // (empty when no expert has copies). Each step every device of the layer gives each chosen
+  // expert to the same one of its holders (core/replica_choice.h), so it is computed once. Copies
+  // go only to devices of one kind with memory of their own: the same kernels, the same bits.
+  std::vector<std::vector<std::vector<Backend*>>> expert_copies;
   // Per layer: empty when the layer's device computes every head; else the shares in head
   // order, the first on `layers[il]` (which also computes q_a, kv_a and the router and keeps the
   // KV cache). Each share's device computes its heads' queries, attention (from its own copy of

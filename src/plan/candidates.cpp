@@ -97,17 +97,20 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
                        .gpus = use,
                        .name = fmt::format("layer split over {} GPU{}", k, k == 1 ? "" : "s")});
     }
-    for (bool heads : {false, true})
-      for (size_t k = std::max<size_t>(fewest(1.0), 2); k <= by_speed.size(); ++k) {
-        std::vector<int32_t> use(by_speed.begin(), by_speed.begin() + ptrdiff_t(k));
-        std::sort(use.begin(), use.end());
-        specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
-                         .gpus = use,
-                         .spread = true,
-                         .split_heads = heads,
-                         .name = fmt::format("expert parallel{} over {} GPUs",
-                                             heads ? " + heads split" : "", k)});
-      }
+    for (bool copies : {false, true})
+      for (bool heads : {false, true})
+        for (size_t k = std::max<size_t>(fewest(1.0), 2); k <= by_speed.size(); ++k) {
+          std::vector<int32_t> use(by_speed.begin(), by_speed.begin() + ptrdiff_t(k));
+          std::sort(use.begin(), use.end());
+          specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
+                           .gpus = use,
+                           .spread = true,
+                           .split_heads = heads,
+                           .copy_experts = copies,
+                           .name = fmt::format("expert parallel{}{} over {} GPUs",
+                                               heads ? " + heads split" : "",
+                                               copies ? " + hot experts copied" : "", k)});
+        }
     return specs;
   }
   // Hybrid: which experts stay on the GPUs. All of some layers (those layers never wait for the
@@ -137,6 +140,80 @@ void Planner::build(CandidateSpec& spec) {
   place_hot_path_over(spec.gpus, spec.spread);
   if (spec.split_heads) split_heads(spec.gpus);
   place_experts_spread(spec);
+  if (spec.copy_experts) copy_hot_experts(spec.gpus);
+}
+
+// Copies of routed experts on a second GPU of `gpus`, with the VRAM the plan leaves: a step
+// gives each chosen expert to the less busy of its holders (core/replica_choice.h), so the GPU
+// that drew the most experts of a layer waits less (the layer waits for its slowest device).
+// The hottest experts first (by the routing profile; without one all are alike), round by round
+// over the layers so that each layer gets as many copies as the others; within a layer in turn
+// from each home GPU, and each copy onto the GPU that holds the fewest of that layer's experts.
+// The cost model weighs the copies' gain against the plan without them (another candidate).
+void Planner::copy_hot_experts(const std::vector<int32_t>& gpus) {
+  if (gpus.size() < 2) return;
+  struct Copy {
+    double choice;
+    size_t rank;  // place in its layer's turn order
+    uint32_t layer;
+    size_t group;
+  };
+  std::vector<Copy> order;
+  for (uint32_t l = 0; l < inv_.n_layers; ++l) {
+    std::vector<std::vector<size_t>> by_home(gpus.size());
+    for (size_t g : layer_experts_[l])
+      for (size_t j = 0; j < gpus.size(); ++j)
+        if (p_.group_device[g] == gpus[j]) by_home[j].push_back(g);
+    for (auto& home : by_home)
+      std::stable_sort(home.begin(), home.end(),
+                       [&](size_t a, size_t b) { return choice(a) > choice(b); });
+    size_t rank = 0;
+    for (size_t turn = 0;; ++turn) {
+      bool any = false;
+      for (const auto& home : by_home) {
+        if (turn >= home.size()) continue;
+        order.push_back({choice(home[turn]), rank++, l, home[turn]});
+        any = true;
+      }
+      if (!any) break;
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Copy& a, const Copy& b) {
+    return a.choice != b.choice ? a.choice > b.choice
+                                : (a.rank != b.rank ? a.rank < b.rank : a.layer < b.layer);
+  });
+  // Experts of each layer on each GPU, homes and copies: where the next copy goes.
+  std::vector<std::vector<size_t>> count(inv_.n_layers, std::vector<size_t>(gpus.size(), 0));
+  for (uint32_t l = 0; l < inv_.n_layers; ++l)
+    for (size_t g : layer_experts_[l])
+      for (size_t j = 0; j < gpus.size(); ++j) count[l][j] += p_.group_device[g] == gpus[j];
+  size_t copied = 0;
+  uint64_t copied_bytes = 0;
+  for (const Copy& c : order) {
+    const uint64_t need = bytes(c.group);
+    const int32_t home = p_.group_device[c.group];
+    int64_t best = -1;
+    for (size_t j = 0; j < gpus.size(); ++j)  // a GPU of the home's kind: the same kernels
+      if (gpus[j] != home && room(gpus[j]) >= need &&
+          p_.devices[size_t(gpus[j])].spec.kind == p_.devices[size_t(home)].spec.kind &&
+          (best < 0 || count[c.layer][j] < count[c.layer][size_t(best)]))
+        best = int64_t(j);
+    if (best < 0) continue;
+    if (p_.group_copies.empty()) p_.group_copies.resize(inv_.groups.size());
+    p_.group_copies[c.group].push_back(gpus[size_t(best)]);
+    p_.devices[size_t(gpus[size_t(best)])].weight_bytes += need;
+    ++count[c.layer][size_t(best)];
+    ++copied, copied_bytes += need;
+  }
+  if (copied)
+    p_.reasons.push_back(fmt::format(
+        "{} of the {} routed experts on GPUs have a copy on a second GPU ({}, the VRAM the plan "
+        "leaves; {}): each step gives each chosen expert to the less busy of its holders, so "
+        "the GPU that drew the most of a layer's experts waits less",
+        copied, order.size(), format_bytes(copied_bytes),
+        have_profile() ? "the most used first, by the routing profile"
+                       : "without a routing profile every expert is as likely, so as many a "
+                         "layer"));
 }
 
 // Head-split attention (tensor-parallel MLA) over `gpus`: each layer a GPU of them owns divides

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 
 #include "core/error.h"
+#include "core/replica_choice.h"
 
 namespace tandem::plan {
 
@@ -192,6 +194,35 @@ class StepModel {
     for (int32_t d : placement.layer_device) used_[size_t(compute_device(d))] = true;
     for (uint32_t l = 0; l < inv.n_layers; ++l)
       choice_.push_back(expert_choice_probabilities(inv, profile, l));
+    // Layers with copies of experts: who holds each expert (devices as shard numbers).
+    holders_.resize(inv.n_layers);
+    for (size_t i = 0; i < placement.group_copies.size() && i < inv.groups.size(); ++i) {
+      const InventoryGroup& g = inv.groups[i];
+      const std::vector<int32_t>& copies = placement.group_copies[i];
+      if (copies.empty() || g.kind != WeightGroup::RoutedExperts || g.layer < 0 ||
+          placement.devices.size() > size_t(kMaxReplicaShards))
+        continue;
+      LayerHolders& h = holders_[size_t(g.layer)];
+      if (h.max_holders == 0) h.max_holders = 1 + int32_t(copies.size());
+      h.max_holders = std::max(h.max_holders, 1 + int32_t(copies.size()));
+      for (int32_t d : copies) used_[size_t(d)] = true;
+    }
+    for (uint32_t l = 0; l < inv.n_layers; ++l) {
+      LayerHolders& h = holders_[l];
+      if (h.max_holders == 0) continue;
+      h.table.assign(size_t(inv.hparams.n_expert) * size_t(h.max_holders), -1);
+      for (size_t i : layers_[l]) {
+        const InventoryGroup& g = inv.groups[i];
+        if (g.kind != WeightGroup::RoutedExperts || g.expert < 0 ||
+            uint32_t(g.expert) >= inv.hparams.n_expert)
+          continue;
+        int32_t* row = &h.table[size_t(g.expert) * size_t(h.max_holders)];
+        row[0] = compute_device(placement.group_device[i]);
+        if (i < placement.group_copies.size())
+          for (size_t c = 0; c < placement.group_copies[i].size(); ++c)
+            row[c + 1] = placement.group_copies[i][c];
+      }
+    }
   }
 
   // Seconds for one step, split by where the critical path spends them.
@@ -236,6 +267,11 @@ class StepModel {
           const double p = g.expert >= 0 && size_t(g.expert) < choice_[l].size()
                                ? choice_[l][size_t(g.expert)]
                                : 0;
+          if (uses_copies(l, s.batch) && gi < placement_.group_copies.size())
+            for (int32_t c : placement_.group_copies[gi]) {  // a device that may compute it
+              ffn[size_t(c)].ops = params_.ffn_ops;
+              ffn[size_t(c)].expert_bytes = kernel_bytes(g, c);
+            }
           const double touched = 1.0 - std::pow(1.0 - p, double(s.batch));
           Part& part = ffn[size_t(dev)];
           if (where == kOnDisk) {
@@ -272,7 +308,7 @@ class StepModel {
         add_to(t, owner, seconds(owner, attn));
         add(t, heads_seconds(owner, *heads, head_part, head_weights, s.batch));
       }
-      add(t, ffn_seconds(owner, ffn, expert_in_bytes, expert_out_bytes));
+      add(t, ffn_seconds(l, s.batch, owner, ffn, expert_in_bytes, expert_out_bytes));
     }
     if (output_ >= 0) {
       const InventoryGroup& g = inv_.groups[size_t(output_)];
@@ -307,7 +343,21 @@ class StepModel {
     // Routed experts in memory that the step may choose: how many, how many it touches on
     // average, and the bytes those read on average. Which ones it touches is random.
     double experts = 0, touched = 0, touched_bytes = 0;
+    double expert_bytes = 0;  // one expert's bytes, for a device that holds only copies
   };
+  // A layer whose experts have copies: its holders table as core/replica_choice.h takes it, with
+  // device indices as shard numbers; max_holders 0 when the layer has no copies.
+  struct LayerHolders {
+    std::vector<int32_t> table;
+    int32_t max_holders = 0;
+  };
+  // Steps with fewer slots than the layer has experts (decode) use the copies; a prompt chunk
+  // chooses nearly every expert anyway and reads each at home (as the executor does).
+  bool uses_copies(uint32_t layer, int64_t batch) const {
+    const Deepseek2Hparams& hp = inv_.hparams;
+    return !holders_[layer].table.empty() &&
+           batch * int64_t(hp.n_expert_used) < int64_t(hp.n_expert);
+  }
   // One thing a parallel layer waits for: a device's part after its input arrived, or the host's
   // cores taking their parts in turn. Its time is random when it is one device's routed experts.
   struct Branch {
@@ -334,7 +384,8 @@ class StepModel {
 
   // A part with `touched` of its routed experts read (the average when negative).
   Part with_touched(Part part, double touched) const {
-    const double per_expert = part.touched > 0 ? part.touched_bytes / part.touched : 0;
+    const double per_expert =
+        part.touched > 0 ? part.touched_bytes / part.touched : part.expert_bytes;
     part.bytes += touched < 0 ? part.touched_bytes : touched * per_expert;
     return part;
   }
@@ -353,12 +404,14 @@ class StepModel {
   // layer waiting for the slowest (the expected maximum over the routing, not the maximum of the
   // averages: with experts spread over many devices some device usually gets more than its
   // share), then the gather of the other GPUs' outputs on the owner, all sent at once.
-  Prediction ffn_seconds(int32_t owner, const std::vector<Part>& ffn, double in_bytes,
-                         double out_bytes) const {
+  Prediction ffn_seconds(uint32_t layer, int64_t batch, int32_t owner, const std::vector<Part>& ffn,
+                         double in_bytes, double out_bytes) const {
     std::vector<Branch> branches;
     // What the owner does before any other device can start: the FFN's norm and the routing (the
     // router's bytes are counted with the attention block's).
     const double routing_s = 2 * params_.of(spec(owner).kind).op_overhead_s;
+    // With copies of experts, every device but the host first picks which it computes (one op).
+    const bool copies = uses_copies(layer, batch);
     // Parts on host memory (the CPU, simulated devices, disk) take turns on the host's cores: one
     // branch, the sum of their parts, each away from the owner with its round trip and a sync.
     Branch host{.dev = 0};
@@ -369,6 +422,7 @@ class StepModel {
       const Part& part = ffn[d];
       if (part.ops == 0 || is_gpu(int32_t(d))) continue;
       Prediction p = part_mean(int32_t(d), part);
+      if (copies && d != 0) add_to(p, int32_t(d), small_op_s(int32_t(d)));  // pick_replicas
       if (int32_t(d) != owner) {
         if (!host_waits_for_routing) host.start_s += routing_s, host_waits_for_routing = true;
         host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
@@ -411,7 +465,8 @@ class StepModel {
       } else if (remote_gpus > 0 || host_parts > 0) {
         b.part.extra_s += params_.gpu_small_op_s;  // its slots zeroed before the others add in
       }
-      b.random = b.part.experts > 0 && b.part.disk_bytes == 0;
+      if (copies) b.part.extra_s += params_.gpu_small_op_s;  // pick_replicas before its experts
+      b.random = (b.part.experts > 0 || b.part.expert_bytes > 0) && b.part.disk_bytes == 0;
       b.mean = part_mean(b.dev, b.part);
       if (remote) {
         add_to(b.mean, owner, routing_s);
@@ -423,29 +478,140 @@ class StepModel {
     Prediction out;
     if (branches.empty()) return out;
 
-    std::vector<std::vector<std::pair<double, double>>> dists;
     size_t slowest = 0;
-    for (size_t i = 0; i < branches.size(); ++i) {
-      const Branch& b = branches[i];
-      if (b.fixed_s > branches[slowest].fixed_s) slowest = i;
-      std::vector<std::pair<double, double>> dist;
-      if (!b.random) {
-        dist.emplace_back(b.fixed_s, 1.0);
-      } else {
-        const int n = int(std::lround(b.part.experts));
-        for (const auto& [c, p] : binomial(n, b.part.touched / std::max(b.part.experts, 1.0)))
-          dist.emplace_back(b.start_s + part_seconds(b.dev, b.part, c), p);
+    for (size_t i = 0; i < branches.size(); ++i)
+      if (branches[i].fixed_s > branches[slowest].fixed_s) slowest = i;
+    double expected_slowest_s = 0;
+    if (copies) {
+      expected_slowest_s = sampled_slowest_s(layer, batch, owner, branches);
+    } else {
+      std::vector<std::vector<std::pair<double, double>>> dists;
+      for (const Branch& b : branches) {
+        std::vector<std::pair<double, double>> dist;
+        if (!b.random) {
+          dist.emplace_back(b.fixed_s, 1.0);
+        } else {
+          const int n = int(std::lround(b.part.experts));
+          for (const auto& [c, p] : binomial(n, b.part.touched / std::max(b.part.experts, 1.0)))
+            dist.emplace_back(b.start_s + part_seconds(b.dev, b.part, c), p);
+        }
+        dists.push_back(std::move(dist));
       }
-      dists.push_back(std::move(dist));
+      expected_slowest_s = expected_max(dists);
     }
     // The slowest branch on average carries the time; what the layer waits beyond its average
     // (another device's unlucky routing) counts as that branch's kind of time.
     out = branches[slowest].mean;
-    const double wait_s = std::max(expected_max(dists) - total(out), 0.0);
+    const double wait_s = std::max(expected_slowest_s - total(out), 0.0);
     add_to(out, branches[slowest].dev, wait_s);
     out.decode_seconds_transfer += gather_copy_s;
     if (remote_gpus > 0) add_to(out, owner, small_op_s(owner));
     return out;
+  }
+
+  // E[the slowest branch] of a layer whose experts have copies: each device's experts depend on
+  // the others' (the executor gives each chosen expert to one holder, core/replica_choice.h), so
+  // the layer is sampled: routings drawn from the choice probabilities (the same seed for every
+  // layer: the same plan always predicts the same, and layers alike in everything the answer
+  // depends on share one sampling), given to holders by the executor's own rule. 512 draws of a
+  // one-token step (the mean's error ~0.03 experts' time), fewer of bigger ones. FLOPs stay with
+  // the experts' homes (negligible beside the bytes at these batch sizes).
+  double sampled_slowest_s(uint32_t layer, int64_t batch, int32_t owner,
+                           const std::vector<Branch>& branches) const {
+    const Deepseek2Hparams& hp = inv_.hparams;
+    const LayerHolders& h = holders_[layer];
+    const std::vector<double>& p = choice_[layer];
+    const int64_t n_expert = int64_t(hp.n_expert);
+    const int64_t k = std::min<int64_t>(hp.n_expert_used, n_expert);
+    if (k <= 0 || batch <= 0) return 0;
+    const int64_t n_slots = batch * k;
+    const std::vector<int32_t>& routings = sampled_routings(p, batch, k);
+    const int64_t draws = int64_t(routings.size()) / n_slots;
+    if (draws == 0) return 0;
+    // Each branch's time by how many experts it gets (at most one per slot, or all).
+    const int64_t most = std::min(n_slots, n_expert) + 1;
+    std::vector<std::vector<double>> time_s;
+    for (const Branch& b : branches) {
+      std::vector<double>& by_count = time_s.emplace_back(size_t(b.random ? most : 1), b.fixed_s);
+      if (b.random)
+        for (int64_t c = 0; c < most; ++c)
+          by_count[size_t(c)] = b.start_s + part_seconds(b.dev, b.part, double(c));
+    }
+    uint64_t key = 1469598103934665603ull;  // FNV-1a over everything the answer depends on
+    auto mix = [&](const void* data, size_t bytes) {
+      for (size_t i = 0; i < bytes; ++i)
+        key = (key ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+    };
+    mix(h.table.data(), h.table.size() * sizeof(int32_t));
+    mix(p.data(), p.size() * sizeof(double));
+    mix(&batch, sizeof batch), mix(&owner, sizeof owner);
+    for (size_t i = 0; i < branches.size(); ++i) {
+      mix(&branches[i].dev, sizeof(int32_t));
+      mix(time_s[i].data(), time_s[i].size() * sizeof(double));
+    }
+    if (const auto it = sampled_.find(key); it != sampled_.end()) return it->second;
+    std::vector<int32_t> chosen(size_t(n_expert), -1);
+    int32_t load[kMaxReplicaShards];
+    const int32_t busy = int32_t(hp.n_expert_shared);
+    double total_s = 0;
+    for (int64_t d = 0; d < draws; ++d) {
+      const int32_t* ids = &routings[size_t(d * n_slots)];
+      choose_replicas(ids, n_slots, h.table.data(), h.max_holders, n_expert, owner, busy,
+                      chosen.data(), load);
+      for (int64_t s = 0; s < n_slots; ++s) chosen[size_t(ids[s])] = -1;
+      double slowest_s = 0;
+      for (size_t i = 0; i < branches.size(); ++i) {
+        const Branch& b = branches[i];
+        const int32_t mine = load[b.dev] - (b.dev == owner ? busy : 0);
+        slowest_s = std::max(slowest_s, time_s[i][b.random ? size_t(mine) : 0]);
+      }
+      total_s += slowest_s;
+    }
+    return sampled_[key] = total_s / double(draws);
+  }
+
+  // Routings of steps of `batch` tokens drawn from the choice probabilities `p`, k distinct
+  // experts a token, as many draws as sampled_slowest_s takes (4096 slots' worth, at most 512
+  // draws), one after another; the same seed for all, drawn once per StepModel.
+  const std::vector<int32_t>& sampled_routings(const std::vector<double>& p, int64_t batch,
+                                               int64_t k) const {
+    uint64_t key = 1469598103934665603ull;
+    for (const uint8_t* b = reinterpret_cast<const uint8_t*>(p.data());
+         b != reinterpret_cast<const uint8_t*>(p.data() + p.size()); ++b)
+      key = (key ^ *b) * 1099511628211ull;
+    key = (key ^ uint64_t(batch)) * 1099511628211ull;
+    std::vector<int32_t>& ids = routings_[key];
+    if (!ids.empty()) return ids;
+    const int64_t n_expert = int64_t(p.size()), n_slots = batch * k;
+    std::vector<double> cumulative(p.size());
+    double sum = 0;
+    for (size_t e = 0; e < p.size(); ++e) cumulative[e] = sum += std::max(p[e], 0.0);
+    if (sum <= 0 || k > n_expert) return ids;
+    uint64_t state = 0x2545f4914f6cdd1dull;
+    auto uniform = [&] {  // splitmix64
+      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return double((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+    };
+    const int64_t draws = std::clamp<int64_t>(4096 / n_slots, 2, 512);
+    ids.resize(size_t(draws * n_slots));
+    for (int64_t t = 0; t < draws * batch; ++t) {  // k distinct experts, each by its probability
+      int32_t* token = &ids[size_t(t * k)];
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t e = -1;
+        for (int tries = 0; tries < 64 && e < 0; ++tries) {
+          e = int32_t(std::upper_bound(cumulative.begin(), cumulative.end(), uniform() * sum) -
+                      cumulative.begin());
+          e = std::min<int32_t>(e, int32_t(n_expert) - 1);
+          if (std::find(token, token + j, e) != token + j) e = -1;
+        }
+        for (int32_t c = 0; e < 0; ++c)  // a profile with few likely experts: the next unused
+          if (std::find(token, token + j, c) == token + j) e = c;
+        token[j] = e;
+      }
+    }
+    return ids;
   }
 
   // The divided part of a head-split attention: each share's device gets the q_a and kv_a rows
@@ -541,6 +707,9 @@ class StepModel {
   std::vector<std::vector<size_t>> layers_;  // group indices per layer
   std::vector<std::vector<double>> choice_;  // per layer, per expert: P(token chooses it)
   std::vector<bool> used_;                   // devices the step runs anything on
+  std::vector<LayerHolders> holders_;        // per layer
+  mutable std::unordered_map<uint64_t, double> sampled_;  // sampled_slowest_s by its inputs
+  mutable std::unordered_map<uint64_t, std::vector<int32_t>> routings_;  // sampled_routings
   int64_t output_ = -1, embedding_ = -1;
 };
 

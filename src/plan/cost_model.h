@@ -6,8 +6,11 @@
 // costs the expected slowest part (which experts a step chooses is random, and with experts
 // spread over many devices one of them usually gets more than its share), plus the broadcast of
 // the input to them and the gather of their outputs, not the sum. Each GPU's graph launch and
-// the logits' trip back to the host are paid once a step. Every number it gives is a prediction
-// and is printed as one. All tuning values live in CostParams, each with its source.
+// the logits' trip back to the host are paid once a step. Where experts have copies on a second
+// GPU (Placement::group_copies), a decode step's slowest device is sampled: routings drawn from
+// the choice probabilities, given to holders by the executor's own rule (core/replica_choice.h).
+// Every number it gives is a prediction and is printed as one. All tuning values live in
+// CostParams, each with its source.
 #include <cstdint>
 #include <vector>
 

@@ -82,6 +82,10 @@ struct Candidate {
 struct Placement {
   std::vector<DeviceUsage> devices;   // [0] = host ("cpu"), then the GPUs in order
   std::vector<int32_t> group_device;  // per inventory group
+  // Per inventory group, the other devices that hold a copy of it: routed experts copied to a
+  // second GPU where VRAM is left, so that a step gives each chosen expert to the less busy of
+  // its holders (core/replica_choice.h). Empty when no group has copies.
+  std::vector<std::vector<int32_t>> group_copies;
   std::vector<int32_t> layer_device;  // per layer: attention, norms, router, KV cache
   // Per layer: empty when all heads run on layer_device, else the shares in head order, the
   // first on layer_device (which also computes q_a, kv_a and the router, and keeps the KV cache).

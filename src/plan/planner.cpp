@@ -90,11 +90,14 @@ Placement Planner::run(const Rules& rules, bool suggest_alternatives) {
     uint64_t hash = 1469598103934665603ull;  // FNV-1a over where every group and layer went
     for (const auto* v : {&p_.group_device, &p_.layer_device})
       for (int32_t d : *v) hash = (hash ^ uint64_t(uint32_t(d))) * 1099511628211ull;
+    for (const std::vector<int32_t>& copies : p_.group_copies)
+      hash = (hash ^ copies.size()) * 1099511628211ull;
     for (const std::vector<HeadShare>& shares : p_.layer_heads)
       for (const HeadShare& h : shares)
         hash = (hash ^ (uint64_t(uint32_t(h.device)) << 32 | uint32_t(h.n_heads))) * 1099511628211ull;
     if (std::find(seen.begin(), seen.end(), hash) != seen.end()) continue;  // same as before
     seen.push_back(hash);
+    p_.predicted = predict_speed(inv_, hw_, wl_, p_, profile_, cost_);
     specs_.push_back(spec);
     built_.push_back(std::move(p_));
   }
@@ -320,7 +323,6 @@ void Planner::settle() {
     if (d == kUnplaced) d = 0;
   for (int32_t d = 0; d < n_devices(); ++d)
     TANDEM_CHECK(used(d) <= cap(d));  // the budget invariant every test checks too
-  p_.predicted = predict_speed(inv_, hw_, wl_, p_, profile_, cost_);
 }
 
 std::string Planner::holds(int32_t d) const {
@@ -345,9 +347,12 @@ std::string Planner::holds(int32_t d) const {
   for (size_t g : top_)
     if (p_.group_device[g] == d)
       parts.push_back(std::string(weight_group_name(inv_.groups[g].kind)));
-  size_t n_experts = 0;
+  size_t n_experts = 0, n_copies = 0;
   for (const auto& experts : layer_experts_)
-    for (size_t g : experts) n_experts += p_.group_device[g] == d;
+    for (size_t g : experts) {
+      n_experts += p_.group_device[g] == d;
+      if (g < p_.group_copies.size()) n_copies += std::ranges::count(p_.group_copies[g], d);
+    }
   if (n_experts) {
     std::string where;
     if (!whole.empty()) where += "all of layers " + format_ranges(whole);
@@ -355,6 +360,7 @@ std::string Planner::holds(int32_t d) const {
       where += std::string(where.empty() ? "" : "; ") + "part of layers " + format_ranges(partial);
     parts.push_back(fmt::format("{} experts ({})", n_experts, where));
   }
+  if (n_copies) parts.push_back(fmt::format("copies of {} experts homed on other GPUs", n_copies));
   return parts.empty() ? "nothing" : fmt::format("{}", fmt::join(parts, "; "));
 }
 
@@ -504,10 +510,6 @@ void Planner::explain() {
         chosen.predicted.decode_tokens_per_s, b.predicted.decode_seconds_transfer * 1e3,
         chosen.predicted.decode_seconds_transfer * 1e3));
   }
-  if (n_gpus >= 2)
-    out.push_back(
-        "not offered yet: hot experts replicated on several GPUs (the executor keeps each "
-        "expert on one device)");
 }
 
 // What a smaller quant mix would give on the same machine: planned for real when the model is a

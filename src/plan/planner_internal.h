@@ -29,6 +29,7 @@ struct CandidateSpec {
   int32_t whole_layers = 0;   // Hybrid: quarters (0-4) of the most whole layers that fit
   bool spread = false;
   bool split_heads = false;  // ExpertParallel: each layer's attention heads over `gpus` too
+  bool copy_experts = false;  // ExpertParallel: the hottest experts copied where VRAM is left
   std::string name;  // Hybrid: filled in when built
 };
 
@@ -75,11 +76,12 @@ class Planner {
   void place_hot_path_over(const std::vector<int32_t>& gpus, bool spread);
   void place_experts_spread(CandidateSpec& spec);
   void split_heads(const std::vector<int32_t>& gpus);
+  void copy_hot_experts(const std::vector<int32_t>& gpus);
   void place_rest_on_host();
   std::vector<uint32_t> free_layers();
 
   // ---- after a candidate is built (planner.cpp) ----
-  void settle();
+  void settle();  // fix-ups and the budget check; the prediction follows for a new placement
   void finish(bool suggest_alternatives, const Rules& rules);
   void explain();
   std::string holds(int32_t d) const;

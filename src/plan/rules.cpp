@@ -195,6 +195,13 @@ std::string rules_to_yaml(const Placement& placement, const ModelInventory& inve
         "# The plan also splits the attention heads of {} layers over GPUs; rules do not pin "
         "heads:\n# the planner splits them again where it predicts that faster.\n",
         split);
+  size_t copies = 0;
+  for (const std::vector<int32_t>& of : placement.group_copies) copies += of.size();
+  if (copies)
+    yaml += fmt::format(
+        "# It also copies {} experts to a second GPU; rules pin each expert's home only:\n# the "
+        "planner copies again where VRAM is left and it predicts that faster.\n",
+        copies);
   for (const RuleOut& r : out) {
     yaml += fmt::format("  - match: '{}'\n", r.pattern);
     if (r.layers)

@@ -155,14 +155,22 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     else
       setup.backends.push_back(std::make_unique<sim::SimBackend>(n_sims++, r.sim_bytes));
   }
-  auto backend = [&](int32_t device) -> Backend* {
-    return setup.backends[device == plan::kOnDisk ? 0 : size_t(device)].get();  // disk = mmap on the host
-  };
+  setup.plan = device_plan_for(setup.placement, inventory, setup.backends);
+  for (const plan::DeviceUsage& usage : setup.placement.devices)
+    setup.summary += fmt::format("  {:<6} {:>10} of {:>10}: {}\n", usage.spec.name, format_bytes(usage.used_bytes()),
+                                 usage.spec.memory_bytes >= (uint64_t(1) << 50) ? "host" : format_bytes(usage.spec.memory_bytes),
+                                 usage.holds);
+  return setup;
+}
 
-  const plan::Placement& p = setup.placement;
+DevicePlan device_plan_for(const plan::Placement& p, const plan::ModelInventory& inventory,
+                           const std::vector<std::unique_ptr<Backend>>& backends) {
+  TANDEM_CHECK(backends.size() == p.devices.size());
+  auto backend = [&](int32_t device) -> Backend* {
+    return backends[device == plan::kOnDisk ? 0 : size_t(device)].get();  // disk = mmap on the host
+  };
   const uint32_t n_layers = inventory.n_layers;
-  DevicePlan& dp = setup.plan;
-  dp = DevicePlan::single(*setup.backends[0], n_layers, inventory.hparams.n_expert);
+  DevicePlan dp = DevicePlan::single(*backends[0], n_layers, inventory.hparams.n_expert);
   for (uint32_t il = 0; il < n_layers; ++il) {
     dp.layers[il] = backend(p.layer_device[il]);
     if (il < p.layer_heads.size())
@@ -176,12 +184,15 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     if (group.kind == WeightGroup::Embedding) dp.embeddings = where;
     else if (group.kind == WeightGroup::OutputHead) dp.output = where;
     else if (group.kind == WeightGroup::RoutedExperts) dp.experts[size_t(group.layer)][size_t(group.expert)] = where;
+    if (g < p.group_copies.size() && !p.group_copies[g].empty()) {
+      auto& copies = dp.expert_copies;
+      if (copies.empty()) copies.assign(n_layers, {});
+      auto& layer = copies[size_t(group.layer)];
+      if (layer.empty()) layer.assign(inventory.hparams.n_expert, {});
+      for (int32_t d : p.group_copies[g]) layer[size_t(group.expert)].push_back(backend(d));
+    }
   }
-  for (const plan::DeviceUsage& usage : p.devices)
-    setup.summary += fmt::format("  {:<6} {:>10} of {:>10}: {}\n", usage.spec.name, format_bytes(usage.used_bytes()),
-                                 usage.spec.memory_bytes >= (uint64_t(1) << 50) ? "host" : format_bytes(usage.spec.memory_bytes),
-                                 usage.holds);
-  return setup;
+  return dp;
 }
 
 }  // namespace tandem

@@ -47,4 +47,9 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false);
 
+// Where a placement's parts run: `backends` in the placement's device order ([0] the host, which
+// also computes what is streamed from disk).
+DevicePlan device_plan_for(const plan::Placement& placement, const plan::ModelInventory& inventory,
+                           const std::vector<std::unique_ptr<Backend>>& backends);
+
 }  // namespace tandem

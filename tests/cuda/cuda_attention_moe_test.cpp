@@ -667,5 +667,54 @@ TEST_F(CudaBackendTest, MoeReduceIsExact) {
   }
 }
 
+// Copies of experts: the GPU's pick (one thread runs core/replica_choice.h's rule) gives each
+// shard the CPU's step index, on one-token and prompt-sized routings, with and without a busy
+// layer device.
+TEST_F(CudaBackendTest, PickReplicasMatchesCpu) {
+  std::mt19937 rng(6100);
+  const int32_t n_expert = 256, n_shards = 8, max_holders = 3, k = 8;
+  std::vector<int32_t> holders(size_t(n_expert * max_holders), -1);
+  for (int32_t e = 0; e < n_expert; ++e) {
+    const int32_t home = e * n_shards / n_expert;
+    holders[size_t(e * max_holders)] = home;
+    if (e % 3) holders[size_t(e * max_holders + 1)] = (home + 1 + e % 5) % n_shards;
+    if (e % 7 == 0) holders[size_t(e * max_holders + 2)] = (home + 6) % n_shards;
+  }
+  const auto holders_dev = to_device(gpu(), holders);
+  for (int64_t n_tokens : {1, 4, 512}) {
+    std::vector<int32_t> ids;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      std::vector<int32_t> all(size_t(n_expert), 0);
+      for (int32_t e = 0; e < n_expert; ++e) all[size_t(e)] = e;
+      std::shuffle(all.begin(), all.end(), rng);
+      ids.insert(ids.end(), all.begin(), all.begin() + k);
+    }
+    const auto ids_dev = to_device(gpu(), ids);
+    for (int32_t busy : {-1, 2}) {
+      for (int32_t shard = 0; shard < n_shards; ++shard) {
+        std::vector<int32_t> local(size_t(n_expert), -1);
+        int32_t held = 0;
+        for (int32_t e = 0; e < n_expert; ++e)
+          for (int32_t h = 0; h < max_holders; ++h)
+            if (holders[size_t(e * max_holders + h)] == shard) local[size_t(e)] = held++;
+        const auto local_dev = to_device(gpu(), local);
+        const auto step_dev = to_device(gpu(), std::vector<int32_t>(size_t(n_expert), 99));
+        std::vector<int32_t> step_cpu(size_t(n_expert), 99);
+        ReplicaPickOp op{.expert_ids = ids.data(), .n_slots = int64_t(ids.size()),
+                         .holders = holders.data(), .max_holders = max_holders,
+                         .n_expert = n_expert, .shard = shard, .busy_shard = busy,
+                         .busy_load = 1, .local_index = local.data(),
+                         .step_local_index = step_cpu.data()};
+        cpu_.pick_replicas(op);
+        op.expert_ids = ids_dev.data(), op.holders = holders_dev.data();
+        op.local_index = local_dev.data(), op.step_local_index = step_dev.data();
+        gpu().pick_replicas(op);
+        EXPECT_EQ(to_host(gpu(), step_dev), step_cpu)
+            << n_tokens << " tokens, shard " << shard << ", busy " << busy;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::test

@@ -111,6 +111,19 @@ inline void expect_valid(const Placement& p, const ModelInventory& inv) {
         weights[size_t(d)] -= moved;
         weights[size_t(share.device)] += moved;
       }
+    // Copies: of routed experts held on a GPU, on other GPUs of its kind, each once; they count
+    // there too.
+    if (i < p.group_copies.size())
+      for (size_t c = 0; c < p.group_copies[i].size(); ++c) {
+        const int32_t at = p.group_copies[i][c];
+        ASSERT_TRUE(at > 0 && size_t(at) < p.devices.size()) << g.label();
+        EXPECT_EQ(g.kind, WeightGroup::RoutedExperts) << g.label();
+        ASSERT_GT(d, 0) << g.label();  // GPUs (or simulated ones) of one kind: the same bits
+        EXPECT_EQ(p.devices[size_t(at)].spec.kind, p.devices[size_t(d)].spec.kind) << g.label();
+        EXPECT_NE(at, d) << g.label();
+        for (size_t o = 0; o < c; ++o) EXPECT_NE(at, p.group_copies[i][o]) << g.label();
+        weights[size_t(at)] += g.bytes;
+      }
   }
   // Head shares cover every head in order, the first on the layer's device.
   for (size_t l = 0; l < p.layer_heads.size(); ++l) {

@@ -5,7 +5,12 @@
 
 #include <string>
 
+#include "backends/cpu/cpu_backend.h"
+#include "backends/sim/sim_backend.h"
 #include "core/error.h"
+#include "gguf/gguf_file.h"
+#include "plan/inventory.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
@@ -59,6 +64,49 @@ TEST(DeviceSetup, MistakesAreNamedWithTheFix) {
   EXPECT_NE(error_of("cuda:x", 1).find("bad GPU index in 'cuda:x'"), std::string::npos);
   EXPECT_NE(error_of("gpu:0", 1).find("unknown device 'gpu:0'"), std::string::npos);
   EXPECT_NE(error_of("sim:0x1GiB", 0).find("bad device count"), std::string::npos);
+}
+
+// A placement becomes the executor's plan: each group on its device, copies of experts beside
+// their homes, what is streamed from disk computed by the host.
+TEST(DeviceSetup, APlacementsDevicesHomesAndCopiesReachTheExecutor) {
+  const gguf::GgufFile file = gguf::GgufFile::open(test::fixture("micro-v3-F32.gguf").string());
+  const plan::ModelInventory inv = plan::inventory_from_file(file);
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(std::make_unique<cpu::CpuBackend>(1));
+  backends.push_back(std::make_unique<sim::SimBackend>(0, size_t(1) << 30));
+  backends.push_back(std::make_unique<sim::SimBackend>(1, size_t(1) << 30));
+  plan::Placement p;
+  p.devices.resize(3);
+  p.layer_device.assign(inv.n_layers, 1);
+  p.group_copies.resize(inv.groups.size());
+  for (size_t g = 0; g < inv.groups.size(); ++g) {
+    const plan::InventoryGroup& group = inv.groups[g];
+    if (group.kind == WeightGroup::RoutedExperts) {
+      p.group_device.push_back(group.expert % 2 ? 2 : 1);
+      if (group.expert % 3 == 0) p.group_copies[g] = {group.expert % 2 ? 1 : 2};
+    } else {
+      p.group_device.push_back(group.kind == WeightGroup::Embedding ? plan::kOnDisk : 1);
+    }
+  }
+  const DevicePlan dp = device_plan_for(p, inv, backends);
+  EXPECT_EQ(dp.embeddings, backends[0].get());  // from disk: the host
+  EXPECT_EQ(dp.output, backends[1].get());
+  ASSERT_EQ(dp.expert_copies.size(), inv.n_layers);
+  size_t copies = 0;
+  for (const plan::InventoryGroup& group : inv.groups) {
+    if (group.kind != WeightGroup::RoutedExperts) continue;
+    const size_t l = size_t(group.layer), e = size_t(group.expert);
+    EXPECT_EQ(dp.experts[l][e], backends[e % 2 ? 2 : 1].get()) << group.label();
+    ASSERT_EQ(dp.expert_copies[l].size(), dp.experts[l].size());
+    if (e % 3 == 0) {
+      ASSERT_EQ(dp.expert_copies[l][e].size(), 1u) << group.label();
+      EXPECT_EQ(dp.expert_copies[l][e][0], backends[e % 2 ? 1 : 2].get()) << group.label();
+      ++copies;
+    } else {
+      EXPECT_TRUE(dp.expert_copies[l][e].empty()) << group.label();
+    }
+  }
+  EXPECT_GT(copies, 0u);
 }
 
 }  // namespace

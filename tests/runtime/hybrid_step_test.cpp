@@ -115,6 +115,9 @@ class Recording final : public Backend {
     note(op.n_expert == 1 ? "moe(shared)" : "moe(routed)"), inner_.moe(op);
   }
   void moe_reduce(const MoeReduceOp& op) override { note("moe_reduce"), inner_.moe_reduce(op); }
+  void pick_replicas(const ReplicaPickOp& op) override {
+    note("pick_replicas"), inner_.pick_replicas(op);
+  }
   void add(float* y, const float* x, int64_t n) override { note("add"), inner_.add(y, x, n); }
   void zero(float* y, int64_t n) override { note("zero"), inner_.zero(y, n); }
   void copy_rows(float* d, int64_t ds, const float* s, int64_t ss, int64_t r, int64_t l) override {

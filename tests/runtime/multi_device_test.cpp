@@ -154,6 +154,41 @@ TEST_P(MultiDevice, HeadSharesThatDoNotCoverTheHeadsAreRefused) {
   }
 }
 
+// Copies of experts (the planner's hot experts on a second GPU): every step each device of a
+// layer gives each chosen expert to one of its holders by the same rule, so each slot is
+// computed once (twice or never would change the sums) and the logits keep the single-CPU bits.
+// Homes on the host and two devices, copies between the two; the layer on the host (odd layers)
+// or on a device that holds experts (even layers: it starts each step busy with the shared ones).
+TEST_P(MultiDevice, ExpertsWithCopiesOnASecondDevice) {
+  DevicePlan plan = all_on(m_.cpu);
+  plan.expert_copies.assign(n_layers_, {});
+  for (uint32_t il = 0; il < n_layers_; ++il) {
+    if (il % 2 == 0) plan.layers[il] = &m_.sim0;
+    std::vector<Backend*>& homes = plan.experts[il];
+    plan.expert_copies[il].assign(homes.size(), {});
+    for (size_t e = 0; e < homes.size(); ++e) {
+      if (e % 4 == 3) continue;  // stays on the host, without a copy
+      homes[e] = e % 2 ? &m_.sim1 : &m_.sim0;
+      if (e % 3 != 0) plan.expert_copies[il][e].push_back(e % 2 ? &m_.sim0 : &m_.sim1);
+    }
+  }
+  expect_identical(plan);
+}
+
+TEST_P(MultiDevice, CopiesOfExpertsOnTheHostOrAnotherKindAreRefused) {
+  DevicePlan plan = all_on(m_.sim0);
+  plan.expert_copies.assign(n_layers_, std::vector<std::vector<Backend*>>(hp_.n_expert));
+  const uint32_t moe_layer = hp_.n_leading_dense;
+  plan.expert_copies[moe_layer][1] = {&m_.cpu};
+  try {
+    Deepseek2Model model(*file_, plan);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a copy on cpu beside its home on sim:0"), std::string::npos) << what;
+  }
+}
+
 TEST_P(MultiDevice, ADeviceThatIsTooSmallFailsLikeAnOutOfMemoryGpu) {
   sim::SimBackend tiny(7, 64 << 10);
   try {

@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   void moe_route(const MoeRouteOp& op) override;
   void moe(const MoeOp& op) override;
   void moe_reduce(const MoeReduceOp& op) override;
+  void pick_replicas(const ReplicaPickOp& op) override;
   void add(float* y, const float* x, int64_t n) override;
   void add_parts(float* y, std::span<const float* const> parts, int64_t n) override;
   void zero(float* y, int64_t n) override;

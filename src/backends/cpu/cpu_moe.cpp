@@ -6,6 +6,7 @@
 #include "backends/cpu/matmul.h"
 #include "backends/moe_routing.h"
 #include "core/error.h"
+#include "core/replica_choice.h"
 
 namespace tandem::cpu {
 namespace {
@@ -112,6 +113,15 @@ void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_
                .output = output,
                .kernels = kernels},
               pool_);
+}
+
+void CpuBackend::pick_replicas(const ReplicaPickOp& op) {
+  std::vector<int32_t> chosen(size_t(op.n_expert), -1);
+  int32_t load[kMaxReplicaShards];
+  choose_replicas(op.expert_ids, op.n_slots, op.holders, op.max_holders, op.n_expert,
+                  op.busy_shard, op.busy_load, chosen.data(), load);
+  for (int64_t e = 0; e < op.n_expert; ++e)
+    op.step_local_index[e] = chosen[size_t(e)] == op.shard ? op.local_index[e] : -1;
 }
 
 }  // namespace tandem::cpu

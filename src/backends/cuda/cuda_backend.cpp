@@ -613,6 +613,11 @@ void CudaBackend::moe_reduce(const MoeReduceOp& op) {
   cuda::moe_reduce(op, stream_);
 }
 
+void CudaBackend::pick_replicas(const ReplicaPickOp& op) {
+  activate();
+  cuda::pick_replicas(op, stream_);
+}
+
 void CudaBackend::add(float* y, const float* x, int64_t n) {
   if (n == 0) return;
   activate();

@@ -8,6 +8,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "backends/moe_routing.h"
+#include "core/replica_choice.h"
 
 namespace tandem::cuda {
 namespace {
@@ -145,6 +146,21 @@ __global__ void reduce_kernel(MoeReduceOp op) {
   }
 }
 
+// One block: one thread runs the rule (serial by nature: each choice depends on the loads before
+// it; a decode step has a few slots, a prompt chunk of 512 tokens 4096), then all write the index.
+__global__ void pick_replicas_kernel(ReplicaPickOp op) {
+  extern __shared__ int32_t chosen[];  // [n_expert]
+  __shared__ int32_t load[kMaxReplicaShards];
+  for (int64_t e = threadIdx.x; e < op.n_expert; e += blockDim.x) chosen[e] = -1;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    choose_replicas(op.expert_ids, op.n_slots, op.holders, op.max_holders, op.n_expert,
+                    op.busy_shard, op.busy_load, chosen, load);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < op.n_expert; e += blockDim.x)
+    op.step_local_index[e] = chosen[e] == op.shard ? op.local_index[e] : -1;
+}
+
 unsigned blocks_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
@@ -170,6 +186,11 @@ void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_s
       expert_ids, local_index, n_slots, held, order, expert_of, n_active, tile_first, tile_count,
       n_tiles, max_tiles);
   TANDEM_CUDA_CHECK_LAUNCH(sort_kernel);
+}
+
+void pick_replicas(const ReplicaPickOp& op, cudaStream_t stream) {
+  pick_replicas_kernel<<<1, 256, size_t(op.n_expert) * sizeof(int32_t), stream>>>(op);
+  TANDEM_CUDA_CHECK_LAUNCH(pick_replicas_kernel);
 }
 
 void moe_reduce(const MoeReduceOp& op, cudaStream_t stream) {

@@ -100,6 +100,8 @@ void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_s
               int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles, cudaStream_t stream);
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order.
 void moe_reduce(const MoeReduceOp& op, cudaStream_t stream);
+// The step's local index of one device's experts when some have copies (core/replica_choice.h).
+void pick_replicas(const ReplicaPickOp& op, cudaStream_t stream);
 
 // ---- cuda_attention.cu ----
 

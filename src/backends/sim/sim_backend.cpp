@@ -291,6 +291,9 @@ void SimBackend::mla_attention(const MlaAttentionOp& op) {
 void SimBackend::moe_route(const MoeRouteOp& op) { submit([=, this] { compute_.moe_route(op); }); }
 void SimBackend::moe(const MoeOp& op) { submit([=, this] { compute_.moe(op); }); }
 void SimBackend::moe_reduce(const MoeReduceOp& op) { submit([=, this] { compute_.moe_reduce(op); }); }
+void SimBackend::pick_replicas(const ReplicaPickOp& op) {
+  submit([=, this] { compute_.pick_replicas(op); });
+}
 void SimBackend::add(float* y, const float* x, int64_t n) { submit([=, this] { compute_.add(y, x, n); }); }
 void SimBackend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
   if (parts.empty()) return;
