@@ -78,6 +78,12 @@ void fill_weights(DType type, uint8_t* bytes, size_t size) {
         set_u16(b, one_f16);
         set_u16(b + 2, one_f16);
         break;
+      case DType::TQ1_0:
+        set_u16(b + offsetof(BlockTQ1_0, d), one_f16);
+        break;
+      case DType::TQ2_0:
+        set_u16(b + offsetof(BlockTQ2_0, d), one_f16);
+        break;
       default:
         break;
     }
@@ -213,7 +219,7 @@ void register_all() {
   const DType types[] = {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16,
                          DType::Q6_K, DType::Q5_0, DType::Q5_0_R16,
                          DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::IQ4_NL, DType::MXFP4,
-                         DType::Q4_1,   DType::BF16};
+                         DType::Q4_1,   DType::TQ1_0, DType::TQ2_0, DType::BF16};
   for (int n_threads : {1, 2})
     benchmark::RegisterBenchmark(("triad/threads:" + std::to_string(n_threads)).c_str(), bm_triad,
                                  n_threads)

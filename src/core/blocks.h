@@ -123,6 +123,14 @@ struct BlockTQ2_0 {
   uint16_t d;
 };
 
+// A TQ2_0 block's 256 quants q (0..2: the digit + 1) in element order.
+inline void tq2_0_quants(const BlockTQ2_0& block, uint8_t* q) {
+  for (int half = 0; half < 2; ++half)
+    for (int k = 0; k < 4; ++k)
+      for (int m = 0; m < 32; ++m)
+        q[128 * half + 32 * k + m] = uint8_t((block.qs[32 * half + m] >> (2 * k)) & 3);
+}
+
 // TQ1_0: ternary, five (qs) or four (qh) base-3 digits per byte stored as a fraction of 256:
 // digit n of byte b is the top base-3 digit of (b * 3^n) mod 256, times 3, over 256.
 struct BlockTQ1_0 {
@@ -130,6 +138,25 @@ struct BlockTQ1_0 {
   uint8_t qh[4];
   uint16_t d;
 };
+
+// Digit n of a TQ1_0 byte as a quant q (0..2: the digit + 1): the top base-3 digit of
+// (byte * 3^n) mod 256.
+inline uint8_t tq1_0_quant(uint8_t byte, int n) {
+  constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+  return uint8_t((uint16_t(uint8_t(byte * kPow3[n])) * 3) >> 8);
+}
+
+// A TQ1_0 block's 256 quants in element order: bytes 0-31 give five digits each (160
+// elements), bytes 32-47 five each (80), qh four each (16); digit n of a run of bytes before
+// digit n + 1.
+inline void tq1_0_quants(const BlockTQ1_0& block, uint8_t* q) {
+  for (int n = 0; n < 5; ++n)
+    for (int m = 0; m < 32; ++m) *q++ = tq1_0_quant(block.qs[m], n);
+  for (int n = 0; n < 5; ++n)
+    for (int m = 0; m < 16; ++m) *q++ = tq1_0_quant(block.qs[32 + m], n);
+  for (int n = 0; n < 4; ++n)
+    for (int m = 0; m < 4; ++m) *q++ = tq1_0_quant(block.qh[m], n);
+}
 
 // MXFP4 (OCP microscaling): 32 FP4 (E2M1) values sharing an 8-bit power-of-two exponent e,
 // 4-bit codes laid out as in Q4_0: x = 2^(e - 127) * E2M1(q).

@@ -11,16 +11,6 @@
 #include "quant/quant_common.h"
 
 namespace tandem::quant {
-namespace {
-
-// One ternary digit, -1, 0 or 1, of a TQ1_0 byte: the top base-3 digit of b * 3^n mod 256.
-int ternary_digit(uint8_t b, int n) {
-  static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
-  const uint8_t q = uint8_t(b * kPow3[n]);
-  return int((uint16_t(q) * 3) >> 8) - 1;
-}
-
-}  // namespace
 
 void dequantize_q4_1(const BlockQ4_1* x, float* y, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, y += 32) {
@@ -56,26 +46,22 @@ void dequantize_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t blocks) {
   }
 }
 
+// The ternary formats: x = d * (q - 1) with the quants in element order (core/blocks.h).
 void dequantize_tq2_0(const BlockTQ2_0* x, float* y, int64_t blocks) {
+  uint8_t q[256];
   for (int64_t b = 0; b < blocks; ++b) {
     const float d = f16_to_f32(x[b].d);
-    for (int half = 0; half < 2; ++half)
-      for (int k = 0; k < 4; ++k)
-        for (int m = 0; m < 32; ++m) *y++ = float(((x[b].qs[32 * half + m] >> (2 * k)) & 3) - 1) * d;
+    tq2_0_quants(x[b], q);
+    for (int i = 0; i < 256; ++i) *y++ = float(int(q[i]) - 1) * d;
   }
 }
 
 void dequantize_tq1_0(const BlockTQ1_0* x, float* y, int64_t blocks) {
+  uint8_t q[256];
   for (int64_t b = 0; b < blocks; ++b) {
     const float d = f16_to_f32(x[b].d);
-    // Bytes 0-31 give five digits each (160 elements), bytes 32-47 five each (80), qh four
-    // each (16); digit n of a run of bytes before digit n + 1.
-    for (int n = 0; n < 5; ++n)
-      for (int m = 0; m < 32; ++m) *y++ = float(ternary_digit(x[b].qs[m], n)) * d;
-    for (int n = 0; n < 5; ++n)
-      for (int m = 0; m < 16; ++m) *y++ = float(ternary_digit(x[b].qs[32 + m], n)) * d;
-    for (int n = 0; n < 4; ++n)
-      for (int m = 0; m < 4; ++m) *y++ = float(ternary_digit(x[b].qh[m], n)) * d;
+    tq1_0_quants(x[b], q);
+    for (int i = 0; i < 256; ++i) *y++ = float(int(q[i]) - 1) * d;
   }
 }
 

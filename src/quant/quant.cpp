@@ -38,14 +38,6 @@ bool can_dequantize(DType type) {
     case DType::IQ4_XS:
     case DType::MXFP4:
     case DType::Q4_1:
-      return true;
-    default:
-      return decoded_only(type);
-  }
-}
-
-bool decoded_only(DType type) {
-  switch (type) {
     case DType::TQ1_0:
     case DType::TQ2_0:
       return true;

@@ -14,9 +14,6 @@ namespace tandem {
 // Formats dequantize_row accepts: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
 // Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (and Q8_K, the activation format).
 bool can_dequantize(DType type);
-// The formats tandem multiplies through its reference decoders, having no kernels of their own
-// for them yet: TQ1_0, TQ2_0.
-bool decoded_only(DType type);
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 
 // Formats quantize_row writes: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,

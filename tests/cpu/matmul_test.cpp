@@ -63,8 +63,8 @@ constexpr FormatBound kInt16ErrorBound[] = {
     // The IQ4 levels and MXFP4's doubled E2M1 values are 8-bit signed weights with one scale per
     // 32: as Q4_0.
     {DType::IQ4_NL, 5e-5}, {DType::IQ4_XS, 5e-5}, {DType::MXFP4, 5e-5},
-    // Decoded and multiplied with F32 activations at both precisions: as F32.
-    {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5},
+    // Ternary weights, one scale per 256: as Q4_0.
+    {DType::TQ1_0, 5e-5}, {DType::TQ2_0, 5e-5},
 };
 constexpr FormatBound kInt8ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
@@ -75,7 +75,8 @@ constexpr FormatBound kInt8ErrorBound[] = {
     // IQ4 and MXFP4: the 16-bit row dots (no 8-bit ones), but from kLanes8MinTokens tokens on
     // the 8-bit token lanes (gemm_q8.h, one scale per 32): as Q4_0.
     {DType::IQ4_NL, 1e-2}, {DType::IQ4_XS, 1e-2}, {DType::MXFP4, 1e-2},
-    {DType::TQ1_0, 1e-5}, {DType::TQ2_0, 1e-5},
+    // TQ1_0 / TQ2_0 likewise.
+    {DType::TQ1_0, 1e-2}, {DType::TQ2_0, 1e-2},
 };
 
 constexpr ActPrecision kPrecisions[] = {ActPrecision::Int16, ActPrecision::Int8};
@@ -430,6 +431,19 @@ constexpr DType kLanesFormats[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0,  DType
 // From kLanesMinTokens on, matmuls of these formats run the token-lanes paths (gemm_q16.h for
 // Int16, gemm_q8.h for Int8). Their AVX-512 versions must give the portable versions' bits: the
 // same exact integer group sums, then the same float operations per lane in the same order.
+// Every format of kLanesFormats has token lanes at both precisions on the levels that take them
+// (a format whose unpacking shape has no kernel variant would silently fall back to row dots).
+TEST(MatmulLanes, EveryLanesFormatHasKernelsAtBothPrecisions) {
+  for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx512}) {
+    if (!cpu_supports(isa)) continue;
+    const KernelTable& table = kernel_table(isa);
+    for (DType type : kLanesFormats) {
+      EXPECT_NE(table.lanes[size_t(type)], nullptr) << dtype_name(type) << " " << cpu_isa_name(isa);
+      EXPECT_NE(table.lanes8[size_t(type)], nullptr) << dtype_name(type) << " " << cpu_isa_name(isa);
+    }
+  }
+}
+
 TEST(MatmulLanes, Avx512GivesThePortableBits) {
   if (!cpu_supports(CpuIsa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   ThreadPool pool(2);

@@ -303,6 +303,27 @@ float dot_mxfp4(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
+// TQ1_0 / TQ2_0: d · (q - 1) over 256 elements, the quants in element order (core/blocks.h);
+// one weight scale for the eight activation blocks.
+template <class Block, void (*kQuants)(const Block&, uint8_t*)>
+float dot_ternary(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float sum = 0.0f;
+  uint8_t q[256];
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    kQuants(wb[b], q);
+    const float d = f16_to_f32(wb[b].d);
+    for (int g = 0; g < 8; ++g) {
+      const int16_t* xq = x.q + 256 * b + 32 * g;
+      int32_t dot = 0;
+      for (int i = 0; i < 32; ++i) dot += (int(q[32 * g + i]) - 1) * xq[i];
+      sum += d * x.d[8 * b + g] * float(dot);
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 void fill_portable_q16_kernels(KernelTable& table) {
@@ -322,6 +343,8 @@ void fill_portable_q16_kernels(KernelTable& table) {
   set(DType::IQ4_NL, dot_iq4_nl);
   set(DType::IQ4_XS, dot_iq4_xs);
   set(DType::MXFP4, dot_mxfp4);
+  set(DType::TQ1_0, dot_ternary<BlockTQ1_0, tq1_0_quants>);
+  set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_quants>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

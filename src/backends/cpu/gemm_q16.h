@@ -248,12 +248,25 @@ inline void unpack_iq4_xs(const void* row, int64_t cols, UnpackedRowOf<T> out) {
   }
 }
 
+// TQ1_0 / TQ2_0: the quants q (0..2, value d · (q - 1)), the block's d for each of its groups.
+template <class T, int kBias, class Block, void (*kQuants)(const Block&, uint8_t*)>
+inline void unpack_ternary(const void* row, int64_t cols, UnpackedRowOf<T> out) {
+  const auto* blocks = static_cast<const Block*>(row);
+  uint8_t q[kQK_K];
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    kQuants(blocks[b], q);
+    T* w = out.w + kQK_K * b;
+    for (int i = 0; i < kQK_K; ++i) w[i] = T(q[i] + kBias);
+    for (int g = 0; g < 8; ++g) out.scale[8 * b + g] = f16_value(blocks[b].d);
+  }
+}
+
 using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
 
 // The formats with a token-lanes path.
-constexpr DType kLanesFormats[] = {DType::Q8_0,   DType::Q4_0,   DType::Q5_0,  DType::Q4_1,
-                                   DType::Q4_K,   DType::Q5_K,   DType::Q6_K,  DType::IQ4_NL,
-                                   DType::IQ4_XS, DType::MXFP4};
+constexpr DType kLanesFormats[] = {DType::Q8_0,   DType::Q4_0,  DType::Q5_0,   DType::Q4_1,
+                                   DType::Q4_K,   DType::Q5_K,  DType::Q6_K,   DType::IQ4_NL,
+                                   DType::IQ4_XS, DType::MXFP4, DType::TQ1_0, DType::TQ2_0};
 
 struct RowUnpacker {
   UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path
@@ -282,6 +295,10 @@ inline RowUnpacker row_unpacker(DType type) {
       return {unpack_iq4_xs<int16_t, 0>, {32, false}};
     case DType::MXFP4:
       return {unpack_mxfp4<int16_t, 0>, {32, false}};
+    case DType::TQ1_0:
+      return {unpack_ternary<int16_t, -1, BlockTQ1_0, tq1_0_quants>, {32, false}};
+    case DType::TQ2_0:
+      return {unpack_ternary<int16_t, -1, BlockTQ2_0, tq2_0_quants>, {32, false}};
     default:
       return {};
   }

@@ -122,6 +122,11 @@ inline RowUnpacker8 row_unpacker8(DType type) {
       return {unpack_iq4_xs<uint8_t, 128>, {32, false, 7}};
     case DType::MXFP4:
       return {unpack_mxfp4<uint8_t, 128>, {32, false, 7}};
+    // The ternary quants q (digit + 1) plus 7: u = digit + 8, offset 8 as Q4_0's.
+    case DType::TQ1_0:
+      return {unpack_ternary<uint8_t, 7, BlockTQ1_0, tq1_0_quants>, {32, false, 3}};
+    case DType::TQ2_0:
+      return {unpack_ternary<uint8_t, 7, BlockTQ2_0, tq2_0_quants>, {32, false, 3}};
     default:
       return {};
   }

@@ -106,9 +106,6 @@ const KernelTable& best_kernel_table();
 // Each fills both precisions' float formats and the Int8 quantized ones; the *_q16 files fill
 // the Int16 quantized ones.
 void fill_portable_kernels(KernelTable& table);
-// Row dots through the reference decoders, F32 activations, for the formats without kernels of
-// their own (dot_dequantized.cpp); every level keeps them.
-void fill_dequantized_kernels(KernelTable& table);
 void fill_avx2_kernels(KernelTable& table);
 void fill_avx512_kernels(KernelTable& table);
 void fill_portable_q16_kernels(KernelTable& table);

@@ -9,7 +9,6 @@
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "quant/interleave.h"
-#include "quant/quant.h"
 
 namespace tandem::cpu {
 namespace {
@@ -17,7 +16,6 @@ namespace {
 KernelTable build_table(CpuIsa isa) {
   KernelTable table;
   fill_portable_kernels(table);
-  fill_dequantized_kernels(table);
   fill_portable_q16_kernels(table);
   table.key_scores_16 = key_scores_16_portable;
   table.weighted_sums_64 = weighted_sums_64_portable;
@@ -41,10 +39,11 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_lanes_kernels(table);
     fill_avx512_lanes8_kernels(table);
   }
-  // The IQ4 formats, MXFP4 and Q4_1 have no 8-bit row dots: at Int8 their row dots are the
-  // 16-bit ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8 activations
+  // The IQ4 formats, MXFP4, Q4_1 and the ternary ones have no 8-bit row dots: at Int8 their row
+  // dots are the 16-bit ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8 activations
   // measured 1.1-1.3x slower than the 16-bit one (matmul_bench), so none is kept.
-  for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q4_1})
+  for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q4_1, DType::TQ1_0,
+                     DType::TQ2_0})
     table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
 }
@@ -428,9 +427,11 @@ bool matmul_supports(DType weight_type) {
     case DType::IQ4_XS:
     case DType::MXFP4:
     case DType::Q4_1:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
       return true;
     default:
-      return decoded_only(weight_type);  // through the reference decoders (dot_dequantized.cpp)
+      return false;
   }
 }
 
