@@ -1,5 +1,6 @@
-// AVX2 Int16-precision kernels: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K against ActKind::Q16
-// (act_q16.h), and the Q16 preparation. Other formats use the portable kernels.
+// AVX2 Int16-precision kernels: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4,
+// TQ1_0, TQ2_0 against ActKind::Q16 (act_q16.h), and the Q16 preparation. Other formats use the
+// portable kernels.
 //
 // One 32-element activation block is two ymm of int16. Weights are built as bytes (with their
 // offsets applied: Q4_0 -8, Q5_0 -16, Q6_K -32, so every weight is signed and |w| <= 128),
@@ -289,6 +290,121 @@ void prepare_q16(const float* x, void* act_row, int64_t cols) {
   }
 }
 
+// ---- Q4_1, and the formats whose 4-bit codes index 16 levels (IQ4_NL, IQ4_XS, MXFP4) ----
+
+// Q4_1: d · q + m; the m part from the activations' two sums per 16 of the block.
+float dot_q4_1(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockQ4_1*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float m_sum = 0.0f;
+  const float sum = sum_blocks(cols / 32, [&](int64_t b, __m256 acc) {
+    m_sum += f16(wb[b].m) * (x.sum16[2 * b] + x.sum16[2 * b + 1]);
+    return block_product(dot_bytes_32(unpack_nibbles_32(wb[b].qs), x, 32 * b),
+                         f16(wb[b].d) * x.d[b], acc);
+  });
+  return sum + m_sum;
+}
+
+// A 16-entry table of signed levels in both 128-bit lanes, for vpshufb.
+inline __m256i level_table(const int8_t* levels) {
+  return _mm256_broadcastsi128_si256(load128(levels));
+}
+
+// 32 codes of 16 bytes (as Q4_0's nibbles) looked up as signed levels.
+inline __m256i levels_32(const uint8_t* qs, __m256i table) {
+  return _mm256_shuffle_epi8(table, unpack_nibbles_32(qs));
+}
+
+float dot_iq4_nl(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ4_NL*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const __m256i table = level_table(kIq4NlValues);
+  return sum_blocks(cols / 32, [&](int64_t b, __m256 acc) {
+    return block_product(dot_bytes_32(levels_32(wb[b].qs, table), x, 32 * b),
+                         f16(wb[b].d) * x.d[b], acc);
+  });
+}
+
+float dot_mxfp4(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockMXFP4*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const __m256i table = level_table(kE2M1Doubled.v);
+  return sum_blocks(cols / 32, [&](int64_t b, __m256 acc) {
+    return block_product(dot_bytes_32(levels_32(wb[b].qs, table), x, 32 * b),
+                         mxfp4_scale(wb[b].e) * x.d[b], acc);
+  });
+}
+
+float dot_iq4_xs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ4_XS*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const __m256i table = level_table(kIq4NlValues);
+  return sum_blocks(cols / 32, [&](int64_t g, __m256 acc) {
+    const BlockIQ4_XS& block = wb[g / 8];
+    const int sub = int(g % 8);
+    const float scale = f16(block.d) * float(iq4_xs_sub_scale(block, sub)) * x.d[g];
+    return block_product(dot_bytes_32(levels_32(block.qs + 16 * sub, table), x, 32 * g), scale,
+                         acc);
+  });
+}
+
+// ---- the ternary formats: x = d · (q - 1), one d per 256 elements ----
+
+// TQ2_0: group k of a half is bits 2k, 2k + 1 of its 32 bytes.
+float dot_tq2_0(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockTQ2_0*>(w);
+  const Q16Row x = q16_row(a, cols);
+  return sum_blocks(cols / 32, [&](int64_t g, __m256 acc) {
+    const BlockTQ2_0& block = wb[g / 8];
+    const int k = int(g % 8);
+    const __m256i bytes = load256(block.qs + 32 * (k / 4));
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (k % 4))),
+                                       _mm256_set1_epi8(3));
+    return block_product(dot_bytes_32(_mm256_sub_epi8(q, _mm256_set1_epi8(1)), x, 32 * g),
+                         f16(block.d) * x.d[g], acc);
+  });
+}
+
+// TQ1_0: digit n of byte b is ((b · 3^n) mod 256) · 3 >> 8 (core/blocks.h), on 16-bit lanes: a
+// multiply, a mask, and the high half of a multiply by 3 · 256, 16 weights at a time. Group g's
+// first and second 16 weights: groups 0-4 digit g of qs[0..15] and qs[16..31]; 5 and 6 digits
+// 0, 1 and 2, 3 of qs[32..47]; 7 digit 4 of qs[32..47], then digit n of qh[m] for element
+// 240 + 4 n + m.
+float dot_tq1_0(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockTQ1_0*>(w);
+  const Q16Row x = q16_row(a, cols);
+  auto digits = [](__m128i bytes, __m256i pow3) {
+    const __m256i low = _mm256_and_si256(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(bytes), pow3),
+                                         _mm256_set1_epi16(255));
+    return _mm256_sub_epi16(_mm256_mulhi_epu16(low, _mm256_set1_epi16(3 * 256)),
+                            _mm256_set1_epi16(1));
+  };
+  constexpr int16_t kPow3[5] = {1, 3, 9, 27, 81};
+  const __m256i qh_pow3 = _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+  return sum_blocks(cols / 32, [&](int64_t g, __m256 acc) {
+    const BlockTQ1_0& block = wb[g / 8];
+    const int k = int(g % 8);
+    __m256i first, second;
+    if (k < 5) {
+      const __m256i pow3 = _mm256_set1_epi16(kPow3[k]);
+      first = digits(load128(block.qs), pow3);
+      second = digits(load128(block.qs + 16), pow3);
+    } else if (k < 7) {
+      const __m128i bytes = load128(block.qs + 32);
+      first = digits(bytes, _mm256_set1_epi16(kPow3[2 * (k - 5)]));
+      second = digits(bytes, _mm256_set1_epi16(kPow3[2 * (k - 5) + 1]));
+    } else {
+      uint32_t qh;
+      std::memcpy(&qh, block.qh, sizeof(qh));
+      first = digits(load128(block.qs + 32), _mm256_set1_epi16(kPow3[4]));
+      second = digits(_mm_set1_epi32(int32_t(qh)), qh_pow3);
+    }
+    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, load_x(x, 32 * g)),
+                                         _mm256_madd_epi16(second, load_x(x, 32 * g + 16)));
+    return block_product(dot, f16(block.d) * x.d[g], acc);
+  });
+}
+
 }  // namespace
 
 void fill_avx2_q16_kernels(KernelTable& table) {
@@ -301,6 +417,12 @@ void fill_avx2_q16_kernels(KernelTable& table) {
   set(DType::Q4_K, dot_q4_k);
   set(DType::Q5_K, dot_q5_k);
   set(DType::Q6_K, dot_q6_k);
+  set(DType::Q4_1, dot_q4_1);
+  set(DType::IQ4_NL, dot_iq4_nl);
+  set(DType::IQ4_XS, dot_iq4_xs);
+  set(DType::MXFP4, dot_mxfp4);
+  set(DType::TQ1_0, dot_tq1_0);
+  set(DType::TQ2_0, dot_tq2_0);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 
