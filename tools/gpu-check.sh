@@ -94,8 +94,12 @@ for plan in gpu hybrid; do
   done
 done
 
-# 3. The lite model, fully on the GPU and hybrid.
+# 3. The lite model, fully on the GPU and hybrid; first the plan this machine gets, with the
+#    links the driver reports (NVML) in its explanation. Informational.
 lite=$work/lite-Q4_K_M.gguf
+say "== plan_this_machine (informational)"
+"$tandem" plan --preset deepseek-v3 --explain >"$out/plan_this_machine.txt" 2>&1 || true
+grep -i "links" "$out/plan_this_machine.txt" | tee -a "$log"
 if run gen_model_lite 240 "$tandem" gen-model --preset lite --format Q4_K_M -o "$lite" --threads "$threads"; then
   run bench_gpu 150 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 -p 512 -n 128 -r 3 -t $threads --json > \"$out/bench_gpu.json\""
   run bench_hybrid 200 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --rules tools/gpu/lite_half_experts_on_host.yaml \

@@ -293,8 +293,10 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--profile", o->profile_path, "routing profile (from `tandem profile`)");
   cmd->add_option("--rules-out", o->rules_out, "write the plan as a rule file");
   cmd->add_option("--link", o->link,
-                  "how the GPUs reach each other: nvlink, pcie4 or pcie5 (default: pcie4, said "
-                  "to be assumed); host to GPU is PCIe 5 with pcie5, PCIe 4 otherwise")
+                  "how the GPUs reach each other: nvlink, pcie4 or pcie5 (default: this machine's, "
+                  "read from the driver (NVML) when tandem is built with CUDA; for --gpu or "
+                  "without an answer pcie4, said to be assumed); host to GPU is PCIe 5 with "
+                  "pcie5, PCIe 4 otherwise")
       ->check(CLI::IsMember({"nvlink", "pcie4", "pcie5"}));
   cmd->add_option("--ram-reserve", o->ram_reserve,
                   "RAM kept free for the system and the page cache: 8GiB or 10% (default: 10% of "

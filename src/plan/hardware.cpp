@@ -540,7 +540,24 @@ double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double in
 Hardware detect_hardware(int32_t threads, bool with_gpus) {
   Hardware hw = detect_host(threads, /*measure_bandwidth=*/true);
   if (with_gpus) hw.gpus = detect_gpus();
+  if (!hw.gpus.empty()) {
+    const cuda::GpuLinks links = cuda::detect_gpu_links();
+    apply_gpu_links(hw, links.known, links.nvlink, links.pcie_generation, links.how);
+  }
   return hw;
+}
+
+void apply_gpu_links(Hardware& hw, bool known, bool nvlink, int pcie_generation,
+                     const std::string& how) {
+  if (!known) {
+    hw.link_source = fmt::format("{} (not detected: {})", hw.link_source, how);
+    return;
+  }
+  hw.gpu_link = nvlink ? LinkKind::Nvlink : pcie_generation >= 5 ? LinkKind::Pcie5 : LinkKind::Pcie4;
+  hw.link_source = fmt::format("detected, {}{}", how,
+                               !nvlink && pcie_generation > 0 && pcie_generation < 4
+                                   ? "; planned as PCIe 4, the slowest link the cost model knows"
+                                   : "");
 }
 
 std::vector<DeviceSpec> detect_gpus(bool measure) {

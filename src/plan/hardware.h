@@ -93,6 +93,13 @@ Hardware detect_hardware(int32_t threads, bool with_gpus = true);
 // about a second per model the first time). `measure` false: datasheet or default rates.
 std::vector<DeviceSpec> detect_gpus(bool measure = true);
 
+// The links a machine's GPUs use, from what the driver reported for cuda:0 (cuda::GpuLinks,
+// `nvlink` / `pcie_generation` / `how`): NVLink when one is active, else PCIe 5 from a gen-5 slot,
+// else PCIe 4 (gen 3 counted as 4: the cost model has no slower kind, and says so). Without an
+// answer (`known` false) the assumption stays, with the reason beside it.
+void apply_gpu_links(Hardware& hw, bool known, bool nvlink, int pcie_generation,
+                     const std::string& how);
+
 // The same host with RAM and GPUs replaced by a description (what `tandem plan --gpu --ram`
 // gives); host bandwidth stays measured unless `host_bandwidth` is given. Both keep the default
 // RAM reserve and assume PCIe 4 links (link_source says so).

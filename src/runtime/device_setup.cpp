@@ -132,6 +132,10 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                              .bandwidth_bytes_per_s = 20e9, .flops_per_s = 0.2e12,
                              .bandwidth_source = "assumed for simulated devices"});
   }
+  if (std::ranges::any_of(requests, [](const DeviceRequest& r) { return r.cuda; })) {
+    const cuda::GpuLinks links = cuda::detect_gpu_links();
+    plan::apply_gpu_links(hardware, links.known, links.nvlink, links.pcie_generation, links.how);
+  }
   const plan::Rules rules = rules_path.empty() ? plan::Rules{} : plan::load_rules(rules_path);
   std::optional<plan::RoutingProfile> profile;
   if (!profile_path.empty()) {

@@ -73,6 +73,29 @@ TEST(ParseLink, names_round_trip_and_errors_list_the_choices) {
             std::string::npos);
 }
 
+// What the driver says about cuda:0's links becomes the plan's link kind, with where it came
+// from; no answer keeps the assumption and says why.
+TEST(GpuLinks, nvlink_then_the_pcie_generation_decide_and_unknown_keeps_the_assumption) {
+  Hardware hw;
+  apply_gpu_links(hw, true, true, 4, "NVML: cuda:0 has 12 active NVLinks, PCIe gen 4");
+  EXPECT_EQ(hw.gpu_link, LinkKind::Nvlink);
+  EXPECT_EQ(hw.link_source, "detected, NVML: cuda:0 has 12 active NVLinks, PCIe gen 4");
+  hw = Hardware{};
+  apply_gpu_links(hw, true, false, 5, "x");
+  EXPECT_EQ(hw.gpu_link, LinkKind::Pcie5);
+  hw = Hardware{};
+  apply_gpu_links(hw, true, false, 3, "x");
+  EXPECT_EQ(hw.gpu_link, LinkKind::Pcie4);
+  EXPECT_NE(hw.link_source.find("planned as PCIe 4"), std::string::npos) << hw.link_source;
+  hw = Hardware{};
+  apply_gpu_links(hw, false, false, 0, "NVML (libnvidia-ml.so.1) not found");
+  EXPECT_EQ(hw.gpu_link, LinkKind::Pcie4);
+  EXPECT_TRUE(hw.link_source.starts_with("assumed PCIe 4")) << hw.link_source;
+  EXPECT_NE(hw.link_source.find("not detected: NVML (libnvidia-ml.so.1) not found"),
+            std::string::npos)
+      << hw.link_source;
+}
+
 TEST(ParseGpu, known_cards_get_their_memory_bandwidth_and_throughput) {
   const DeviceSpec g = parse_gpu("4090", 1);
   EXPECT_EQ(g.name, "cuda:1");

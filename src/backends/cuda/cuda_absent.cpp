@@ -28,4 +28,8 @@ GpuRates measure_gpu_rates(int index) {
   fail("cuda:{}: this tandem was built without CUDA", index);
 }
 
+GpuLinks detect_gpu_links() {
+  return {.how = "built without CUDA"};
+}
+
 }  // namespace tandem::cuda

@@ -41,4 +41,15 @@ struct GpuRates {
 };
 GpuRates measure_gpu_rates(int index);
 
+// How this machine's GPUs reach each other and the host, as the driver reports it for cuda:0
+// (NVML, loaded at run time where the driver has it: no link-time dependency). `known` false,
+// with `how` saying why, when there is no GPU, no NVML or no answer.
+struct GpuLinks {
+  bool known = false;
+  bool nvlink = false;      // an NVLink of cuda:0 is active
+  int pcie_generation = 0;  // the highest PCIe generation of cuda:0's slot and the GPU
+  std::string how;          // what was read, for the plan's explanation
+};
+GpuLinks detect_gpu_links();
+
 }  // namespace tandem::cuda
