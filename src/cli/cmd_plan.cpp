@@ -63,10 +63,12 @@ std::vector<int32_t> layers_on(const Placement& p, int32_t d) {
 
 struct Counts {
   uint64_t groups = 0, experts = 0, bytes = 0;
+  uint64_t expert_copies = 0;  // copies of experts homed elsewhere (not in groups or bytes)
 };
 Counts counts_on(const Placement& p, const ModelInventory& inv, int32_t d) {
   Counts c;
   for (size_t i = 0; i < inv.groups.size(); ++i) {
+    if (i < p.group_copies.size()) c.expert_copies += uint64_t(std::ranges::count(p.group_copies[i], d));
     if (p.group_device[i] != d) continue;
     ++c.groups, c.bytes += inv.groups[i].bytes;
     c.experts += inv.groups[i].kind == WeightGroup::RoutedExperts;
@@ -163,6 +165,7 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                        {"layers", layers_on(p, int32_t(d))},
                        {"groups", c.groups},
                        {"experts", c.experts},
+                       {"expert_copies", c.expert_copies},
                        {"holds", u.holds}});
   }
   out["devices"] = devices;

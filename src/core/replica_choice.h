@@ -10,8 +10,8 @@
 // on ties, its home). Load counts distinct experts (a step reads each chosen expert's weights
 // once, whatever its tokens); `busy_shard` starts at `busy_load` (the layer's device also runs
 // the shared experts). Near the best assignment: for DeepSeek-V3 on 8 GPUs with 65% of the
-// experts copied, the busiest GPU gets 2.01 experts a decode step on average where the best
-// assignment (searched exhaustively) gets 1.94 and no copies 2.56.
+// experts copied (and no busy start), the busiest GPU gets 2.01 experts a decode step on average
+// where the best assignment (searched exhaustively) gets 1.94 and no copies 2.56.
 //
 // Which device computes a slot never changes its bits: copies are placed only on devices of one
 // kind, which run the same kernels, and the layer's device sums the slots in routing order.

@@ -147,7 +147,8 @@ __global__ void reduce_kernel(MoeReduceOp op) {
 }
 
 // One block: one thread runs the rule (serial by nature: each choice depends on the loads before
-// it; a decode step has a few slots, a prompt chunk of 512 tokens 4096), then all write the index.
+// it; only decode steps use copies, with fewer slots than the layer has experts), then all write
+// the index.
 __global__ void pick_replicas_kernel(ReplicaPickOp op) {
   extern __shared__ int32_t chosen[];  // [n_expert]
   __shared__ int32_t load[kMaxReplicaShards];
