@@ -226,7 +226,7 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   // Per-token cost by token count: row dots below kLanesMinTokens, token lanes from there on.
-  for (DType type : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::IQ4_XS}) {
+  for (DType type : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::IQ4_XS, DType::TQ1_0, DType::TQ2_0}) {
     for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
       for (int64_t n_tokens : {1, 2, 4, 6, 7, 8, 16, 64}) {
         const std::string name = "tokens/" + std::string(dtype_name(type)) +

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/blocks.h"
+
 // Internal linkage, as act_q16.h: only the AVX-512 files include this.
 namespace tandem::cpu {
 namespace {  // NOLINT(google-build-namespaces)
@@ -54,6 +56,47 @@ constexpr int kPrefetchAhead = 8192;
 inline void prefetch_ahead(const void* p, int bytes) {
   const char* ahead = static_cast<const char*>(p) + kPrefetchAhead;
   for (int line = 0; line < bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+
+// ---- the ternary formats: group k (32 weights) of a 256-block as 32 int16 quants q (0..2) ----
+
+// TQ2_0: group k of a half is bits 2k, 2k + 1 of its 32 bytes.
+inline __m512i tq2_0_group(const BlockTQ2_0& block, int k) {
+  const __m512i bytes = _mm512_cvtepu8_epi16(load256(block.qs + 32 * (k / 4)));
+  return _mm512_and_si512(_mm512_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (k % 4))),
+                          _mm512_set1_epi16(3));
+}
+
+// TQ1_0: digit n of byte b is ((b · 3^n) mod 256) · 3 >> 8 (core/blocks.h), on 16-bit lanes: a
+// multiply, a mask, and the high half of a multiply by 3 · 256. Group k's bytes and multipliers:
+// groups 0-4 digit k of qs[0..31]; 5 and 6 two digits each of qs[32..47]; 7 digit 4 of
+// qs[32..47] and the four digits of qh[0..3] (element 240 + 4 n + m: digit n of qh[m]).
+inline __m512i tq1_0_group(const BlockTQ1_0& block, int k) {
+  alignas(64) static constexpr int16_t kPow3[3][32] = {
+      {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3,
+       3, 3},
+      {9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,
+       27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27},
+      {81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81,
+       1,  1,  1,  1,  3,  3,  3,  3,  9,  9,  9,  9,  27, 27, 27, 27}};
+  constexpr int16_t kDigit[5] = {1, 3, 9, 27, 81};
+  __m512i bytes, pow3;
+  if (k < 5) {
+    bytes = _mm512_cvtepu8_epi16(load256(block.qs));
+    pow3 = _mm512_set1_epi16(kDigit[k]);
+  } else if (k < 7) {
+    bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(load128(block.qs + 32)));
+    pow3 = _mm512_load_si512(kPow3[k - 5]);
+  } else {
+    uint32_t qh;
+    std::memcpy(&qh, block.qh, sizeof(qh));
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(block.qs + 32)),
+                                                 _mm_set1_epi32(int32_t(qh)), 1);
+    bytes = _mm512_cvtepu8_epi16(both);
+    pow3 = _mm512_load_si512(kPow3[2]);
+  }
+  const __m512i low = _mm512_and_si512(_mm512_mullo_epi16(bytes, pow3), _mm512_set1_epi16(255));
+  return _mm512_mulhi_epu16(low, _mm512_set1_epi16(3 * 256));
 }
 
 }  // namespace

@@ -207,60 +207,13 @@ inline __m512 ternary_scales(const Block* wb, int64_t g, __mmask16 m) {
   return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
 }
 
-// TQ2_0: group k of a half is bits 2k, 2k + 1 of its 32 bytes.
-float dot_tq2_0(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockTQ2_0*>(w);
+template <class Block, __m512i (*kGroup)(const Block&, int)>
+float dot_ternary(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
   const Q16Row x = q16_row(a, cols);
   auto scales = [&](int64_t g, __mmask16 m) { return ternary_scales(wb, g, m); };
   return sum_scaled_blocks(x, cols / 32, scales, [&](int64_t g) {
-    const BlockTQ2_0& block = wb[g / 8];
-    const int k = int(g % 8);
-    const __m512i bytes = _mm512_cvtepu8_epi16(load256(block.qs + 32 * (k / 4)));
-    const __m512i q = _mm512_and_si512(_mm512_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (k % 4))),
-                                       _mm512_set1_epi16(3));
-    return _mm512_madd_epi16(_mm512_sub_epi16(q, _mm512_set1_epi16(1)), load_x(x, g));
-  });
-}
-
-// TQ1_0: digit n of byte b is ((b · 3^n) mod 256) · 3 >> 8 (core/blocks.h), on 16-bit lanes: a
-// multiply, a mask, and the high half of a multiply by 3 · 256. Each group's 32 bytes and
-// multipliers: groups 0-4 digit g of qs[0..31]; 5 and 6 two digits of qs[32..47]; 7 digit 4 of
-// qs[32..47] and the four digits of qh[0..3] (element 240 + 4 n + m: digit n of qh[m]).
-float dot_tq1_0(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockTQ1_0*>(w);
-  const Q16Row x = q16_row(a, cols);
-  // Per lane: 3^(digit n) of the byte it reads (groups 5, 6 and 7).
-  alignas(64) static constexpr int16_t kPow3[3][32] = {
-      {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3,
-       3, 3},
-      {9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,  9,
-       27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27, 27},
-      {81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81,
-       1,  1,  1,  1,  3,  3,  3,  3,  9,  9,  9,  9,  27, 27, 27, 27}};
-  const __m512i pow3_lo = _mm512_load_si512(kPow3[0]), pow3_hi = _mm512_load_si512(kPow3[1]);
-  const __m512i pow3_last = _mm512_load_si512(kPow3[2]);
-  auto scales = [&](int64_t g, __mmask16 m) { return ternary_scales(wb, g, m); };
-  return sum_scaled_blocks(x, cols / 32, scales, [&](int64_t g) {
-    const BlockTQ1_0& block = wb[g / 8];
-    const int k = int(g % 8);
-    __m512i bytes, pow3;
-    if (k < 5) {
-      constexpr int16_t kDigit[5] = {1, 3, 9, 27, 81};
-      bytes = _mm512_cvtepu8_epi16(load256(block.qs));
-      pow3 = _mm512_set1_epi16(kDigit[k]);
-    } else if (k < 7) {
-      bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(load128(block.qs + 32)));
-      pow3 = k == 5 ? pow3_lo : pow3_hi;
-    } else {
-      uint32_t qh;
-      std::memcpy(&qh, block.qh, sizeof(qh));
-      const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(block.qs + 32)),
-                                                   _mm_set1_epi32(int32_t(qh)), 1);
-      bytes = _mm512_cvtepu8_epi16(both);
-      pow3 = pow3_last;
-    }
-    const __m512i low = _mm512_and_si512(_mm512_mullo_epi16(bytes, pow3), _mm512_set1_epi16(255));
-    const __m512i q = _mm512_mulhi_epu16(low, _mm512_set1_epi16(3 * 256));
+    const __m512i q = kGroup(wb[g / 8], int(g % 8));
     return _mm512_madd_epi16(_mm512_sub_epi16(q, _mm512_set1_epi16(1)), load_x(x, g));
   });
 }
@@ -471,8 +424,8 @@ void fill_avx512_q16_kernels(KernelTable& table) {
   set(DType::Q4_1, dot_q4_1);
   set(DType::MXFP4, dot_mxfp4);
   set(DType::IQ4_XS, dot_iq4_xs);
-  set(DType::TQ1_0, dot_tq1_0);
-  set(DType::TQ2_0, dot_tq2_0);
+  set(DType::TQ1_0, dot_ternary<BlockTQ1_0, tq1_0_group>);
+  set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_group>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

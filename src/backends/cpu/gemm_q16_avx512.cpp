@@ -146,6 +146,20 @@ void unpack_iq4_xs_avx512(const void* row, int64_t cols, UnpackedRow out) {
   }
 }
 
+// The ternary quants less one (the digits) as int16, group by group.
+template <class Block, __m512i (*kGroup)(const Block&, int)>
+void unpack_ternary_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  const auto* blocks = static_cast<const Block*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float d = f16_value(blocks[b].d);
+    for (int k = 0; k < 8; ++k) {
+      store512(out.w + kQK_K * b + 32 * k,
+               _mm512_sub_epi16(kGroup(blocks[b], k), _mm512_set1_epi16(1)));
+      out.scale[8 * b + k] = d;
+    }
+  }
+}
+
 UnpackRowFn avx512_unpacker(DType type) {
   switch (type) {
     case DType::Q8_0:
@@ -164,6 +178,10 @@ UnpackRowFn avx512_unpacker(DType type) {
       return unpack_iq4_nl_avx512;
     case DType::IQ4_XS:
       return unpack_iq4_xs_avx512;
+    case DType::TQ1_0:
+      return unpack_ternary_avx512<BlockTQ1_0, tq1_0_group>;
+    case DType::TQ2_0:
+      return unpack_ternary_avx512<BlockTQ2_0, tq2_0_group>;
     default:  // formats without an unpacker of their own here: the portable one
       return row_unpacker(type).unpack;
   }

@@ -139,6 +139,20 @@ void unpack8_iq4_xs_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   }
 }
 
+// The ternary quants q + 7 as bytes (offset 8, as gemm_q8.h's), group by group.
+template <class Block, __m512i (*kGroup)(const Block&, int)>
+void unpack8_ternary_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  const auto* blocks = static_cast<const Block*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float d = f16_value(blocks[b].d);
+    for (int k = 0; k < 8; ++k) {
+      const __m512i u = _mm512_add_epi16(kGroup(blocks[b], k), _mm512_set1_epi16(7));
+      store256(out.w + kQK_K * b + 32 * k, _mm512_cvtepi16_epi8(u));
+      out.scale[8 * b + k] = d;
+    }
+  }
+}
+
 UnpackRow8Fn avx512_unpacker8(DType type) {
   switch (type) {
     case DType::Q8_0:
@@ -157,6 +171,10 @@ UnpackRow8Fn avx512_unpacker8(DType type) {
       return unpack8_iq4_nl_avx512;
     case DType::IQ4_XS:
       return unpack8_iq4_xs_avx512;
+    case DType::TQ1_0:
+      return unpack8_ternary_avx512<BlockTQ1_0, tq1_0_group>;
+    case DType::TQ2_0:
+      return unpack8_ternary_avx512<BlockTQ2_0, tq2_0_group>;
     default:  // formats without an unpacker of their own here: the portable one
       return row_unpacker8(type).unpack;
   }
