@@ -203,7 +203,6 @@ class StepModel {
           placement.devices.size() > size_t(kMaxReplicaShards))
         continue;
       LayerHolders& h = holders_[size_t(g.layer)];
-      if (h.max_holders == 0) h.max_holders = 1 + int32_t(copies.size());
       h.max_holders = std::max(h.max_holders, 1 + int32_t(copies.size()));
       for (int32_t d : copies) used_[size_t(d)] = true;
     }
