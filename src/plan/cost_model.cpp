@@ -114,6 +114,15 @@ uint64_t head_share_bytes(const Deepseek2Hparams& hp, uint64_t attention_bytes, 
 
 namespace {
 
+// FNV-1a over bytes: the cache keys of the copies' sampling (StepModel).
+struct Fnv1a {
+  uint64_t value = 1469598103934665603ull;
+  void mix(const void* data, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i)
+      value = (value ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  }
+};
+
 double total(const Prediction& t) {
   return t.decode_seconds_gpu + t.decode_seconds_cpu + t.decode_seconds_transfer +
          t.decode_seconds_disk;
@@ -536,19 +545,15 @@ class StepModel {
         for (int64_t c = 0; c < most; ++c)
           by_count[size_t(c)] = b.start_s + part_seconds(b.dev, b.part, double(c));
     }
-    uint64_t key = 1469598103934665603ull;  // FNV-1a over everything the answer depends on
-    auto mix = [&](const void* data, size_t bytes) {
-      for (size_t i = 0; i < bytes; ++i)
-        key = (key ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
-    };
-    mix(h.table.data(), h.table.size() * sizeof(int32_t));
-    mix(p.data(), p.size() * sizeof(double));
-    mix(&batch, sizeof batch), mix(&owner, sizeof owner);
+    Fnv1a key;  // over everything the answer depends on
+    key.mix(h.table.data(), h.table.size() * sizeof(int32_t));
+    key.mix(p.data(), p.size() * sizeof(double));
+    key.mix(&batch, sizeof batch), key.mix(&owner, sizeof owner);
     for (size_t i = 0; i < branches.size(); ++i) {
-      mix(&branches[i].dev, sizeof(int32_t));
-      mix(time_s[i].data(), time_s[i].size() * sizeof(double));
+      key.mix(&branches[i].dev, sizeof(int32_t));
+      key.mix(time_s[i].data(), time_s[i].size() * sizeof(double));
     }
-    if (const auto it = sampled_.find(key); it != sampled_.end()) return it->second;
+    if (const auto it = sampled_.find(key.value); it != sampled_.end()) return it->second;
     std::vector<int32_t> chosen(size_t(n_expert), -1);
     int32_t load[kMaxReplicaShards];
     const int32_t busy = int32_t(hp.n_expert_shared);
@@ -566,7 +571,7 @@ class StepModel {
       }
       total_s += slowest_s;
     }
-    return sampled_[key] = total_s / double(draws);
+    return sampled_[key.value] = total_s / double(draws);
   }
 
   // Routings of steps of `batch` tokens drawn from the choice probabilities `p`, k distinct
@@ -574,12 +579,10 @@ class StepModel {
   // draws), one after another; the same seed for all, drawn once per StepModel.
   const std::vector<int32_t>& sampled_routings(const std::vector<double>& p, int64_t batch,
                                                int64_t k) const {
-    uint64_t key = 1469598103934665603ull;
-    for (const uint8_t* b = reinterpret_cast<const uint8_t*>(p.data());
-         b != reinterpret_cast<const uint8_t*>(p.data() + p.size()); ++b)
-      key = (key ^ *b) * 1099511628211ull;
-    key = (key ^ uint64_t(batch)) * 1099511628211ull;
-    std::vector<int32_t>& ids = routings_[key];
+    Fnv1a key;
+    key.mix(p.data(), p.size() * sizeof(double));
+    key.mix(&batch, sizeof batch);
+    std::vector<int32_t>& ids = routings_[key.value];
     if (!ids.empty()) return ids;
     const int64_t n_expert = int64_t(p.size()), n_slots = batch * k;
     std::vector<double> cumulative(p.size());

@@ -116,7 +116,8 @@ void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_
 }
 
 void CpuBackend::pick_replicas(const ReplicaPickOp& op) {
-  std::vector<int32_t> chosen(size_t(op.n_expert), -1);
+  thread_local std::vector<int32_t> chosen;  // no allocation per layer and step
+  chosen.assign(size_t(op.n_expert), -1);
   int32_t load[kMaxReplicaShards];
   choose_replicas(op.expert_ids, op.n_slots, op.holders, op.max_holders, op.n_expert,
                   op.busy_shard, op.busy_load, chosen.data(), load);
