@@ -8,6 +8,7 @@
 #include "core/blocks.h"
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/iq_blocks.h"
 #include "quant/quant.h"
 
 namespace tandem::test {
@@ -67,6 +68,17 @@ inline std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols,
       put(&reinterpret_cast<BlockTQ1_0*>(bytes.data())[b].d, 0.5f * scale(rng));
     } else if (type == DType::TQ2_0) {
       put(&reinterpret_cast<BlockTQ2_0*>(bytes.data())[b].d, 0.5f * scale(rng));
+    } else if (type == DType::IQ1_M) {  // d: the top nibbles of the four scale words
+      auto* block = reinterpret_cast<BlockIQ1_M*>(bytes.data()) + b;
+      const uint16_t d = f32_to_f16(0.05f * scale(rng));
+      for (int w = 0; w < 4; ++w) {
+        block->scales[2 * w + 1] = uint8_t((block->scales[2 * w + 1] & 0x0F) | ((d >> (4 * w)) & 0xF) << 4);
+      }
+    } else if (type == DType::IQ1_S || type == DType::IQ2_XXS || type == DType::IQ2_XS ||
+               type == DType::IQ2_S || type == DType::IQ3_XXS || type == DType::IQ3_S) {
+      // The other grid formats start with their f16 d.
+      put(reinterpret_cast<uint16_t*>(bytes.data() + size_t(b) * dtype_info(type).block_bytes),
+          0.02f * scale(rng));
     } else {  // MXFP4: block scales 2^-5 .. 2^2
       reinterpret_cast<BlockMXFP4*>(bytes.data())[b].e = uint8_t(122 + rng() % 8);
     }

@@ -275,8 +275,7 @@ void register_plan(CLI::App& app) {
       ->check(CLI::IsMember(inventory_preset_names()));
   cmd->add_option("--quant", o->quant,
                   "quant mix of the preset; UD-IQ1_S and UD-IQ2_XXS are the dynamic low-bit mixes "
-                  "(routed experts IQ1_S/IQ2_XXS/IQ3_XXS, the rest Q4_K/Q6_K), for sizing: tandem "
-                  "does not read those i-quants yet")
+                  "(routed experts IQ1_S/IQ2_XXS/IQ3_XXS, the rest Q4_K/Q6_K)")
       ->capture_default_str()
       ->check(CLI::IsMember(inventory_quant_mixes()));
   cmd->add_option("--gpu", o->gpus,

@@ -3,6 +3,7 @@
 #include <array>
 
 #include "core/blocks.h"
+#include "core/iq_blocks.h"
 #include "core/error.h"
 
 namespace tandem {
@@ -23,16 +24,16 @@ constexpr std::array kDTypes = {
     DTypeInfo{DType::Q5_K, "Q5_K", kQK_K, sizeof(BlockQ5_K), true},
     DTypeInfo{DType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), true},
     DTypeInfo{DType::Q8_K, "Q8_K", kQK_K, sizeof(BlockQ8_K), false},
-    // The i-quants with lattice grids: named and sized (inspect, plans), not read yet.
-    DTypeInfo{DType::IQ2_XXS, "IQ2_XXS", kQK_K, 66, false},
-    DTypeInfo{DType::IQ2_XS, "IQ2_XS", kQK_K, 74, false},
-    DTypeInfo{DType::IQ3_XXS, "IQ3_XXS", kQK_K, 98, false},
-    DTypeInfo{DType::IQ1_S, "IQ1_S", kQK_K, 50, false},
+    // The i-quants with lattice grids (core/iq_blocks.h).
+    DTypeInfo{DType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), true},
+    DTypeInfo{DType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), true},
+    DTypeInfo{DType::IQ3_XXS, "IQ3_XXS", kQK_K, sizeof(BlockIQ3_XXS), true},
+    DTypeInfo{DType::IQ1_S, "IQ1_S", kQK_K, sizeof(BlockIQ1_S), true},
     DTypeInfo{DType::IQ4_NL, "IQ4_NL", 32, sizeof(BlockIQ4_NL), true},
-    DTypeInfo{DType::IQ3_S, "IQ3_S", kQK_K, 110, false},
-    DTypeInfo{DType::IQ2_S, "IQ2_S", kQK_K, 82, false},
+    DTypeInfo{DType::IQ3_S, "IQ3_S", kQK_K, sizeof(BlockIQ3_S), true},
+    DTypeInfo{DType::IQ2_S, "IQ2_S", kQK_K, sizeof(BlockIQ2_S), true},
     DTypeInfo{DType::IQ4_XS, "IQ4_XS", kQK_K, sizeof(BlockIQ4_XS), true},
-    DTypeInfo{DType::IQ1_M, "IQ1_M", kQK_K, 56, false},
+    DTypeInfo{DType::IQ1_M, "IQ1_M", kQK_K, sizeof(BlockIQ1_M), true},
     DTypeInfo{DType::TQ1_0, "TQ1_0", kQK_K, sizeof(BlockTQ1_0), true},
     DTypeInfo{DType::TQ2_0, "TQ2_0", kQK_K, sizeof(BlockTQ2_0), true},
     DTypeInfo{DType::MXFP4, "MXFP4", 32, sizeof(BlockMXFP4), true},

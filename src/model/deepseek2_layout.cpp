@@ -28,6 +28,8 @@ DType mix_type(std::string_view mix, const std::string& name, const TensorRole& 
   if (mix == "TQ1_0") return DType::TQ1_0;
   if (mix == "TQ2_0") return DType::TQ2_0;
   if (mix == "MXFP4") return DType::MXFP4;
+  if (mix == "IQ2_XXS") return DType::IQ2_XXS;
+  if (mix == "IQ3_XXS") return DType::IQ3_XXS;
   const bool down = contains(name, "ffn_down");
   if (mix == "Q4_K_M") {
     // llama.cpp gives more bits to ffn_down only (attn_v_b is not its "attn_v"; the fixtures'
@@ -107,7 +109,7 @@ uint64_t TensorLayout::n_bytes() const {
 const std::vector<std::string>& deepseek2_quant_mixes() {
   static const std::vector<std::string> mixes = {
       "Q4_K_M",     "Q8_0", "BF16",  "F16",   "F32",  "Q2_K", "IQ4_XS", "UD-IQ1_S",
-      "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4"};
+      "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4", "IQ2_XXS", "IQ3_XXS"};
   return mixes;
 }
 

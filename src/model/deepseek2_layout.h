@@ -23,7 +23,7 @@ struct TensorLayout {
 };
 
 // The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K", "IQ4_XS",
-// "UD-IQ1_S", "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4".
+// "UD-IQ1_S", "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4", "IQ2_XXS", "IQ3_XXS".
 // Rules (vectors, the router and exp_probs_b are F32 in every mix; rows that are not whole
 // blocks of the chosen format fall back as llama.cpp's quantizer does: Q4_K→Q5_0, Q6_K→Q8_0,
 // Q2_K/Q3_K/TQ1_0/TQ2_0→Q4_0, the 256-element i-quants→IQ4_NL, and anything whose row is not
@@ -39,13 +39,13 @@ struct TensorLayout {
 //     changes the total by well under 1%).
 //   IQ4_XS: every matrix IQ4_XS (rows not a multiple of 256 IQ4_NL), output Q6_K, as llama.cpp
 //     writes IQ4_XS files.
-//   Q4_1, TQ1_0, TQ2_0, MXFP4: every matrix in that format, output Q6_K: files for benches and
-//     tests of those formats' kernels (gen-model), not mixes anyone ships for DeepSeek.
+//   Q4_1, TQ1_0, TQ2_0, MXFP4, IQ2_XXS, IQ3_XXS: every matrix in that format, output Q6_K: files
+//     for benches and tests of those formats' kernels (gen-model), not mixes anyone ships for
+//     DeepSeek.
 //   UD-IQ1_S, UD-IQ2_XXS: the "dynamic" low-bit files people run DeepSeek-V3/R1 and Kimi-K2
 //     from on one GPU + RAM (131-200 GB for 671B): routed experts gate/up IQ1_S and down
 //     IQ2_XXS (UD-IQ1_S), or gate/up IQ2_XXS and down IQ3_XXS (UD-IQ2_XXS); every other matrix
-//     Q4_K with ffn_down Q6_K, output Q6_K. For plans: tandem does not read IQ1_S, IQ2_XXS or
-//     IQ3_XXS yet.
+//     Q4_K with ffn_down Q6_K, output Q6_K.
 const std::vector<std::string>& deepseek2_quant_mixes();
 
 // Every tensor of the main layers (0 .. n_layer - n_nextn_layers - 1; MTP tensors are not

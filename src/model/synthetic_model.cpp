@@ -179,6 +179,8 @@ int32_t llama_file_type(const std::string& format) {
   if (format == "TQ1_0") return 36;
   if (format == "TQ2_0") return 37;
   if (format == "MXFP4") return 38;
+  if (format == "IQ2_XXS") return 19;
+  if (format == "IQ3_XXS") return 23;
   return 32;  // BF16
 }
 
@@ -207,7 +209,8 @@ const SyntheticPreset& find_synthetic_preset(const std::string& name) {
 
 const std::vector<std::string>& synthetic_formats() {
   static const std::vector<std::string> formats = {"Q4_K_M", "IQ4_XS", "Q8_0",  "BF16",  "F16",
-                                                    "F32",    "Q4_1",   "TQ1_0", "TQ2_0", "MXFP4"};
+                                                    "F32",    "Q4_1",   "TQ1_0", "TQ2_0", "MXFP4",
+                                                    "IQ2_XXS", "IQ3_XXS"};
   return formats;
 }
 

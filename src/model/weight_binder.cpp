@@ -68,7 +68,8 @@ const gguf::TensorInfo& WeightBinder::checked(std::string_view name,
   if (!can_dequantize(t->type) && !is_interleaved(t->type))
     fail("{}: tensor '{}' is stored as {}, which tandem cannot read yet; supported: F32, F16, BF16, "
          "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, "
-         "TQ2_0, MXFP4 (and the interleaved *_R16 formats for matrices)",
+         "TQ2_0, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (and the "
+         "interleaved *_R16 formats for matrices)",
          file_.name(), name, dtype_name(t->type));
   return *t;
 }

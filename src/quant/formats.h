@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/blocks.h"
+#include "core/iq_blocks.h"
 
 namespace tandem::quant {
 
@@ -44,5 +45,12 @@ void quantize_q4_1(const float* x, BlockQ4_1* y, int64_t blocks);
 void quantize_tq1_0(const float* x, BlockTQ1_0* y, int64_t blocks);
 void quantize_tq2_0(const float* x, BlockTQ2_0* y, int64_t blocks);
 void quantize_mxfp4(const float* x, BlockMXFP4* y, int64_t blocks);
+
+// iq_grid_formats.cpp: the grid i-quants, Block one of core/iq_blocks.h's (instantiated there).
+template <class Block>
+void dequantize_iq_grid(const Block* x, float* y, int64_t blocks);
+// iq_grid_quantize.cpp.
+void quantize_iq2_xxs(const float* x, BlockIQ2_XXS* y, int64_t blocks);
+void quantize_iq3_xxs(const float* x, BlockIQ3_XXS* y, int64_t blocks);
 
 }  // namespace tandem::quant

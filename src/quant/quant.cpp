@@ -40,6 +40,13 @@ bool can_dequantize(DType type) {
     case DType::Q4_1:
     case DType::TQ1_0:
     case DType::TQ2_0:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
+    case DType::IQ1_S:
+    case DType::IQ1_M:
       return true;
     default:
       return false;
@@ -64,6 +71,8 @@ bool can_quantize(DType type) {
     case DType::TQ1_0:
     case DType::TQ2_0:
     case DType::MXFP4:
+    case DType::IQ2_XXS:
+    case DType::IQ3_XXS:
       return true;
     default:
       return false;
@@ -114,6 +123,20 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       return dequantize_tq2_0(static_cast<const BlockTQ2_0*>(src), dst, blocks);
     case DType::MXFP4:
       return dequantize_mxfp4(static_cast<const BlockMXFP4*>(src), dst, blocks);
+    case DType::IQ2_XXS:
+      return dequantize_iq_grid(static_cast<const BlockIQ2_XXS*>(src), dst, blocks);
+    case DType::IQ2_XS:
+      return dequantize_iq_grid(static_cast<const BlockIQ2_XS*>(src), dst, blocks);
+    case DType::IQ2_S:
+      return dequantize_iq_grid(static_cast<const BlockIQ2_S*>(src), dst, blocks);
+    case DType::IQ3_XXS:
+      return dequantize_iq_grid(static_cast<const BlockIQ3_XXS*>(src), dst, blocks);
+    case DType::IQ3_S:
+      return dequantize_iq_grid(static_cast<const BlockIQ3_S*>(src), dst, blocks);
+    case DType::IQ1_S:
+      return dequantize_iq_grid(static_cast<const BlockIQ1_S*>(src), dst, blocks);
+    case DType::IQ1_M:
+      return dequantize_iq_grid(static_cast<const BlockIQ1_M*>(src), dst, blocks);
     default:
       break;
   }
@@ -158,6 +181,10 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return quantize_tq2_0(src, static_cast<BlockTQ2_0*>(dst), blocks);
     case DType::MXFP4:
       return quantize_mxfp4(src, static_cast<BlockMXFP4*>(dst), blocks);
+    case DType::IQ2_XXS:
+      return quantize_iq2_xxs(src, static_cast<BlockIQ2_XXS*>(dst), blocks);
+    case DType::IQ3_XXS:
+      return quantize_iq3_xxs(src, static_cast<BlockIQ3_XXS*>(dst), blocks);
     default:
       break;
   }

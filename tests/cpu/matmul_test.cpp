@@ -65,6 +65,9 @@ constexpr FormatBound kInt16ErrorBound[] = {
     {DType::IQ4_NL, 5e-5}, {DType::IQ4_XS, 5e-5}, {DType::MXFP4, 5e-5},
     // Ternary weights, one scale per 256: as Q4_0.
     {DType::TQ1_0, 5e-5}, {DType::TQ2_0, 5e-5},
+    // The grid i-quants: signed weights |w| <= 62, a scale per 16 or 32: as Q4_0.
+    {DType::IQ1_S, 5e-5}, {DType::IQ1_M, 5e-5}, {DType::IQ2_XXS, 5e-5}, {DType::IQ2_XS, 5e-5},
+    {DType::IQ2_S, 5e-5}, {DType::IQ3_XXS, 5e-5}, {DType::IQ3_S, 5e-5},
 };
 constexpr FormatBound kInt8ErrorBound[] = {
     {DType::F32, 1e-5},  {DType::F16, 1e-5},  {DType::BF16, 4e-3}, {DType::Q8_0, 1e-2},
@@ -77,6 +80,8 @@ constexpr FormatBound kInt8ErrorBound[] = {
     {DType::IQ4_NL, 1e-2}, {DType::IQ4_XS, 1e-2}, {DType::MXFP4, 1e-2},
     // TQ1_0 / TQ2_0 likewise.
     {DType::TQ1_0, 1e-2}, {DType::TQ2_0, 1e-2},
+    {DType::IQ1_S, 1e-2}, {DType::IQ1_M, 1e-2}, {DType::IQ2_XXS, 1e-2}, {DType::IQ2_XS, 1e-2},
+    {DType::IQ2_S, 1e-2}, {DType::IQ3_XXS, 1e-2}, {DType::IQ3_S, 1e-2},
 };
 
 constexpr ActPrecision kPrecisions[] = {ActPrecision::Int16, ActPrecision::Int8};
@@ -325,14 +330,14 @@ TEST(Matmul, RejectsUnsupportedFormatsAndRaggedRows) {
   ThreadPool pool(1);
   std::vector<uint8_t> weights(4096);
   std::vector<float> x(256), y(4);
-  MatmulArgs args{.weight_type = DType::IQ2_XXS,  // named, not read yet
+  MatmulArgs args{.weight_type = DType::Q8_K,  // an activation format, never a weight
                   .weights = weights.data(),
                   .rows = 1,
                   .cols = 256,
                   .input = x.data(),
                   .n_tokens = 1,
                   .output = y.data()};
-  EXPECT_FALSE(matmul_supports(DType::IQ2_XXS));
+  EXPECT_FALSE(matmul_supports(DType::Q8_K));
   EXPECT_THROW(matmul(args, pool), Error);
   args.weight_type = DType::Q4_K;
   args.cols = 200;  // not a whole super-block

@@ -189,7 +189,7 @@ TEST(Quantize, UnsupportedFormatsThrowInsteadOfWritingGarbage) {
     EXPECT_FALSE(can_quantize(type)) << dtype_name(type);
     EXPECT_THROW(quantize_row(type, x.data(), out.data(), 256), Error) << dtype_name(type);
   }
-  EXPECT_FALSE(can_dequantize(DType::IQ2_XXS));  // named (inspect), not read yet
+  EXPECT_FALSE(can_dequantize(DType::Q8_1));  // named (inspect), not read
   EXPECT_THROW(dequantize_row(DType::Q8_1, out.data(), back.data(), 256), Error);
 }
 
@@ -223,6 +223,31 @@ TEST(Quantize, Q4_1TernaryAndMxfp4WritersRoundTrip) {
   for (size_t b = 0; b < ternary.size(); b += 256) ternary[b] = 0.5f;  // each block's scale 0.5
   for (const DType type : {DType::TQ1_0, DType::TQ2_0})
     EXPECT_EQ(round_trip(type, ternary), ternary) << dtype_name(type);
+}
+
+// The grid writers (IQ2_XXS, IQ3_XXS; quant/iq_grid_quantize.cpp): nearest levels, then the
+// nearest grid point, no search. Bounds measured (in the comments) on this data.
+TEST(Quantize, GridWritersRoundTrip) {
+  const std::vector<float> x = gaussian(kRowElems, 19);
+  const std::pair<DType, double> bounds[] = {
+      {DType::IQ2_XXS, 0.4500},  // 0.41652
+      {DType::IQ3_XXS, 0.2350},  // 0.21808
+  };
+  for (const auto& [type, bound] : bounds) {
+    const std::vector<float> y = round_trip(type, x);
+    const double nrmse = normalized_rms_error(x, y);
+    EXPECT_LE(nrmse, bound) << dtype_name(type);
+    std::printf("  %-7s normalized rms error %.5f (bound %.4f)\n",
+                std::string(dtype_name(type)).c_str(), nrmse, bound);
+    for (const float v : round_trip(type, std::vector<float>(kRowElems, 0.0f)))
+      ASSERT_EQ(v, 0.0f) << dtype_name(type);
+    EXPECT_EQ(quantize(type, x), quantize(type, x)) << dtype_name(type);
+    // Signs: the decoded value has the sign of x except where the parity rule flipped the
+    // smallest of 8 (at most one in 8).
+    size_t flipped = 0;
+    for (size_t i = 0; i < x.size(); ++i) flipped += (x[i] < 0) != (y[i] < 0);
+    EXPECT_LE(flipped, x.size() / 8) << dtype_name(type);
+  }
 }
 
 TEST(Quantize, RequantizingADecodedRowGivesTheSameBytes) {

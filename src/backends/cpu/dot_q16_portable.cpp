@@ -13,6 +13,7 @@
 #include "backends/cpu/kscales.h"
 #include "core/blocks.h"
 #include "core/half.h"
+#include "core/iq_blocks.h"
 
 namespace tandem::cpu {
 namespace {
@@ -324,6 +325,29 @@ float dot_ternary(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
+// The grid i-quants: each block taken apart into integer weights and group scales
+// (core/iq_blocks.h), then as Q4_0 per group of 32, or as Q6_K's pairs of 16 per activation block.
+// The kernel for every level: taking a block apart costs as much as its 256 products here.
+template <class Block>
+float dot_iq_grid(const void* w, const void* a, int64_t cols) {
+  constexpr int kGroup = kIqGroup<Block>;
+  const auto* wb = static_cast<const Block*>(w);
+  const Q16Row x = q16_row(a, cols);
+  IqWeights weights;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    iq_weights(wb[b], weights);
+    for (int g = 0; g < kQK_K / kGroup; ++g) {
+      const int16_t* xq = x.q + kQK_K * b + kGroup * g;
+      const int8_t* wq = weights.w + kGroup * g;
+      int32_t dot = 0;
+      for (int i = 0; i < kGroup; ++i) dot += wq[i] * xq[i];
+      sum += weights.scale[g] * x.d[(kQK_K * b + kGroup * g) / 32] * float(dot);
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 void fill_portable_q16_kernels(KernelTable& table) {
@@ -345,6 +369,13 @@ void fill_portable_q16_kernels(KernelTable& table) {
   set(DType::MXFP4, dot_mxfp4);
   set(DType::TQ1_0, dot_ternary<BlockTQ1_0, tq1_0_quants>);
   set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_quants>);
+  set(DType::IQ1_S, dot_iq_grid<BlockIQ1_S>);
+  set(DType::IQ1_M, dot_iq_grid<BlockIQ1_M>);
+  set(DType::IQ2_XXS, dot_iq_grid<BlockIQ2_XXS>);
+  set(DType::IQ2_XS, dot_iq_grid<BlockIQ2_XS>);
+  set(DType::IQ2_S, dot_iq_grid<BlockIQ2_S>);
+  set(DType::IQ3_XXS, dot_iq_grid<BlockIQ3_XXS>);
+  set(DType::IQ3_S, dot_iq_grid<BlockIQ3_S>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

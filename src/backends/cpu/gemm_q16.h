@@ -28,6 +28,7 @@
 #include "core/blocks.h"
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/iq_blocks.h"
 
 namespace tandem::cpu {
 namespace {  // NOLINT(google-build-namespaces)
@@ -261,17 +262,39 @@ inline void unpack_ternary(const void* row, int64_t cols, UnpackedRowOf<T> out) 
   }
 }
 
+// The grid i-quants: core/iq_blocks.h's integer weights (|w| <= 62) and its scale per group of
+// 16 or 32.
+template <class T, int kBias, class Block>
+inline void unpack_iq_grid(const void* row, int64_t cols, UnpackedRowOf<T> out) {
+  constexpr int kGroups = kQK_K / kIqGroup<Block>;
+  const auto* blocks = static_cast<const Block*>(row);
+  IqWeights weights;
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    iq_weights(blocks[b], weights);
+    T* w = out.w + kQK_K * b;
+    for (int i = 0; i < kQK_K; ++i) w[i] = T(weights.w[i] + kBias);
+    for (int g = 0; g < kGroups; ++g) out.scale[kGroups * b + g] = weights.scale[g];
+  }
+}
+
 using UnpackRowFn = void (*)(const void* row, int64_t cols, UnpackedRow out);
 
 // The formats with a token-lanes path.
-constexpr DType kLanesFormats[] = {DType::Q8_0,   DType::Q4_0,  DType::Q5_0,   DType::Q4_1,
-                                   DType::Q4_K,   DType::Q5_K,  DType::Q6_K,   DType::IQ4_NL,
-                                   DType::IQ4_XS, DType::MXFP4, DType::TQ1_0, DType::TQ2_0};
+constexpr DType kLanesFormats[] = {
+    DType::Q8_0,   DType::Q4_0,    DType::Q5_0,   DType::Q4_1,  DType::Q4_K,    DType::Q5_K,
+    DType::Q6_K,   DType::IQ4_NL,  DType::IQ4_XS, DType::MXFP4, DType::TQ1_0,   DType::TQ2_0,
+    DType::IQ1_S,  DType::IQ1_M,   DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
+    DType::IQ3_S};
 
 struct RowUnpacker {
   UnpackRowFn unpack = nullptr;  // nullptr: the format has no token-lanes path
   UnpackShape shape;
 };
+
+template <class Block>
+RowUnpacker iq_grid_unpacker() {
+  return {unpack_iq_grid<int16_t, 0, Block>, {kIqGroup<Block>, false}};
+}
 
 inline RowUnpacker row_unpacker(DType type) {
   switch (type) {
@@ -299,6 +322,20 @@ inline RowUnpacker row_unpacker(DType type) {
       return {unpack_ternary<int16_t, -1, BlockTQ1_0, tq1_0_quants>, {32, false}};
     case DType::TQ2_0:
       return {unpack_ternary<int16_t, -1, BlockTQ2_0, tq2_0_quants>, {32, false}};
+    case DType::IQ1_S:
+      return iq_grid_unpacker<BlockIQ1_S>();
+    case DType::IQ1_M:
+      return iq_grid_unpacker<BlockIQ1_M>();
+    case DType::IQ2_XXS:
+      return iq_grid_unpacker<BlockIQ2_XXS>();
+    case DType::IQ2_XS:
+      return iq_grid_unpacker<BlockIQ2_XS>();
+    case DType::IQ2_S:
+      return iq_grid_unpacker<BlockIQ2_S>();
+    case DType::IQ3_XXS:
+      return iq_grid_unpacker<BlockIQ3_XXS>();
+    case DType::IQ3_S:
+      return iq_grid_unpacker<BlockIQ3_S>();
     default:
       return {};
   }

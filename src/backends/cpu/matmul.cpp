@@ -39,11 +39,13 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_lanes_kernels(table);
     fill_avx512_lanes8_kernels(table);
   }
-  // The IQ4 formats, MXFP4, Q4_1 and the ternary ones have no 8-bit row dots: at Int8 their row
-  // dots are the 16-bit ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8 activations
-  // measured 1.1-1.3x slower than the 16-bit one (matmul_bench), so none is kept.
+  // The IQ4 formats, MXFP4, Q4_1, the ternary and the grid formats have no 8-bit row dots: at
+  // Int8 their row dots are the 16-bit ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on
+  // ActBlockQ8 activations measured 1.1-1.3x slower than the 16-bit one (matmul_bench), so none
+  // is kept.
   for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q4_1, DType::TQ1_0,
-                     DType::TQ2_0})
+                     DType::TQ2_0, DType::IQ1_S, DType::IQ1_M, DType::IQ2_XXS, DType::IQ2_XS,
+                     DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S})
     table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
 }
@@ -166,7 +168,8 @@ const FormatKernel* checked_kernel(const KernelTable& table, const MatmulArgs& a
     fail(
         "matmul on the CPU: weight format {} is not supported (supported: F32, F16, BF16, "
         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, "
-        "TQ2_0, MXFP4, Q8_0_R16, Q5_0_R16, Q4_K_R16)",
+        "TQ2_0, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, Q8_0_R16, "
+        "Q5_0_R16, Q4_K_R16)",
         dtype_name(type));
   const DTypeInfo& info = dtype_info(type);
   if (args.cols % info.block_elems != 0)
@@ -429,6 +432,13 @@ bool matmul_supports(DType weight_type) {
     case DType::Q4_1:
     case DType::TQ1_0:
     case DType::TQ2_0:
+    case DType::IQ1_S:
+    case DType::IQ1_M:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
       return true;
     default:
       return false;

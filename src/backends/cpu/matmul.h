@@ -43,7 +43,7 @@ struct MatmulArgs {
 };
 
 // From this many tokens on, matmuls of Q8_0, Q4_0, Q5_0, Q4_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
-// MXFP4, TQ1_0 and TQ2_0 take the token-lanes path (gemm_q16.h for Int16, gemm_q8.h for Int8; on AVX-512 and
+// MXFP4, TQ1_0, TQ2_0 and the grid i-quants take the token-lanes path (gemm_q16.h for Int16, gemm_q8.h for Int8; on AVX-512 and
 // portable): each row unpacked once, 16 tokens per vector. A 16-bit tile costs ~6.7 row dots whatever its
 // fill (matmul_bench "tokens/": 69 us per token as row dots at 1-3 tokens, 460 us per tile), so
 // below 8 tokens the row dots are faster; an 8-bit tile costs 3-5 of its row dots (Q4_K, Q8_0,
@@ -53,15 +53,16 @@ constexpr int64_t kLanesMinTokens = 8;
 constexpr int64_t kLanes8MinTokens = 5;
 
 // Formats matmul accepts: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-// IQ4_NL, IQ4_XS, MXFP4, Q4_1, TQ1_0, TQ2_0, and the 16-row interleaved Q8_0_R16, Q5_0_R16,
-// Q4_K_R16 (`tandem repack`; rows a multiple of 16).
+// IQ4_NL, IQ4_XS, MXFP4, Q4_1, TQ1_0, TQ2_0, the grid i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
+// IQ2_S, IQ3_XXS, IQ3_S (portable kernels only so far), and the 16-row interleaved Q8_0_R16,
+// Q5_0_R16, Q4_K_R16 (`tandem repack`; rows a multiple of 16).
 // An interleaved matrix gives what its base format's rows would give with the same kernels,
 // except that the row dots on AVX-512 are replaced by kernels that take 16 rows at once
 // (dot_r16_avx512.cpp: about twice the decode speed; rounding differs, accuracy is the same).
 // Those, and the token-lanes kernels that read whole groups, are 16-bit, and an Int8 matmul of an
 // interleaved format runs them too (more accurate, and faster than taking the groups apart for
-// the 8-bit kernels). IQ4_NL / IQ4_XS / MXFP4 / Q4_1 / TQ1_0 / TQ2_0 have no 8-bit row dots:
-// their Int8 row dots are the 16-bit ones (their token lanes are 8-bit).
+// the 8-bit kernels). IQ4_NL / IQ4_XS / MXFP4 / Q4_1 / TQ1_0 / TQ2_0 and the grid formats have no
+// 8-bit row dots: their Int8 row dots are the 16-bit ones (their token lanes are 8-bit).
 bool matmul_supports(DType weight_type);
 
 // Uses the kernels of best_cpu_isa(). Throws tandem::Error for a format it does not support or
