@@ -61,6 +61,12 @@ void fill_weights(DType type, uint8_t* bytes, size_t size) {
       case DType::Q8_0:
       case DType::IQ4_NL:
       case DType::IQ4_XS:
+      case DType::IQ1_S:
+      case DType::IQ2_XXS:
+      case DType::IQ2_XS:
+      case DType::IQ2_S:
+      case DType::IQ3_XXS:
+      case DType::IQ3_S:
         set_u16(b, one_f16);
         break;
       case DType::Q4_K:
@@ -219,14 +225,17 @@ void register_all() {
   const DType types[] = {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16,
                          DType::Q6_K, DType::Q5_0, DType::Q5_0_R16,
                          DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::IQ4_NL, DType::MXFP4,
-                         DType::Q4_1,   DType::TQ1_0, DType::TQ2_0, DType::BF16};
+                         DType::Q4_1,   DType::TQ1_0, DType::TQ2_0, DType::BF16,
+                         DType::IQ1_S,  DType::IQ1_M, DType::IQ2_XXS, DType::IQ2_XS,
+                         DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S};
   for (int n_threads : {1, 2})
     benchmark::RegisterBenchmark(("triad/threads:" + std::to_string(n_threads)).c_str(), bm_triad,
                                  n_threads)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   // Per-token cost by token count: row dots below kLanesMinTokens, token lanes from there on.
-  for (DType type : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::IQ4_XS, DType::TQ1_0, DType::TQ2_0}) {
+  for (DType type : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::IQ4_XS, DType::TQ1_0, DType::TQ2_0,
+                     DType::IQ2_XXS}) {
     for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
       for (int64_t n_tokens : {1, 2, 4, 6, 7, 8, 16, 64}) {
         const std::string name = "tokens/" + std::string(dtype_name(type)) +

@@ -21,9 +21,15 @@ inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) 
   return v;
 }
 
-// The formats quantize_row cannot write: their tests use random blocks.
+// The grid i-quants, whose writer uses few of their grid points: random blocks reach them all.
+inline bool is_iq_grid(DType type) {
+  return type == DType::IQ1_S || type == DType::IQ1_M || type == DType::IQ2_XXS ||
+         type == DType::IQ2_XS || type == DType::IQ2_S || type == DType::IQ3_XXS || type == DType::IQ3_S;
+}
+
+// The formats quantize_row cannot write, and the grid i-quants: their tests use random blocks.
 inline bool written_raw(DType type) {
-  return can_dequantize(type) && !can_quantize(type);
+  return (can_dequantize(type) && !can_quantize(type)) || is_iq_grid(type);
 }
 
 // `rows` x `cols` weights of `type`. Formats quantize_row writes are quantized from Gaussian
@@ -74,8 +80,7 @@ inline std::vector<uint8_t> make_weights(DType type, int64_t rows, int64_t cols,
       for (int w = 0; w < 4; ++w) {
         block->scales[2 * w + 1] = uint8_t((block->scales[2 * w + 1] & 0x0F) | ((d >> (4 * w)) & 0xF) << 4);
       }
-    } else if (type == DType::IQ1_S || type == DType::IQ2_XXS || type == DType::IQ2_XS ||
-               type == DType::IQ2_S || type == DType::IQ3_XXS || type == DType::IQ3_S) {
+    } else if (is_iq_grid(type)) {
       // The other grid formats start with their f16 d.
       put(reinterpret_cast<uint16_t*>(bytes.data() + size_t(b) * dtype_info(type).block_bytes),
           0.02f * scale(rng));

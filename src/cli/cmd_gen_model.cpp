@@ -33,10 +33,10 @@ void register_gen_model(CLI::App& app) {
   cmd->add_option("--format", options->format,
                   "weight mix: Q4_K_M (Q4_K + Q6_K, Q5_0/Q8_0 for short rows, as converters do), "
                   "IQ4_XS (IQ4_NL for short rows, Q6_K output), Q8_0, BF16, F16, F32; Q4_1, "
-                  "TQ1_0, TQ2_0, MXFP4, IQ2_XXS, IQ3_XXS (every matrix but the Q6_K output; rows "
-                  "that are not whole 256-blocks Q4_0 for TQ, IQ4_NL for the IQ formats), for "
-                  "benches of those formats; norms and router stay F32. The other grid i-quants "
-                  "(IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_S) are read but not written")
+                  "TQ1_0, TQ2_0, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S "
+                  "(every matrix but the Q6_K output; rows that are not whole 256-blocks Q4_0 "
+                  "for TQ, IQ4_NL for the IQ formats), for benches of those formats, written by "
+                  "a simple nearest-grid-point quantizer; norms and router stay F32")
       ->capture_default_str();
   cmd->add_option("--seed", options->seed, "random seed (same seed, same file)")->capture_default_str();
   cmd->add_option("--layers", *layers, "override the preset's layer count (0 = preset's)");

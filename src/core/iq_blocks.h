@@ -87,12 +87,7 @@ static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(
               sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50 &&
               sizeof(BlockIQ1_M) == 56);
 
-// A grid block's 256 weights and its scales, one per kIqGroup<Block> weights.
-struct IqWeights {
-  int8_t w[kQK_K];
-  float scale[kQK_K / 16];
-};
-
+// A grid format's groups: one scale per kIqGroup<Block> weights.
 template <class Block>
 inline constexpr int kIqGroup = 32;
 template <>
@@ -101,6 +96,27 @@ template <>
 inline constexpr int kIqGroup<BlockIQ2_S> = 16;
 template <>
 inline constexpr int kIqGroup<BlockIQ1_M> = 16;
+
+// The IQ1 formats' values are grid +- 1/8 (weights 8 * grid +- 1); the others' grid * sign.
+template <class Block>
+inline constexpr bool kIqShifted = false;
+template <>
+inline constexpr bool kIqShifted<BlockIQ1_S> = true;
+template <>
+inline constexpr bool kIqShifted<BlockIQ1_M> = true;
+
+// 32 consecutive weights of a block (chunk k of 8) as their grid bytes and bits: what a SIMD
+// kernel needs to build them in a register (four 64-bit inserts and a masked negate or add).
+struct IqChunk {
+  uint64_t points[4];  // weight 8 p + j in byte j of points[p]: the grid value (IQ1: -1, 0, 1)
+  uint32_t flip = 0;   // bit i: weight i negative (IQ2, IQ3), or shifted by -1/8 instead of +1/8 (IQ1)
+};
+
+// A grid block's 256 weights and its scales, one per kIqGroup<Block> weights.
+struct IqWeights {
+  int8_t w[kQK_K];
+  float scale[kQK_K / 16];
+};
 
 namespace {  // NOLINT(google-build-namespaces)
 namespace iq_bytes {
@@ -117,99 +133,121 @@ inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-// n grid bytes with signs (bit j of `signs` set: element j negative) into w.
-inline void signed_points(uint64_t point, uint32_t signs, int n, int8_t* w) {
-  for (int j = 0; j < n; ++j) {
-    const int v = int((point >> (8 * j)) & 0xFF);
-    w[j] = int8_t((signs >> j) & 1 ? -v : v);
-  }
+// Four 7-bit sign indices (bits 0-27 of a word) as 32 sign bits.
+inline uint32_t parity_signs(uint32_t word) {
+  return uint32_t(kIqSigns[word & 127]) | uint32_t(kIqSigns[(word >> 7) & 127]) << 8 |
+         uint32_t(kIqSigns[(word >> 14) & 127]) << 16 | uint32_t(kIqSigns[(word >> 21) & 127]) << 24;
 }
 
-// IQ1: 8 points of {-1, 0, 1} shifted by +-1/8, times 8.
-inline void shifted_points(uint64_t point, bool minus, int8_t* w) {
-  for (int j = 0; j < 8; ++j) w[j] = int8_t(8 * int8_t((point >> (8 * j)) & 0xFF) + (minus ? -1 : 1));
+// Two 4-byte IQ3 points as one 8-byte word.
+inline uint64_t point_pair(uint32_t first, uint32_t second) {
+  return uint64_t(first) | uint64_t(second) << 32;
+}
+
+// d * (0.5 + s) * factor with s the 4-bit field at `shift` of `word`.
+inline float half_step_scale(float d, uint32_t s, float factor) {
+  return d * (0.5f + float(s & 0xF)) * factor;
 }
 
 }  // namespace iq_bytes
 
-inline void iq_weights(const BlockIQ2_XXS& block, IqWeights& out) {
+// ---- per format: the scales (iq_scales) and chunk k of 8 (iq_chunk) ----
+
+inline void iq_scales(const BlockIQ2_XXS& block, float* scale) {
   const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib) {
-    const uint8_t* sub = block.qs + 8 * ib;
-    const uint32_t signs_scale = iq_bytes::load_u32(sub + 4);
-    out.scale[ib] = d * (0.5f + float(signs_scale >> 28)) * 0.25f;
-    for (int l = 0; l < 4; ++l)
-      iq_bytes::signed_points(kIq2xxsGrid[sub[l]], kIqSigns[(signs_scale >> (7 * l)) & 127], 8,
-                               out.w + 32 * ib + 8 * l);
+  for (int ib = 0; ib < 8; ++ib)
+    scale[ib] = iq_bytes::half_step_scale(d, iq_bytes::load_u32(block.qs + 8 * ib + 4) >> 28, 0.25f);
+}
+
+inline IqChunk iq_chunk(const BlockIQ2_XXS& block, int k) {
+  const uint8_t* sub = block.qs + 8 * k;
+  return {{kIq2xxsGrid[sub[0]], kIq2xxsGrid[sub[1]], kIq2xxsGrid[sub[2]], kIq2xxsGrid[sub[3]]},
+          iq_bytes::parity_signs(iq_bytes::load_u32(sub + 4))};
+}
+
+// IQ2_XS / IQ2_S: a 4-bit scale per 16 weights, two per byte, low nibble first.
+inline void iq2_scales16(float d, const uint8_t* scales, float* scale) {
+  for (int g = 0; g < 16; ++g)
+    scale[g] = iq_bytes::half_step_scale(d, uint32_t(scales[g / 2] >> (4 * (g % 2))), 0.25f);
+}
+
+inline void iq_scales(const BlockIQ2_XS& block, float* scale) {
+  iq2_scales16(f16_to_f32(block.d), block.scales, scale);
+}
+
+inline IqChunk iq_chunk(const BlockIQ2_XS& block, int k) {
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l) {
+    const uint16_t word = iq_bytes::load_u16(block.qs + 8 * k + 2 * l);
+    chunk.points[l] = kIq2xsGrid[word & 511];
+    chunk.flip |= uint32_t(kIqSigns[word >> 9]) << (8 * l);
   }
+  return chunk;
 }
 
-// The IQ2_XS / IQ2_S scale of 16 weights: g-th nibble of `scales`.
-inline float iq2_scale16(float d, const uint8_t* scales, int g) {
-  return d * (0.5f + float((scales[g / 2] >> (4 * (g % 2))) & 0xF)) * 0.25f;
+inline void iq_scales(const BlockIQ2_S& block, float* scale) {
+  iq2_scales16(f16_to_f32(block.d), block.scales, scale);
 }
 
-inline void iq_weights(const BlockIQ2_XS& block, IqWeights& out) {
+inline IqChunk iq_chunk(const BlockIQ2_S& block, int k) {
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l) {
+    const int index = block.qs[4 * k + l] | ((block.qh[k] << (8 - 2 * l)) & 0x300);
+    chunk.points[l] = kIq2sGrid[size_t(index)];
+  }
+  chunk.flip = iq_bytes::load_u32(block.qs + 32 + 4 * k);  // the signs, one bit a weight
+  return chunk;
+}
+
+inline void iq_scales(const BlockIQ3_XXS& block, float* scale) {
   const float d = f16_to_f32(block.d);
-  for (int g = 0; g < 16; ++g) out.scale[g] = iq2_scale16(d, block.scales, g);
-  for (int k = 0; k < 32; ++k) {
-    const uint16_t word = iq_bytes::load_u16(block.qs + 2 * k);
-    iq_bytes::signed_points(kIq2xsGrid[word & 511], kIqSigns[word >> 9], 8, out.w + 8 * k);
-  }
+  for (int ib = 0; ib < 8; ++ib)
+    scale[ib] = iq_bytes::half_step_scale(d, iq_bytes::load_u32(block.qs + 64 + 4 * ib) >> 28, 0.5f);
 }
 
-inline void iq_weights(const BlockIQ2_S& block, IqWeights& out) {
+inline IqChunk iq_chunk(const BlockIQ3_XXS& block, int k) {
+  const uint8_t* indices = block.qs + 8 * k;
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l)
+    chunk.points[l] = iq_bytes::point_pair(kIq3xxsGrid[indices[2 * l]], kIq3xxsGrid[indices[2 * l + 1]]);
+  chunk.flip = iq_bytes::parity_signs(iq_bytes::load_u32(block.qs + 64 + 4 * k));
+  return chunk;
+}
+
+inline void iq_scales(const BlockIQ3_S& block, float* scale) {
   const float d = f16_to_f32(block.d);
-  for (int g = 0; g < 16; ++g) out.scale[g] = iq2_scale16(d, block.scales, g);
-  for (int k = 0; k < 32; ++k) {
-    const int ib = k / 4, l = k % 4;
-    const int index = block.qs[k] | ((block.qh[ib] << (8 - 2 * l)) & 0x300);
-    iq_bytes::signed_points(kIq2sGrid[size_t(index)], block.qs[32 + k], 8, out.w + 8 * k);
-  }
+  for (int ib = 0; ib < 8; ++ib)
+    scale[ib] = d * float(1 + 2 * ((block.scales[ib / 2] >> (4 * (ib % 2))) & 0xF));
 }
 
-inline void iq_weights(const BlockIQ3_XXS& block, IqWeights& out) {
-  const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib) {
-    const uint8_t* indices = block.qs + 8 * ib;
-    const uint32_t signs_scale = iq_bytes::load_u32(block.qs + 64 + 4 * ib);
-    out.scale[ib] = d * (0.5f + float(signs_scale >> 28)) * 0.5f;
-    for (int l = 0; l < 4; ++l) {
-      const uint32_t signs = kIqSigns[(signs_scale >> (7 * l)) & 127];
-      int8_t* w = out.w + 32 * ib + 8 * l;
-      iq_bytes::signed_points(kIq3xxsGrid[indices[2 * l]], signs, 4, w);
-      iq_bytes::signed_points(kIq3xxsGrid[indices[2 * l + 1]], signs >> 4, 4, w + 4);
-    }
+inline IqChunk iq_chunk(const BlockIQ3_S& block, int k) {
+  const uint8_t* qs = block.qs + 8 * k;
+  const int qh = block.qh[k];
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l) {
+    const int first = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
+    const int second = qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
+    chunk.points[l] = iq_bytes::point_pair(kIq3sGrid[size_t(first)], kIq3sGrid[size_t(second)]);
   }
+  chunk.flip = iq_bytes::load_u32(block.signs + 4 * k);  // the signs, one bit a weight
+  return chunk;
 }
 
-inline void iq_weights(const BlockIQ3_S& block, IqWeights& out) {
-  const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib) {
-    out.scale[ib] = d * float(1 + 2 * ((block.scales[ib / 2] >> (4 * (ib % 2))) & 0xF));
-    const uint8_t* qs = block.qs + 8 * ib;
-    const int qh = block.qh[ib];
-    for (int l = 0; l < 4; ++l) {
-      const uint32_t signs = block.signs[4 * ib + l];
-      int8_t* w = out.w + 32 * ib + 8 * l;
-      const int first = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
-      const int second = qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
-      iq_bytes::signed_points(kIq3sGrid[size_t(first)], signs, 4, w);
-      iq_bytes::signed_points(kIq3sGrid[size_t(second)], signs >> 4, 4, w + 4);
-    }
-  }
-}
-
-inline void iq_weights(const BlockIQ1_S& block, IqWeights& out) {
+inline void iq_scales(const BlockIQ1_S& block, float* scale) {
   const float d = f16_to_f32(block.d);
   for (int ib = 0; ib < 8; ++ib) {
     const uint16_t qh = iq_bytes::load_u16(block.qh + 2 * ib);
-    out.scale[ib] = d * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
-    for (int l = 0; l < 4; ++l) {
-      const int index = block.qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
-      iq_bytes::shifted_points(kIq1sGrid[size_t(index)], qh & 0x8000, out.w + 32 * ib + 8 * l);
-    }
+    scale[ib] = d * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
   }
+}
+
+inline IqChunk iq_chunk(const BlockIQ1_S& block, int k) {
+  const uint16_t qh = iq_bytes::load_u16(block.qh + 2 * k);
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l)
+    chunk.points[l] = kIq1sGrid[size_t(block.qs[4 * k + l] | (((qh >> (3 * l)) & 7) << 8))];
+  chunk.flip = qh & 0x8000 ? ~0u : 0u;  // one shift sign for the 32
+  return chunk;
 }
 
 // IQ1_M's d: the top nibbles of its four scale words, lowest word first.
@@ -220,20 +258,46 @@ inline float iq1_m_d(const BlockIQ1_M& block) {
                              (sc[3] & 0xF000)));
 }
 
-inline void iq_weights(const BlockIQ1_M& block, IqWeights& out) {
+inline void iq_scales(const BlockIQ1_M& block, float* scale) {
   const float d = iq1_m_d(block);
   uint16_t sc[4];
   std::memcpy(sc, block.scales, sizeof(sc));
   for (int g = 0; g < 16; ++g) {
     // Scale 3 bits at 3 g within the 12 low bits of the words, g / 4 the word.
     const int s = (sc[g / 4] >> (3 * (g % 4))) & 7;
-    out.scale[g] = d * float(2 * s + 1) * 0.125f;
+    scale[g] = d * float(2 * s + 1) * 0.125f;
   }
-  for (int k = 0; k < 32; ++k) {
-    const int qh = block.qh[k / 2] >> (4 * (k % 2));  // this point's nibble
-    const int index = block.qs[k] | ((qh & 7) << 8);
-    iq_bytes::shifted_points(kIq1sGrid[size_t(index)], qh & 8, out.w + 8 * k);
+}
+
+inline IqChunk iq_chunk(const BlockIQ1_M& block, int k) {
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l) {
+    const int nibble = block.qh[2 * k + l / 2] >> (4 * (l % 2));  // this point's nibble
+    chunk.points[l] = kIq1sGrid[size_t(block.qs[4 * k + l] | ((nibble & 7) << 8))];
+    if (nibble & 8) chunk.flip |= 0xFFu << (8 * l);  // a shift sign per 8
   }
+  return chunk;
+}
+
+// ---- every format ----
+
+// The 32 weights of a chunk: grid * sign, or 8 * grid +- 1 for IQ1.
+template <class Block>
+inline void iq_chunk_weights(const IqChunk& chunk, int8_t* w) {
+  for (int i = 0; i < 32; ++i) {
+    const int v = int(int8_t((chunk.points[i / 8] >> (8 * (i % 8))) & 0xFF));
+    const bool flip = (chunk.flip >> i) & 1;
+    if constexpr (kIqShifted<Block>)
+      w[i] = int8_t(8 * v + (flip ? -1 : 1));
+    else
+      w[i] = int8_t(flip ? -v : v);
+  }
+}
+
+template <class Block>
+inline void iq_weights(const Block& block, IqWeights& out) {
+  iq_scales(block, out.scale);
+  for (int k = 0; k < 8; ++k) iq_chunk_weights<Block>(iq_chunk(block, k), out.w + 32 * k);
 }
 
 }  // namespace

@@ -28,8 +28,9 @@ DType mix_type(std::string_view mix, const std::string& name, const TensorRole& 
   if (mix == "TQ1_0") return DType::TQ1_0;
   if (mix == "TQ2_0") return DType::TQ2_0;
   if (mix == "MXFP4") return DType::MXFP4;
-  if (mix == "IQ2_XXS") return DType::IQ2_XXS;
-  if (mix == "IQ3_XXS") return DType::IQ3_XXS;
+  for (const DType grid : {DType::IQ1_S, DType::IQ1_M, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S,
+                           DType::IQ3_XXS, DType::IQ3_S})
+    if (mix == dtype_name(grid)) return grid;
   const bool down = contains(name, "ffn_down");
   if (mix == "Q4_K_M") {
     // llama.cpp gives more bits to ffn_down only (attn_v_b is not its "attn_v"; the fixtures'
@@ -74,8 +75,12 @@ DType fallback_for_row(DType type, uint64_t row) {
       fallback = DType::Q4_0;
       break;
     case DType::IQ1_S:
+    case DType::IQ1_M:
     case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
     case DType::IQ3_XXS:
+    case DType::IQ3_S:
     case DType::IQ4_XS:
       fallback = DType::IQ4_NL;
       break;
@@ -109,7 +114,8 @@ uint64_t TensorLayout::n_bytes() const {
 const std::vector<std::string>& deepseek2_quant_mixes() {
   static const std::vector<std::string> mixes = {
       "Q4_K_M",     "Q8_0", "BF16",  "F16",   "F32",  "Q2_K", "IQ4_XS", "UD-IQ1_S",
-      "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4", "IQ2_XXS", "IQ3_XXS"};
+      "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS",
+      "IQ2_S",      "IQ3_XXS", "IQ3_S"};
   return mixes;
 }
 

@@ -23,7 +23,8 @@ struct TensorLayout {
 };
 
 // The mixes deepseek2_layout knows: "Q4_K_M", "Q8_0", "BF16", "F16", "F32", "Q2_K", "IQ4_XS",
-// "UD-IQ1_S", "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4", "IQ2_XXS", "IQ3_XXS".
+// "UD-IQ1_S", "UD-IQ2_XXS", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4", and the grid i-quants "IQ1_S",
+// "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S".
 // Rules (vectors, the router and exp_probs_b are F32 in every mix; rows that are not whole
 // blocks of the chosen format fall back as llama.cpp's quantizer does: Q4_K→Q5_0, Q6_K→Q8_0,
 // Q2_K/Q3_K/TQ1_0/TQ2_0→Q4_0, the 256-element i-quants→IQ4_NL, and anything whose row is not
@@ -39,7 +40,7 @@ struct TensorLayout {
 //     changes the total by well under 1%).
 //   IQ4_XS: every matrix IQ4_XS (rows not a multiple of 256 IQ4_NL), output Q6_K, as llama.cpp
 //     writes IQ4_XS files.
-//   Q4_1, TQ1_0, TQ2_0, MXFP4, IQ2_XXS, IQ3_XXS: every matrix in that format, output Q6_K: files
+//   Q4_1, TQ1_0, TQ2_0, MXFP4 and the grid i-quants: every matrix in that format, output Q6_K: files
 //     for benches and tests of those formats' kernels (gen-model), not mixes anyone ships for
 //     DeepSeek.
 //   UD-IQ1_S, UD-IQ2_XXS: the "dynamic" low-bit files people run DeepSeek-V3/R1 and Kimi-K2

@@ -180,7 +180,12 @@ int32_t llama_file_type(const std::string& format) {
   if (format == "TQ2_0") return 37;
   if (format == "MXFP4") return 38;
   if (format == "IQ2_XXS") return 19;
+  if (format == "IQ2_XS") return 20;
   if (format == "IQ3_XXS") return 23;
+  if (format == "IQ1_S") return 24;
+  if (format == "IQ3_S") return 26;
+  if (format == "IQ2_S") return 28;
+  if (format == "IQ1_M") return 31;
   return 32;  // BF16
 }
 
@@ -210,7 +215,8 @@ const SyntheticPreset& find_synthetic_preset(const std::string& name) {
 const std::vector<std::string>& synthetic_formats() {
   static const std::vector<std::string> formats = {"Q4_K_M", "IQ4_XS", "Q8_0",  "BF16",  "F16",
                                                     "F32",    "Q4_1",   "TQ1_0", "TQ2_0", "MXFP4",
-                                                    "IQ2_XXS", "IQ3_XXS"};
+                                                    "IQ1_S",  "IQ1_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                                                    "IQ3_XXS", "IQ3_S"};
   return formats;
 }
 

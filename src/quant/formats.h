@@ -52,5 +52,10 @@ void dequantize_iq_grid(const Block* x, float* y, int64_t blocks);
 // iq_grid_quantize.cpp.
 void quantize_iq2_xxs(const float* x, BlockIQ2_XXS* y, int64_t blocks);
 void quantize_iq3_xxs(const float* x, BlockIQ3_XXS* y, int64_t blocks);
+void quantize_iq2_xs(const float* x, BlockIQ2_XS* y, int64_t blocks);
+void quantize_iq2_s(const float* x, BlockIQ2_S* y, int64_t blocks);
+void quantize_iq3_s(const float* x, BlockIQ3_S* y, int64_t blocks);
+void quantize_iq1_s(const float* x, BlockIQ1_S* y, int64_t blocks);
+void quantize_iq1_m(const float* x, BlockIQ1_M* y, int64_t blocks);
 
 }  // namespace tandem::quant

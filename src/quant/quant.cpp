@@ -73,6 +73,11 @@ bool can_quantize(DType type) {
     case DType::MXFP4:
     case DType::IQ2_XXS:
     case DType::IQ3_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_S:
+    case DType::IQ1_S:
+    case DType::IQ1_M:
       return true;
     default:
       return false;
@@ -185,6 +190,16 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return quantize_iq2_xxs(src, static_cast<BlockIQ2_XXS*>(dst), blocks);
     case DType::IQ3_XXS:
       return quantize_iq3_xxs(src, static_cast<BlockIQ3_XXS*>(dst), blocks);
+    case DType::IQ2_XS:
+      return quantize_iq2_xs(src, static_cast<BlockIQ2_XS*>(dst), blocks);
+    case DType::IQ2_S:
+      return quantize_iq2_s(src, static_cast<BlockIQ2_S*>(dst), blocks);
+    case DType::IQ3_S:
+      return quantize_iq3_s(src, static_cast<BlockIQ3_S*>(dst), blocks);
+    case DType::IQ1_S:
+      return quantize_iq1_s(src, static_cast<BlockIQ1_S*>(dst), blocks);
+    case DType::IQ1_M:
+      return quantize_iq1_m(src, static_cast<BlockIQ1_M*>(dst), blocks);
     default:
       break;
   }

@@ -2,7 +2,7 @@
 // sub-block scales (s16 x s16 -> s32). The pair sums never saturate: weights are at most 6 bits
 // unsigned (63 * 127 * 2 < 32767), and Q8_0 goes through |w| x sign(x, w) (128 * 127 * 2 <
 // 32767) because activations are in [-127, 127].
-#include <immintrin.h>
+#include "backends/cpu/avx2_intrinsics.h"
 
 #include <cstring>
 
@@ -41,15 +41,6 @@ inline __m128i load128(const void* p) {
 // Σ u*s over groups of 4 bytes, as 8 int32.
 inline __m256i dot_u8_s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-// Byte i = 0xFF where bit i of `bits` is set.
-inline __m256i bits_to_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(int(bits)), _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                                       0x0202020202020202, 0x0303030303030303));
-  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
-  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
 // 32 nibbles of 16 bytes: element j in the low nibble of byte j, element j+16 in the high one.
@@ -373,6 +364,26 @@ void prepare_q8_k(const float* x, void* act_row, int64_t cols) {
   }
 }
 
+// IQ2_XXS against BlockQ8_K, per chunk of 32: the unsigned grid values against the activations
+// with the weights' signs moved onto them (maddubs pairs stay below 2 * 43 * 127 < 32767).
+float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+  const auto* xb = static_cast<const BlockQ8_K*>(a);
+  float scale[kQK_K / 32];
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    iq_scales(wb[b], scale);
+    for (int k = 0; k < 8; ++k) {
+      const IqChunk chunk = iq_chunk(wb[b], k);
+      const __m256i m = bits_to_bytes(chunk.flip);
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[b].qs + 32 * k));
+      const __m256i dot = dot_u8_s8(iq_chunk_points(chunk), _mm256_sub_epi8(_mm256_xor_si256(x, m), m));
+      acc[k & 1] = _mm256_fmadd_ps(_mm256_set1_ps(scale[k] * xb[b].d), _mm256_cvtepi32_ps(dot), acc[k & 1]);
+    }
+  }
+  return hsum(_mm256_add_ps(acc[0], acc[1]));
+}
+
 }  // namespace
 
 void fill_avx2_kernels(KernelTable& table) {
@@ -390,6 +401,7 @@ void fill_avx2_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
   set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
+  set(DType::IQ2_XXS, ActKind::Q8_K, dot_iq2_xxs);
   table.prepare[size_t(ActKind::Q8)] = prepare_q8;
   table.prepare[size_t(ActKind::Q8_K)] = prepare_q8_k;
 }

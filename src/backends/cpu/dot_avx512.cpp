@@ -1,4 +1,4 @@
-// AVX-512 kernels (F, BW, VL, DQ, VNNI, BF16). Float formats use 512-bit vectors with masked
+// AVX-512 kernels (F, BW, VL, DQ, VNNI, BF16, and BMI2's pdep). Float formats use 512-bit vectors with masked
 // tails. Integer formats use 256-bit vectors with the VNNI forms: vpdpbusd (u8 x s8 summed in
 // 4s into int32, no saturation) and vpdpwssd (the madd + add of AVX2 in one instruction).
 // On Zen 4 a 512-bit op costs two 256-bit ones, so the narrower form loses nothing there and
@@ -304,6 +304,33 @@ void prepare_bf16(const float* x, void* act_row, int64_t cols) {
   }
 }
 
+// ---- IQ2_XXS against BlockQ8_K ----
+// Per 64 weights (avx512_intrinsics.h): the unsigned grid values against the activations with the
+// weights' signs moved onto them (a masked negate; the quants are never -128), one vpdpbusd;
+// lanes 0-7 hold the first chunk's sums, 8-15 the second's, each scaled in float by its chunk's
+// factor times the block's d and the activations' d.
+float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+  const auto* xb = static_cast<const BlockQ8_K*>(a);
+  const Iq2xxsGrid grid = iq2_xxs_grid();
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const BlockIQ2_XXS& block = wb[b];
+    prefetch_ahead(&block, sizeof(block));
+    const __m512 scales = iq2_xxs_block_scales(block, f16(block.d) * xb[b].d);
+    const __m512i codes = iq2_xxs_block_codes(block, grid);
+    for (int p = 0; p < 4; ++p) {
+      const __m512i x = _mm512_loadu_si512(xb[b].qs + 64 * p);
+      const __m512i signed_x =
+          _mm512_mask_sub_epi8(x, iq2_xxs_pair_signs(block, p), _mm512_setzero_si512(), x);
+      const __m512i dot =
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), iq2_xxs_pair_points(codes, p), signed_x);
+      acc[p & 1] = _mm512_fmadd_ps(iq2_xxs_pair_scales(scales, p), _mm512_cvtepi32_ps(dot), acc[p & 1]);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
 }  // namespace
 
 void fill_avx512_kernels(KernelTable& table) {
@@ -322,6 +349,7 @@ void fill_avx512_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
   set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
+  set(DType::IQ2_XXS, ActKind::Q8_K, dot_iq2_xxs);
   table.prepare[size_t(ActKind::BF16)] = prepare_bf16;
 }
 

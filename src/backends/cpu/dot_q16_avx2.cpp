@@ -1,6 +1,6 @@
 // AVX2 Int16-precision kernels: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4,
-// TQ1_0, TQ2_0 against ActKind::Q16 (act_q16.h), and the Q16 preparation. Other formats use the
-// portable kernels.
+// TQ1_0, TQ2_0 and the grid i-quants against ActKind::Q16 (act_q16.h), and the Q16 preparation.
+// Other formats use the portable kernels.
 //
 // One 32-element activation block is two ymm of int16. Weights are built as bytes (with their
 // offsets applied: Q4_0 -8, Q5_0 -16, Q6_K -32, so every weight is signed and |w| <= 128),
@@ -8,7 +8,7 @@
 // them per lane per block stay far below 2^31. (The one pair that overflows vpmaddwd,
 // (-32768)^2 * 2, never occurs: |q| <= 32767.) Each block (or 16-element sub-block of Q6_K) is
 // converted to float once and scaled in one FMA; the sum over blocks is in float.
-#include <immintrin.h>
+#include "backends/cpu/avx2_intrinsics.h"
 
 #include <cstring>
 
@@ -70,15 +70,6 @@ inline __m256i dot_bytes_32(__m256i w, const Q16Row& x, int64_t i) {
 inline __m256i unpack_nibbles_32(const uint8_t* qs) {
   const __m128i v = load128(qs);
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
-}
-
-// Byte i = 0xFF where bit i of `bits` is set.
-inline __m256i bits_to_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(int(bits)), _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                                       0x0202020202020202, 0x0303030303030303));
-  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
-  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
 // ---- 32-element formats ----
@@ -405,6 +396,35 @@ float dot_tq1_0(const void* w, const void* a, int64_t cols) {
   });
 }
 
+// ---- the grid i-quants (core/iq_blocks.h) ----
+
+// Per chunk (avx2_intrinsics.h builds its bytes) of 32: one scale (groups of 32), or one per half (groups of 16).
+template <class Block>
+float dot_iq_grid(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
+  const Q16Row x = q16_row(a, cols);
+  float scale[kQK_K / 16];
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    iq_scales(wb[b], scale);
+    for (int k = 0; k < 8; ++k) {
+      const __m256i bytes = iq_chunk_bytes<Block>(iq_chunk(wb[b], k));
+      const int64_t i = kQK_K * b + 32 * k;
+      const float dx = x.d[8 * b + k];
+      if constexpr (kIqGroup<Block> == 32) {
+        acc[k & 1] = block_product(dot_bytes_32(bytes, x, i), scale[k] * dx, acc[k & 1]);
+      } else {
+        const __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes)), load_x(x, i));
+        const __m256i hi =
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1)), load_x(x, i + 16));
+        acc[0] = block_product(lo, scale[2 * k] * dx, acc[0]);
+        acc[1] = block_product(hi, scale[2 * k + 1] * dx, acc[1]);
+      }
+    }
+  }
+  return hsum(_mm256_add_ps(acc[0], acc[1]));
+}
+
 }  // namespace
 
 void fill_avx2_q16_kernels(KernelTable& table) {
@@ -423,6 +443,13 @@ void fill_avx2_q16_kernels(KernelTable& table) {
   set(DType::MXFP4, dot_mxfp4);
   set(DType::TQ1_0, dot_tq1_0);
   set(DType::TQ2_0, dot_tq2_0);
+  set(DType::IQ1_S, dot_iq_grid<BlockIQ1_S>);
+  set(DType::IQ1_M, dot_iq_grid<BlockIQ1_M>);
+  set(DType::IQ2_XXS, dot_iq_grid<BlockIQ2_XXS>);
+  set(DType::IQ2_XS, dot_iq_grid<BlockIQ2_XS>);
+  set(DType::IQ2_S, dot_iq_grid<BlockIQ2_S>);
+  set(DType::IQ3_XXS, dot_iq_grid<BlockIQ3_XXS>);
+  set(DType::IQ3_S, dot_iq_grid<BlockIQ3_S>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

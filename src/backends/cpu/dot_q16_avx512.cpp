@@ -1,6 +1,6 @@
 // AVX-512 Int16-precision kernels: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
-// MXFP4, TQ1_0, TQ2_0 against ActKind::Q16 (act_q16.h), and the Q16 preparation. Other formats
-// use the portable kernels.
+// MXFP4, TQ1_0, TQ2_0 and the grid i-quants against ActKind::Q16 (act_q16.h), and the Q16
+// preparation. Other formats use the portable kernels.
 //
 // One 32-element activation block is one zmm of int16. Weights are widened to int16 (with their
 // offsets applied: Q4_0 -8, Q5_0 -16, Q6_K -32, so every weight is signed and |w| <= 128) and
@@ -408,6 +408,74 @@ void prepare_q16(const float* x, void* act_row, int64_t cols) {
   }
 }
 
+// The grid i-quants: per 32 weights, the chunk's grid points read from the table (256 to 2048
+// points of 4-8 bytes: too many for registers; one 64-bit load per 8 weights is what a gather
+// would do) and its sign bits, built into bytes by iq_chunk_bytes, widened to int16, then as
+// IQ4_XS. Groups of 16 take their two scales in the low and high halves of the lanes (lanes 0-7
+// hold the pair sums of weights 0-15).
+template <class Block>
+float dot_iq_grid(const void* w, const void* a, int64_t cols) {
+  constexpr int kGroup = kIqGroup<Block>;
+  const auto* wb = static_cast<const Block*>(w);
+  const Q16Row x = q16_row(a, cols);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  float scale[kQK_K / 16];
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const Block& block = wb[b];
+    prefetch_ahead(&block, sizeof(block));
+    iq_scales(block, scale);
+    for (int k = 0; k < 8; ++k) {
+      const __m512i weights = _mm512_cvtepi8_epi16(iq_chunk_bytes<Block>(iq_chunk(block, k)));
+      const __m512i dot = _mm512_madd_epi16(weights, load_x(x, 8 * b + k));
+      const float dx = x.d[8 * b + k];
+      __m512 chunk_scale;
+      if constexpr (kGroup == 32) {
+        chunk_scale = _mm512_set1_ps(scale[k] * dx);
+      } else {
+        chunk_scale = _mm512_insertf32x8(_mm512_set1_ps(scale[2 * k] * dx),
+                                         _mm256_set1_ps(scale[2 * k + 1] * dx), 1);
+      }
+      acc[k & 1] = _mm512_fmadd_ps(chunk_scale, _mm512_cvtepi32_ps(dot), acc[k & 1]);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
+// IQ2_XXS, 64 weights at a time (its grid in registers, avx512_intrinsics.h): the grid values widened to int16 against the
+// activations with the weights' signs moved onto them (masked negates; |q| <= 32767), then as
+// the other formats, each chunk's scale times the activation scale in one FMA.
+float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+  const Q16Row x = q16_row(a, cols);
+  const Iq2xxsGrid grid = iq2_xxs_grid();
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const BlockIQ2_XXS& block = wb[b];
+    prefetch_ahead(&block, sizeof(block));
+    alignas(64) float scales[16];  // chunk k's at 2k + 1
+    _mm512_store_ps(scales, iq2_xxs_block_scales(block, f16(block.d)));
+    reload_from_memory(scales);
+    const __m512i codes = iq2_xxs_block_codes(block, grid);
+    for (int p = 0; p < 4; ++p) {
+      const __m512i points = iq2_xxs_pair_points(codes, p);
+      const __mmask64 signs = iq2_xxs_pair_signs(block, p);
+      const int64_t chunk = 8 * b + 2 * p;
+      const __m512i x0 = load_x(x, chunk), x1 = load_x(x, chunk + 1);
+      const __m512i zero = _mm512_setzero_si512();
+      const __m512i dot0 = _mm512_madd_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(points)),
+                                             _mm512_mask_sub_epi16(x0, __mmask32(signs), zero, x0));
+      const __m512i dot1 =
+          _mm512_madd_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(points, 1)),
+                            _mm512_mask_sub_epi16(x1, __mmask32(signs >> 32), zero, x1));
+      const float scale0 = scales[4 * p + 1] * x.d[chunk];
+      const float scale1 = scales[4 * p + 3] * x.d[chunk + 1];
+      acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(scale0), _mm512_cvtepi32_ps(dot0), acc[0]);
+      acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(scale1), _mm512_cvtepi32_ps(dot1), acc[1]);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
 }  // namespace
 
 void fill_avx512_q16_kernels(KernelTable& table) {
@@ -426,6 +494,13 @@ void fill_avx512_q16_kernels(KernelTable& table) {
   set(DType::IQ4_XS, dot_iq4_xs);
   set(DType::TQ1_0, dot_ternary<BlockTQ1_0, tq1_0_group>);
   set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_group>);
+  set(DType::IQ1_S, dot_iq_grid<BlockIQ1_S>);
+  set(DType::IQ1_M, dot_iq_grid<BlockIQ1_M>);
+  set(DType::IQ2_XXS, dot_iq2_xxs);
+  set(DType::IQ2_XS, dot_iq_grid<BlockIQ2_XS>);
+  set(DType::IQ2_S, dot_iq_grid<BlockIQ2_S>);
+  set(DType::IQ3_XXS, dot_iq_grid<BlockIQ3_XXS>);
+  set(DType::IQ3_S, dot_iq_grid<BlockIQ3_S>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

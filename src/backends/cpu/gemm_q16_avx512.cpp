@@ -160,6 +160,18 @@ void unpack_ternary_avx512(const void* row, int64_t cols, UnpackedRow out) {
   }
 }
 
+// The grid i-quants' signed weights as int16, chunk by chunk.
+template <class Block>
+void unpack_iq_grid_avx512(const void* row, int64_t cols, UnpackedRow out) {
+  constexpr int kGroups = kQK_K / kIqGroup<Block>;
+  const auto* blocks = static_cast<const Block*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    iq_scales(blocks[b], out.scale + kGroups * b);
+    for (int k = 0; k < 8; ++k)
+      store512(out.w + kQK_K * b + 32 * k, _mm512_cvtepi8_epi16(iq_chunk_bytes<Block>(iq_chunk(blocks[b], k))));
+  }
+}
+
 UnpackRowFn avx512_unpacker(DType type) {
   switch (type) {
     case DType::Q8_0:
@@ -182,6 +194,20 @@ UnpackRowFn avx512_unpacker(DType type) {
       return unpack_ternary_avx512<BlockTQ1_0, tq1_0_group>;
     case DType::TQ2_0:
       return unpack_ternary_avx512<BlockTQ2_0, tq2_0_group>;
+    case DType::IQ1_S:
+      return unpack_iq_grid_avx512<BlockIQ1_S>;
+    case DType::IQ1_M:
+      return unpack_iq_grid_avx512<BlockIQ1_M>;
+    case DType::IQ2_XXS:
+      return unpack_iq_grid_avx512<BlockIQ2_XXS>;
+    case DType::IQ2_XS:
+      return unpack_iq_grid_avx512<BlockIQ2_XS>;
+    case DType::IQ2_S:
+      return unpack_iq_grid_avx512<BlockIQ2_S>;
+    case DType::IQ3_XXS:
+      return unpack_iq_grid_avx512<BlockIQ3_XXS>;
+    case DType::IQ3_S:
+      return unpack_iq_grid_avx512<BlockIQ3_S>;
     default:  // formats without an unpacker of their own here: the portable one
       return row_unpacker(type).unpack;
   }

@@ -153,6 +153,19 @@ void unpack8_ternary_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
   }
 }
 
+// The grid i-quants' signed weights plus 128 (a flipped top bit) as bytes, chunk by chunk.
+template <class Block>
+void unpack8_iq_grid_avx512(const void* row, int64_t cols, UnpackedRow8 out) {
+  constexpr int kGroups = kQK_K / kIqGroup<Block>;
+  const auto* blocks = static_cast<const Block*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    iq_scales(blocks[b], out.scale + kGroups * b);
+    for (int k = 0; k < 8; ++k)
+      store256(out.w + kQK_K * b + 32 * k,
+               _mm256_xor_si256(iq_chunk_bytes<Block>(iq_chunk(blocks[b], k)), _mm256_set1_epi8(char(0x80))));
+  }
+}
+
 UnpackRow8Fn avx512_unpacker8(DType type) {
   switch (type) {
     case DType::Q8_0:
@@ -175,6 +188,20 @@ UnpackRow8Fn avx512_unpacker8(DType type) {
       return unpack8_ternary_avx512<BlockTQ1_0, tq1_0_group>;
     case DType::TQ2_0:
       return unpack8_ternary_avx512<BlockTQ2_0, tq2_0_group>;
+    case DType::IQ1_S:
+      return unpack8_iq_grid_avx512<BlockIQ1_S>;
+    case DType::IQ1_M:
+      return unpack8_iq_grid_avx512<BlockIQ1_M>;
+    case DType::IQ2_XXS:
+      return unpack8_iq_grid_avx512<BlockIQ2_XXS>;
+    case DType::IQ2_XS:
+      return unpack8_iq_grid_avx512<BlockIQ2_XS>;
+    case DType::IQ2_S:
+      return unpack8_iq_grid_avx512<BlockIQ2_S>;
+    case DType::IQ3_XXS:
+      return unpack8_iq_grid_avx512<BlockIQ3_XXS>;
+    case DType::IQ3_S:
+      return unpack8_iq_grid_avx512<BlockIQ3_S>;
     default:  // formats without an unpacker of their own here: the portable one
       return row_unpacker8(type).unpack;
   }
