@@ -119,6 +119,13 @@ const std::vector<std::string>& deepseek2_quant_mixes() {
   return mixes;
 }
 
+bool is_bench_only_mix(std::string_view mix) {
+  for (const char* bench : {"Q4_1", "TQ1_0", "TQ2_0", "MXFP4", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS",
+                            "IQ2_S", "IQ3_XXS", "IQ3_S"})
+    if (mix == bench) return true;
+  return false;
+}
+
 bool q4_k_m_layer_gets_more_bits(uint32_t layer, uint32_t n_layer) {
   const uint32_t eighth = n_layer / 8;
   return layer < eighth || layer >= 7 * n_layer / 8 || (layer - eighth) % 3 == 2;

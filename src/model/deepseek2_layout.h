@@ -49,6 +49,11 @@ struct TensorLayout {
 //     Q4_K with ffn_down Q6_K, output Q6_K.
 const std::vector<std::string>& deepseek2_quant_mixes();
 
+// Whether a mix is one of the single-format files gen-model writes for kernel benches (Q4_1,
+// TQ1_0, TQ2_0, MXFP4, the grid i-quants) rather than a mix people ship: the planner does not
+// suggest those.
+bool is_bench_only_mix(std::string_view mix);
+
 // Every tensor of the main layers (0 .. n_layer - n_nextn_layers - 1; MTP tensors are not
 // listed), in converter order. Throws tandem::Error for an unknown mix, listing the known ones.
 // hp.n_vocab must be set.

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "model/deepseek2_layout.h"
 #include "plan/planner_internal.h"
 #include "plan/routing_profile.h"
 
@@ -524,7 +525,7 @@ void Planner::suggest(const Rules& rules) {
   };
   std::vector<Option> options;
   for (const std::string& mix : mixes) {
-    if (mix == inv_.quant_mix) continue;
+    if (mix == inv_.quant_mix || is_bench_only_mix(mix)) continue;
     try {
       if (is_preset) {
         options.push_back({mix, inventory_from_preset(inv_.name, mix).total_weight_bytes()});

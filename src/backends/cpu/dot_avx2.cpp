@@ -364,10 +364,12 @@ void prepare_q8_k(const float* x, void* act_row, int64_t cols) {
   }
 }
 
-// IQ2_XXS against BlockQ8_K, per chunk of 32: the unsigned grid values against the activations
-// with the weights' signs moved onto them (maddubs pairs stay below 2 * 43 * 127 < 32767).
-float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+// IQ2_XXS and IQ3_XXS against BlockQ8_K, per chunk of 32: the unsigned grid values against the
+// activations with the weights' signs moved onto them (maddubs pairs stay below 2 * 62 * 127 <
+// 32767).
+template <class Block>
+float dot_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
   const auto* xb = static_cast<const BlockQ8_K*>(a);
   float scale[kQK_K / 32];
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -401,7 +403,8 @@ void fill_avx2_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
   set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
-  set(DType::IQ2_XXS, ActKind::Q8_K, dot_iq2_xxs);
+  set(DType::IQ2_XXS, ActKind::Q8_K, dot_xxs<BlockIQ2_XXS>);
+  set(DType::IQ3_XXS, ActKind::Q8_K, dot_xxs<BlockIQ3_XXS>);
   table.prepare[size_t(ActKind::Q8)] = prepare_q8;
   table.prepare[size_t(ActKind::Q8_K)] = prepare_q8_k;
 }

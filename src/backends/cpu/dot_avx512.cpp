@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "backends/cpu/iq_xxs_avx512.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/kscales.h"
 #include "core/dtype.h"
@@ -304,28 +305,27 @@ void prepare_bf16(const float* x, void* act_row, int64_t cols) {
   }
 }
 
-// ---- IQ2_XXS against BlockQ8_K ----
-// Per 64 weights (avx512_intrinsics.h): the unsigned grid values against the activations with the
+// ---- IQ2_XXS and IQ3_XXS against BlockQ8_K ----
+// Per 64 weights (iq_xxs_avx512.h): the unsigned grid values against the activations with the
 // weights' signs moved onto them (a masked negate; the quants are never -128), one vpdpbusd;
 // lanes 0-7 hold the first chunk's sums, 8-15 the second's, each scaled in float by its chunk's
-// factor times the block's d and the activations' d.
-float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+// scale times the activations' d.
+template <class Block>
+float dot_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
   const auto* xb = static_cast<const BlockQ8_K*>(a);
-  const Iq2xxsGrid grid = iq2_xxs_grid();
+  const XxsGrid grid = xxs_grid<Block>();
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const BlockIQ2_XXS& block = wb[b];
+    const Block& block = wb[b];
     prefetch_ahead(&block, sizeof(block));
-    const __m512 scales = iq2_xxs_block_scales(block, f16(block.d) * xb[b].d);
-    const __m512i codes = iq2_xxs_block_codes(block, grid);
+    const __m512 scales = xxs_block_scales(block, f16(block.d) * xb[b].d);
+    const XxsBlockCodes codes = xxs_block_codes(block, grid);
     for (int p = 0; p < 4; ++p) {
       const __m512i x = _mm512_loadu_si512(xb[b].qs + 64 * p);
-      const __m512i signed_x =
-          _mm512_mask_sub_epi8(x, iq2_xxs_pair_signs(block, p), _mm512_setzero_si512(), x);
-      const __m512i dot =
-          _mm512_dpbusd_epi32(_mm512_setzero_si512(), iq2_xxs_pair_points(codes, p), signed_x);
-      acc[p & 1] = _mm512_fmadd_ps(iq2_xxs_pair_scales(scales, p), _mm512_cvtepi32_ps(dot), acc[p & 1]);
+      const __m512i signed_x = _mm512_mask_sub_epi8(x, xxs_pair_signs(block, p), _mm512_setzero_si512(), x);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xxs_pair_points<Block>(codes, p), signed_x);
+      acc[p & 1] = _mm512_fmadd_ps(xxs_pair_scales<Block>(scales, p), _mm512_cvtepi32_ps(dot), acc[p & 1]);
     }
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
@@ -349,7 +349,8 @@ void fill_avx512_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
   set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
-  set(DType::IQ2_XXS, ActKind::Q8_K, dot_iq2_xxs);
+  set(DType::IQ2_XXS, ActKind::Q8_K, dot_xxs<BlockIQ2_XXS>);
+  set(DType::IQ3_XXS, ActKind::Q8_K, dot_xxs<BlockIQ3_XXS>);
   table.prepare[size_t(ActKind::BF16)] = prepare_bf16;
 }
 

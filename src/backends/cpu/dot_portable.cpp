@@ -268,12 +268,13 @@ float dot_q6_k(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
-// IQ2_XXS against BlockQ8_K: per chunk of 32, the integer sum of the signed weights and the
-// quants, times the chunk's scale and the activations' d. The one 8-bit row dot of the grid
-// formats (the others' Int8 row dots are their 16-bit ones): IQ2_XXS is the format of most
-// low-bit experts, and its AVX-512 8-bit kernel is 1.7x its 16-bit one.
-float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+// IQ2_XXS and IQ3_XXS against BlockQ8_K: per chunk of 32, the integer sum of the signed weights
+// and the quants, times the chunk's scale and the activations' d. The grid formats' only 8-bit
+// row dots (the others' Int8 row dots are their 16-bit ones): these two carry most low-bit
+// experts, and their AVX-512 8-bit kernels are 1.7x their 16-bit ones.
+template <class Block>
+float dot_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
   const auto* xb = static_cast<const BlockQ8_K*>(a);
   IqWeights weights;
   float sum = 0.0f;
@@ -308,7 +309,8 @@ void fill_portable_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_q5_k<false, BlockQ4_K>);
   set(DType::Q5_K, ActKind::Q8_K, dot_q4_q5_k<true, BlockQ5_K>);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
-  set(DType::IQ2_XXS, ActKind::Q8_K, dot_iq2_xxs);
+  set(DType::IQ2_XXS, ActKind::Q8_K, dot_xxs<BlockIQ2_XXS>);
+  set(DType::IQ3_XXS, ActKind::Q8_K, dot_xxs<BlockIQ3_XXS>);
   table.prepare[size_t(ActKind::BF16)] = prepare_bf16;
   table.prepare[size_t(ActKind::Q8)] = prepare_q8;
   table.prepare[size_t(ActKind::Q8_K)] = prepare_q8_k;

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "backends/cpu/act_q16.h"
+#include "backends/cpu/iq_xxs_avx512.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/kscales.h"
 #include "core/blocks.h"
@@ -441,24 +442,26 @@ float dot_iq_grid(const void* w, const void* a, int64_t cols) {
   return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
-// IQ2_XXS, 64 weights at a time (its grid in registers, avx512_intrinsics.h): the grid values widened to int16 against the
-// activations with the weights' signs moved onto them (masked negates; |q| <= 32767), then as
-// the other formats, each chunk's scale times the activation scale in one FMA.
-float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const BlockIQ2_XXS*>(w);
+// IQ2_XXS and IQ3_XXS, 64 weights at a time (their grids in registers, iq_xxs_avx512.h): the
+// grid values widened to int16 against the activations with the weights' signs moved onto them
+// (masked negates; |q| <= 32767), then as the other formats, each chunk's scale times the
+// activation scale in one FMA.
+template <class Block>
+float dot_xxs(const void* w, const void* a, int64_t cols) {
+  const auto* wb = static_cast<const Block*>(w);
   const Q16Row x = q16_row(a, cols);
-  const Iq2xxsGrid grid = iq2_xxs_grid();
+  const XxsGrid grid = xxs_grid<Block>();
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  alignas(64) float scales[16];
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const BlockIQ2_XXS& block = wb[b];
+    const Block& block = wb[b];
     prefetch_ahead(&block, sizeof(block));
-    alignas(64) float scales[16];  // chunk k's at 2k + 1
-    _mm512_store_ps(scales, iq2_xxs_block_scales(block, f16(block.d)));
+    _mm512_store_ps(scales, xxs_block_scales(block, f16(block.d)));
     reload_from_memory(scales);
-    const __m512i codes = iq2_xxs_block_codes(block, grid);
+    const XxsBlockCodes codes = xxs_block_codes(block, grid);
     for (int p = 0; p < 4; ++p) {
-      const __m512i points = iq2_xxs_pair_points(codes, p);
-      const __mmask64 signs = iq2_xxs_pair_signs(block, p);
+      const __m512i points = xxs_pair_points<Block>(codes, p);
+      const __mmask64 signs = xxs_pair_signs(block, p);
       const int64_t chunk = 8 * b + 2 * p;
       const __m512i x0 = load_x(x, chunk), x1 = load_x(x, chunk + 1);
       const __m512i zero = _mm512_setzero_si512();
@@ -467,8 +470,8 @@ float dot_iq2_xxs(const void* w, const void* a, int64_t cols) {
       const __m512i dot1 =
           _mm512_madd_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(points, 1)),
                             _mm512_mask_sub_epi16(x1, __mmask32(signs >> 32), zero, x1));
-      const float scale0 = scales[4 * p + 1] * x.d[chunk];
-      const float scale1 = scales[4 * p + 3] * x.d[chunk + 1];
+      const float scale0 = scales[xxs_scale_lane<Block>(2 * p)] * x.d[chunk];
+      const float scale1 = scales[xxs_scale_lane<Block>(2 * p + 1)] * x.d[chunk + 1];
       acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(scale0), _mm512_cvtepi32_ps(dot0), acc[0]);
       acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(scale1), _mm512_cvtepi32_ps(dot1), acc[1]);
     }
@@ -496,10 +499,10 @@ void fill_avx512_q16_kernels(KernelTable& table) {
   set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_group>);
   set(DType::IQ1_S, dot_iq_grid<BlockIQ1_S>);
   set(DType::IQ1_M, dot_iq_grid<BlockIQ1_M>);
-  set(DType::IQ2_XXS, dot_iq2_xxs);
+  set(DType::IQ2_XXS, dot_xxs<BlockIQ2_XXS>);
   set(DType::IQ2_XS, dot_iq_grid<BlockIQ2_XS>);
   set(DType::IQ2_S, dot_iq_grid<BlockIQ2_S>);
-  set(DType::IQ3_XXS, dot_iq_grid<BlockIQ3_XXS>);
+  set(DType::IQ3_XXS, dot_xxs<BlockIQ3_XXS>);
   set(DType::IQ3_S, dot_iq_grid<BlockIQ3_S>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
