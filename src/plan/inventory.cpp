@@ -13,6 +13,7 @@
 #include "gguf/gguf_file.h"
 #include "model/deepseek2_layout.h"
 #include "model/deepseek2_shapes.h"
+#include "quant/block_decode.h"
 
 namespace tandem::plan {
 namespace {
@@ -22,7 +23,7 @@ struct TensorBytes {
   std::string_view name;
   const std::vector<uint64_t>* shape;
   uint64_t bytes;
-  bool interleaved = false;  // stored in one of tandem's interleaved formats
+  DType type = DType::F32;
 };
 
 bool starts_with(std::string_view s, std::string_view prefix) {
@@ -67,7 +68,7 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
 
   // (sort position, rank in layer, expert) -> group; the embeddings sort first, the head last.
   std::map<std::tuple<int64_t, int, int32_t>, InventoryGroup> groups;
-  bool interleaved = false;  // of the tensor being added
+  DType type = DType::F32;  // of the tensor being added
   auto add = [&](WeightGroup kind, int32_t layer, int32_t expert, uint64_t bytes) {
     const int64_t position = kind == WeightGroup::Embedding    ? -1
                              : kind == WeightGroup::OutputHead ? int64_t(INT32_MAX)
@@ -75,11 +76,12 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
     InventoryGroup& group = groups[{position, rank_in_layer(kind), expert}];
     group.kind = kind, group.layer = layer, group.expert = expert;
     group.bytes += bytes;
-    group.interleaved_bytes += interleaved ? bytes : 0;
+    group.interleaved_bytes += is_interleaved(type) ? bytes : 0;
+    if (!group.not_on_cuda && !cuda_reads(type)) group.not_on_cuda = type;
   };
 
   for (const TensorBytes& t : tensors) {
-    interleaved = t.interleaved;
+    type = t.type;
     const TensorRole role = classify_tensor(t.name, inv.n_layers);
     const int32_t layer = role.layer ? int32_t(*role.layer) : -1;
     switch (role.group) {
@@ -253,12 +255,16 @@ uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
   return uint64_t(std::max<int64_t>(n_tokens, 0)) * per_token;
 }
 
+bool cuda_reads(DType type) {
+  return blocks::has_block_decoder(is_interleaved(type) ? dtype_info(type).base : type);
+}
+
 ModelInventory inventory_from_file(const gguf::GgufFile& file) {
   const Deepseek2Hparams hp = read_deepseek2_hparams(file);
   std::vector<TensorBytes> tensors;
   tensors.reserve(file.tensors().size());
   for (const gguf::TensorInfo& t : file.tensors())
-    tensors.push_back({t.name, &t.shape, t.n_bytes, is_interleaved(t.type)});
+    tensors.push_back({t.name, &t.shape, t.n_bytes, t.type});
   return build_inventory(std::filesystem::path(file.name()).filename().string(), quant_mix_of(file),
                          hp, tensors);
 }
@@ -268,7 +274,7 @@ ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& 
   const std::vector<TensorLayout> layout = deepseek2_layout(hp, quant_mix);
   std::vector<TensorBytes> tensors;
   tensors.reserve(layout.size());
-  for (const TensorLayout& t : layout) tensors.push_back({t.name, &t.shape, t.n_bytes()});
+  for (const TensorLayout& t : layout) tensors.push_back({t.name, &t.shape, t.n_bytes(), t.type});
   return build_inventory(std::move(name), std::string(quant_mix), hp, tensors);
 }
 

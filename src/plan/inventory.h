@@ -3,10 +3,12 @@
 // plus the KV cache and work buffers it needs. Built from GGUF headers alone (no weight is read)
 // or from a built-in shape preset, so plans can be made for models that are not on this machine.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/deepseek2_hparams.h"
 #include "model/weight_groups.h"
 
@@ -26,6 +28,9 @@ struct InventoryGroup {
   int32_t expert = -1;  // routed experts: index within the layer
   uint64_t bytes = 0;
   uint64_t interleaved_bytes = 0;  // of `bytes`, in tandem's interleaved formats (tandem repack)
+  // The first of its formats the CUDA backend cannot multiply (cuda_reads), or nullopt: a group
+  // with one stays off CUDA devices (the IQ1_S, IQ2_XXS ... experts of the low-bit files).
+  std::optional<DType> not_on_cuda;
 
   // "token_embd", "output", "blk.3.attention", "blk.3.router", "blk.3.shared_experts",
   // "blk.0.dense_ffn", "blk.3.expert.17".
@@ -54,6 +59,11 @@ struct ModelInventory {
   // Activation buffers a device needs to run `n_tokens` tokens of one step.
   uint64_t work_buffer_bytes(int64_t n_tokens) const;
 };
+
+// Whether the CUDA backend multiplies weights of this format: those with a block decoder
+// (quant/block_decode.h), interleaved ones through their base format (taken apart on upload).
+// Not yet: Q4_1, TQ1_0, TQ2_0, MXFP4 and the grid i-quants.
+bool cuda_reads(DType type);
 
 // From the headers of all parts of a (possibly split) GGUF file; no tensor data is touched.
 ModelInventory inventory_from_file(const gguf::GgufFile& file);

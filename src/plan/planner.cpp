@@ -118,7 +118,7 @@ double Planner::bandwidth(int32_t d) const {
 
 // Places group `g` on device `d` (or kOnDisk) when it fits; never overfills.
 bool Planner::put(size_t g, int32_t d) {
-  if (d != kOnDisk && room(d) < bytes(g)) return false;
+  if (d != kOnDisk && (room(d) < bytes(g) || !can_hold(g, d))) return false;
   p_.group_device[g] = d;
   if (d != kOnDisk) p_.devices[size_t(d)].weight_bytes += bytes(g);
   return true;
@@ -136,9 +136,15 @@ uint64_t Planner::unplaced_expert_bytes(uint32_t l) const {
   return sum;
 }
 
+bool Planner::can_hold(size_t g, int32_t d) const {
+  return !(inv_.groups[g].not_on_cuda && p_.devices[size_t(d)].spec.kind == DeviceKind::Cuda);
+}
+
 // A layer's attention side (its unplaced non-expert groups and its KV cache) onto `d`.
 bool Planner::put_layer(uint32_t l, int32_t d) {
   if (room(d) < unplaced_hot_bytes(l) + kv_per_layer_) return false;
+  for (size_t g : layer_hot_[l])
+    if (p_.group_device[g] == kUnplaced && !can_hold(g, d)) return false;
   for (size_t g : layer_hot_[l])
     if (p_.group_device[g] == kUnplaced) put(g, d);
   p_.layer_device[l] = d;
@@ -222,6 +228,21 @@ void Planner::reserve_buffers() {
         "GPU is kept for the CUDA runtime; {} for the plan",
         format_bytes(hw_.ram_reserve_bytes), format_bytes(hw_.ram_bytes), hw_.ram_reserve_source,
         format_bytes(cap(0))));
+  // Formats the CUDA backend does not multiply yet keep their groups in RAM.
+  const bool any_cuda = std::any_of(gpus_.begin(), gpus_.end(), [&](int32_t d) {
+    return p_.devices[size_t(d)].spec.kind == DeviceKind::Cuda;
+  });
+  std::map<std::string_view, std::pair<size_t, uint64_t>> off_cuda;  // format -> groups, bytes
+  for (const InventoryGroup& g : inv_.groups)
+    if (any_cuda && g.not_on_cuda) {
+      auto& [count, total] = off_cuda[dtype_name(*g.not_on_cuda)];
+      ++count, total += g.bytes;
+    }
+  for (const auto& [format, what] : off_cuda)
+    p_.reasons.push_back(fmt::format(
+        "{} groups ({}) hold {} weights, which the CUDA backend does not multiply yet: they stay "
+        "in RAM, computed by the CPU",
+        what.first, format_bytes(what.second), format));
   if (gpus_.size() >= 2 || (!gpus_.empty() && hw_.link_source.starts_with("assumed")))
     p_.reasons.push_back(
         fmt::format("links: {}{} ({})",
@@ -271,6 +292,9 @@ void Planner::apply_pins(const Rules& rules) {
             "rule {} puts {} on disk: only routed experts and token_embd can be streamed from "
             "the file",
             r + 1, label);
+      if (target[r] >= 0 && !can_hold(i, target[r]))
+        fail("rule {} puts {} on {}, but the CUDA backend cannot multiply {} yet; pin it to cpu",
+             r + 1, label, name(target[r]), dtype_name(*g.not_on_cuda));
       // Charged without a capacity check; the check below names the whole shortfall.
       p_.group_device[i] = target[r];
       if (target[r] != kOnDisk) p_.devices[size_t(target[r])].weight_bytes += g.bytes;

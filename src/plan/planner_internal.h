@@ -48,6 +48,8 @@ class Planner {
   const std::string& name(int32_t d) const { return p_.devices[size_t(d)].spec.name; }
   double bandwidth(int32_t d) const;
   uint64_t bytes(size_t g) const { return inv_.groups[g].bytes; }
+  // Whether device d's backend can multiply group g's formats (CUDA: cuda_reads).
+  bool can_hold(size_t g, int32_t d) const;
   bool put(size_t g, int32_t d);
   uint64_t unplaced_hot_bytes(uint32_t l) const;
   uint64_t unplaced_expert_bytes(uint32_t l) const;

@@ -237,6 +237,16 @@ TEST(Planner, impossible_pins_are_rejected_naming_the_shortfall_in_gib) {
         }
       },
       Error);
+  // A format the CUDA backend does not multiply cannot be pinned to a GPU.
+  const ModelInventory low_bit = inventory_from_preset("deepseek-v3", "UD-IQ1_S");
+  rules.pins = {{.pattern = "blk\\.5\\.expert\\.7", .device = "cuda:0"}};
+  try {
+    plan(low_bit, hw, rules);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot multiply IQ1_S yet; pin it to cpu"), std::string::npos)
+        << e.what();
+  }
   rules.pins = {{.pattern = "blk\\.1\\.atention", .device = "cpu"}};
   EXPECT_THROW(plan(inv, hw, rules), Error);  // a typo matches nothing: said, not ignored
   rules.pins = {{.pattern = "blk\\.1\\.attention", .device = "disk"}};
