@@ -11,14 +11,15 @@
 // delta = +-1/8 become integers 8 * grid +- 1 (|w| <= 9) with the scale divided by 8. Weights:
 // |w| <= 43 (IQ2), 62 (IQ3_XXS), 15 (IQ3_S), 9 (IQ1).
 //
-// Multi-byte fields are read with memcpy: blocks of 50 to 110 bytes sit at any even offset.
-// The functions have internal linkage (as backends/cpu/kscales.h): files compiled for AVX-512
-// include this header, and the linker must not hand their copy to portable callers.
+// Host and device (core/host_device.h): the CUDA kernels decode these blocks with the same
+// functions (quant/block_decode.h), the grids read through iq_grid_point. Multi-byte fields are
+// read byte by byte: blocks of 50 to 110 bytes sit at any even offset. The functions have
+// internal linkage (as backends/cpu/kscales.h): files compiled for AVX-512 include this header,
+// and the linker must not hand their copy to portable callers.
 #include <cstdint>
-#include <cstring>
 
 #include "core/blocks.h"
-#include "core/half.h"
+#include "core/host_device.h"
 #include "core/iq_grids.h"
 
 namespace tandem {
@@ -121,159 +122,141 @@ struct IqWeights {
 namespace {  // NOLINT(google-build-namespaces)
 namespace iq_bytes {
 
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // Four 7-bit sign indices (bits 0-27 of a word) as 32 sign bits.
-inline uint32_t parity_signs(uint32_t word) {
-  return uint32_t(kIqSigns[word & 127]) | uint32_t(kIqSigns[(word >> 7) & 127]) << 8 |
-         uint32_t(kIqSigns[(word >> 14) & 127]) << 16 | uint32_t(kIqSigns[(word >> 21) & 127]) << 24;
+TANDEM_HD uint32_t parity_signs(uint32_t word) {
+  return iq_sign_byte(word & 127) | iq_sign_byte((word >> 7) & 127) << 8 |
+         iq_sign_byte((word >> 14) & 127) << 16 | iq_sign_byte((word >> 21) & 127) << 24;
 }
 
 // Two 4-byte IQ3 points as one 8-byte word.
-inline uint64_t point_pair(uint32_t first, uint32_t second) {
-  return uint64_t(first) | uint64_t(second) << 32;
+TANDEM_HD uint64_t point_pair(uint64_t first, uint64_t second) {
+  return first | second << 32;
 }
 
-// d * (0.5 + s) * factor with s the 4-bit field at `shift` of `word`.
-inline float half_step_scale(float d, uint32_t s, float factor) {
+// d * (0.5 + s) * factor with s the 4-bit field at the bottom of `s`.
+TANDEM_HD float half_step_scale(float d, uint32_t s, float factor) {
   return d * (0.5f + float(s & 0xF)) * factor;
 }
 
 }  // namespace iq_bytes
 
-// ---- per format: the scales (iq_scales) and chunk k of 8 (iq_chunk) ----
+// ---- per format: group g's scale (iq_group_scale) and chunk k of 8 (iq_chunk) ----
 
-inline void iq_scales(const BlockIQ2_XXS& block, float* scale) {
-  const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib)
-    scale[ib] = iq_bytes::half_step_scale(d, iq_bytes::load_u32(block.qs + 8 * ib + 4) >> 28, 0.25f);
+TANDEM_HD float iq_group_scale(const BlockIQ2_XXS& block, int g) {
+  return iq_bytes::half_step_scale(hd::f16_to_f32(block.d), hd::load_u32(block.qs + 8 * g + 4) >> 28,
+                                   0.25f);
 }
 
-inline IqChunk iq_chunk(const BlockIQ2_XXS& block, int k) {
+TANDEM_HD IqChunk iq_chunk(const BlockIQ2_XXS& block, int k) {
   const uint8_t* sub = block.qs + 8 * k;
-  return {{kIq2xxsGrid[sub[0]], kIq2xxsGrid[sub[1]], kIq2xxsGrid[sub[2]], kIq2xxsGrid[sub[3]]},
-          iq_bytes::parity_signs(iq_bytes::load_u32(sub + 4))};
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l) chunk.points[l] = iq_grid_point<IqGrid::Iq2xxs>(sub[l]);
+  chunk.flip = iq_bytes::parity_signs(hd::load_u32(sub + 4));
+  return chunk;
 }
 
 // IQ2_XS / IQ2_S: a 4-bit scale per 16 weights, two per byte, low nibble first.
-inline void iq2_scales16(float d, const uint8_t* scales, float* scale) {
-  for (int g = 0; g < 16; ++g)
-    scale[g] = iq_bytes::half_step_scale(d, uint32_t(scales[g / 2] >> (4 * (g % 2))), 0.25f);
+TANDEM_HD float iq2_scale16(uint16_t d, const uint8_t* scales, int g) {
+  return iq_bytes::half_step_scale(hd::f16_to_f32(d), uint32_t(scales[g / 2] >> (4 * (g % 2))), 0.25f);
 }
 
-inline void iq_scales(const BlockIQ2_XS& block, float* scale) {
-  iq2_scales16(f16_to_f32(block.d), block.scales, scale);
+TANDEM_HD float iq_group_scale(const BlockIQ2_XS& block, int g) {
+  return iq2_scale16(block.d, block.scales, g);
 }
 
-inline IqChunk iq_chunk(const BlockIQ2_XS& block, int k) {
+TANDEM_HD IqChunk iq_chunk(const BlockIQ2_XS& block, int k) {
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
-    const uint16_t word = iq_bytes::load_u16(block.qs + 8 * k + 2 * l);
-    chunk.points[l] = kIq2xsGrid[word & 511];
-    chunk.flip |= uint32_t(kIqSigns[word >> 9]) << (8 * l);
+    const uint16_t word = hd::load_u16(block.qs + 8 * k + 2 * l);
+    chunk.points[l] = iq_grid_point<IqGrid::Iq2xs>(word & 511);
+    chunk.flip |= iq_sign_byte(word >> 9) << (8 * l);
   }
   return chunk;
 }
 
-inline void iq_scales(const BlockIQ2_S& block, float* scale) {
-  iq2_scales16(f16_to_f32(block.d), block.scales, scale);
+TANDEM_HD float iq_group_scale(const BlockIQ2_S& block, int g) {
+  return iq2_scale16(block.d, block.scales, g);
 }
 
-inline IqChunk iq_chunk(const BlockIQ2_S& block, int k) {
+TANDEM_HD IqChunk iq_chunk(const BlockIQ2_S& block, int k) {
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
-    const int index = block.qs[4 * k + l] | ((block.qh[k] << (8 - 2 * l)) & 0x300);
-    chunk.points[l] = kIq2sGrid[size_t(index)];
+    const uint32_t index = block.qs[4 * k + l] | ((uint32_t(block.qh[k]) << (8 - 2 * l)) & 0x300);
+    chunk.points[l] = iq_grid_point<IqGrid::Iq2s>(index);
   }
-  chunk.flip = iq_bytes::load_u32(block.qs + 32 + 4 * k);  // the signs, one bit a weight
+  chunk.flip = hd::load_u32(block.qs + 32 + 4 * k);  // the signs, one bit a weight
   return chunk;
 }
 
-inline void iq_scales(const BlockIQ3_XXS& block, float* scale) {
-  const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib)
-    scale[ib] = iq_bytes::half_step_scale(d, iq_bytes::load_u32(block.qs + 64 + 4 * ib) >> 28, 0.5f);
+TANDEM_HD float iq_group_scale(const BlockIQ3_XXS& block, int g) {
+  return iq_bytes::half_step_scale(hd::f16_to_f32(block.d), hd::load_u32(block.qs + 64 + 4 * g) >> 28,
+                                   0.5f);
 }
 
-inline IqChunk iq_chunk(const BlockIQ3_XXS& block, int k) {
+TANDEM_HD IqChunk iq_chunk(const BlockIQ3_XXS& block, int k) {
   const uint8_t* indices = block.qs + 8 * k;
   IqChunk chunk;
   for (int l = 0; l < 4; ++l)
-    chunk.points[l] = iq_bytes::point_pair(kIq3xxsGrid[indices[2 * l]], kIq3xxsGrid[indices[2 * l + 1]]);
-  chunk.flip = iq_bytes::parity_signs(iq_bytes::load_u32(block.qs + 64 + 4 * k));
+    chunk.points[l] = iq_bytes::point_pair(iq_grid_point<IqGrid::Iq3xxs>(indices[2 * l]),
+                                           iq_grid_point<IqGrid::Iq3xxs>(indices[2 * l + 1]));
+  chunk.flip = iq_bytes::parity_signs(hd::load_u32(block.qs + 64 + 4 * k));
   return chunk;
 }
 
-inline void iq_scales(const BlockIQ3_S& block, float* scale) {
-  const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib)
-    scale[ib] = d * float(1 + 2 * ((block.scales[ib / 2] >> (4 * (ib % 2))) & 0xF));
+TANDEM_HD float iq_group_scale(const BlockIQ3_S& block, int g) {
+  return hd::f16_to_f32(block.d) * float(1 + 2 * ((block.scales[g / 2] >> (4 * (g % 2))) & 0xF));
 }
 
-inline IqChunk iq_chunk(const BlockIQ3_S& block, int k) {
+TANDEM_HD IqChunk iq_chunk(const BlockIQ3_S& block, int k) {
   const uint8_t* qs = block.qs + 8 * k;
-  const int qh = block.qh[k];
+  const uint32_t qh = block.qh[k];
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
-    const int first = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
-    const int second = qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
-    chunk.points[l] = iq_bytes::point_pair(kIq3sGrid[size_t(first)], kIq3sGrid[size_t(second)]);
+    const uint32_t first = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
+    const uint32_t second = qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
+    chunk.points[l] = iq_bytes::point_pair(iq_grid_point<IqGrid::Iq3s>(first),
+                                           iq_grid_point<IqGrid::Iq3s>(second));
   }
-  chunk.flip = iq_bytes::load_u32(block.signs + 4 * k);  // the signs, one bit a weight
+  chunk.flip = hd::load_u32(block.signs + 4 * k);  // the signs, one bit a weight
   return chunk;
 }
 
-inline void iq_scales(const BlockIQ1_S& block, float* scale) {
-  const float d = f16_to_f32(block.d);
-  for (int ib = 0; ib < 8; ++ib) {
-    const uint16_t qh = iq_bytes::load_u16(block.qh + 2 * ib);
-    scale[ib] = d * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
-  }
+TANDEM_HD float iq_group_scale(const BlockIQ1_S& block, int g) {
+  const uint32_t qh = hd::load_u16(block.qh + 2 * g);
+  return hd::f16_to_f32(block.d) * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
 }
 
-inline IqChunk iq_chunk(const BlockIQ1_S& block, int k) {
-  const uint16_t qh = iq_bytes::load_u16(block.qh + 2 * k);
+TANDEM_HD IqChunk iq_chunk(const BlockIQ1_S& block, int k) {
+  const uint32_t qh = hd::load_u16(block.qh + 2 * k);
   IqChunk chunk;
   for (int l = 0; l < 4; ++l)
-    chunk.points[l] = kIq1sGrid[size_t(block.qs[4 * k + l] | (((qh >> (3 * l)) & 7) << 8))];
+    chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(block.qs[4 * k + l] | (((qh >> (3 * l)) & 7) << 8));
   chunk.flip = qh & 0x8000 ? ~0u : 0u;  // one shift sign for the 32
   return chunk;
 }
 
+// IQ1_M's scale words: 3-bit scales in their low 12 bits, d's nibbles on top.
+TANDEM_HD uint32_t iq1_m_word(const BlockIQ1_M& block, int w) {
+  return hd::load_u16(block.scales + 2 * w);
+}
+
 // IQ1_M's d: the top nibbles of its four scale words, lowest word first.
-inline float iq1_m_d(const BlockIQ1_M& block) {
-  uint16_t sc[4];
-  std::memcpy(sc, block.scales, sizeof(sc));
-  return f16_to_f32(uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) |
-                             (sc[3] & 0xF000)));
+TANDEM_HD float iq1_m_d(const BlockIQ1_M& block) {
+  return hd::f16_to_f32(uint16_t((iq1_m_word(block, 0) >> 12) | ((iq1_m_word(block, 1) >> 8) & 0x00F0) |
+                                 ((iq1_m_word(block, 2) >> 4) & 0x0F00) | (iq1_m_word(block, 3) & 0xF000)));
 }
 
-inline void iq_scales(const BlockIQ1_M& block, float* scale) {
-  const float d = iq1_m_d(block);
-  uint16_t sc[4];
-  std::memcpy(sc, block.scales, sizeof(sc));
-  for (int g = 0; g < 16; ++g) {
-    // Scale 3 bits at 3 g within the 12 low bits of the words, g / 4 the word.
-    const int s = (sc[g / 4] >> (3 * (g % 4))) & 7;
-    scale[g] = d * float(2 * s + 1) * 0.125f;
-  }
+TANDEM_HD float iq_group_scale(const BlockIQ1_M& block, int g) {
+  // Scale 3 bits at 3 g within the 12 low bits of the words, g / 4 the word.
+  const uint32_t s = (iq1_m_word(block, g / 4) >> (3 * (g % 4))) & 7;
+  return iq1_m_d(block) * float(2 * s + 1) * 0.125f;
 }
 
-inline IqChunk iq_chunk(const BlockIQ1_M& block, int k) {
+TANDEM_HD IqChunk iq_chunk(const BlockIQ1_M& block, int k) {
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
-    const int nibble = block.qh[2 * k + l / 2] >> (4 * (l % 2));  // this point's nibble
-    chunk.points[l] = kIq1sGrid[size_t(block.qs[4 * k + l] | ((nibble & 7) << 8))];
+    const uint32_t nibble = block.qh[2 * k + l / 2] >> (4 * (l % 2));  // this point's nibble
+    chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(block.qs[4 * k + l] | ((nibble & 7) << 8));
     if (nibble & 8) chunk.flip |= 0xFFu << (8 * l);  // a shift sign per 8
   }
   return chunk;
@@ -281,21 +264,30 @@ inline IqChunk iq_chunk(const BlockIQ1_M& block, int k) {
 
 // ---- every format ----
 
-// The 32 weights of a chunk: grid * sign, or 8 * grid +- 1 for IQ1.
+// Weight i (0-31) of a chunk: grid * sign, or 8 * grid +- 1 for IQ1.
 template <class Block>
-inline void iq_chunk_weights(const IqChunk& chunk, int8_t* w) {
-  for (int i = 0; i < 32; ++i) {
-    const int v = int(int8_t((chunk.points[i / 8] >> (8 * (i % 8))) & 0xFF));
-    const bool flip = (chunk.flip >> i) & 1;
-    if constexpr (kIqShifted<Block>)
-      w[i] = int8_t(8 * v + (flip ? -1 : 1));
-    else
-      w[i] = int8_t(flip ? -v : v);
+TANDEM_HD int iq_chunk_weight(const IqChunk& chunk, int i) {
+  const int v = int(int8_t((chunk.points[i / 8] >> (8 * (i % 8))) & 0xFF));
+  const bool flip = (chunk.flip >> i) & 1;
+  if constexpr (kIqShifted<Block>) {
+    return 8 * v + (flip ? -1 : 1);
+  } else {
+    return flip ? -v : v;
   }
 }
 
 template <class Block>
-inline void iq_weights(const Block& block, IqWeights& out) {
+TANDEM_HD void iq_chunk_weights(const IqChunk& chunk, int8_t* w) {
+  for (int i = 0; i < 32; ++i) w[i] = int8_t(iq_chunk_weight<Block>(chunk, i));
+}
+
+template <class Block>
+TANDEM_HD void iq_scales(const Block& block, float* scale) {
+  for (int g = 0; g < kQK_K / kIqGroup<Block>; ++g) scale[g] = iq_group_scale(block, g);
+}
+
+template <class Block>
+TANDEM_HD void iq_weights(const Block& block, IqWeights& out) {
   iq_scales(block, out.scale);
   for (int k = 0; k < 8; ++k) iq_chunk_weights<Block>(iq_chunk(block, k), out.w + 32 * k);
 }

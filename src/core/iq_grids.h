@@ -9,10 +9,15 @@
 // per element, element j in byte j, so a kernel reads a point's 8 (or 4) weights with one load.
 //
 // The signs of IQ2_XXS, IQ2_XS and IQ3_XXS come as 7 bits per 8 weights; the eighth is the one
-// that makes the number of minus signs even (kIqSigns).
+// that makes the number of minus signs even (kIqSigns, iq_sign_byte).
+//
+// CUDA kernels read device copies (every file nvcc compiles gets its own, 33 KiB); iq_grid_point
+// reads the copy of the side it runs on.
 #include <array>
 #include <cstddef>
 #include <cstdint>
+
+#include "core/host_device.h"
 
 namespace tandem {
 
@@ -83,5 +88,82 @@ inline constexpr float kIq1Delta = 0.125f;
 static_assert(kIq2xxsGrid[255] != 0 && kIq2xsGrid[511] != 0 && kIq2sGrid[1023] != 0 &&
               kIq3xxsGrid[255] != 0 && kIq3sGrid[511] != 0 && kIq1sGrid[2047] != 0);
 static_assert(kIq2xxsGrid[0] == 0x0808080808080808ull && kIq1sGrid[0] == ~0ull);
+
+namespace iq_detail {
+
+// A grid as a plain array: what a __device__ variable can be initialized with.
+template <class Word, size_t N>
+struct GridWords {
+  Word v[N];
+};
+
+template <class Word, size_t N>
+constexpr GridWords<Word, N> grid_words(const std::array<Word, N>& points) {
+  GridWords<Word, N> words{};
+  for (size_t k = 0; k < N; ++k) words.v[k] = points[k];
+  return words;
+}
+
+}  // namespace iq_detail
+
+enum class IqGrid { Iq2xxs, Iq2xs, Iq2s, Iq3xxs, Iq3s, Iq1s };
+
+#if defined(__CUDACC__)
+namespace iq_device {
+static __device__ const auto kIq2xxs = iq_detail::grid_words(kIq2xxsGrid);
+static __device__ const auto kIq2xs = iq_detail::grid_words(kIq2xsGrid);
+static __device__ const auto kIq2s = iq_detail::grid_words(kIq2sGrid);
+static __device__ const auto kIq3xxs = iq_detail::grid_words(kIq3xxsGrid);
+static __device__ const auto kIq3s = iq_detail::grid_words(kIq3sGrid);
+static __device__ const auto kIq1s = iq_detail::grid_words(kIq1sGrid);
+}  // namespace iq_device
+#endif
+
+// Internal linkage: AVX-512 files include this header too (see core/iq_blocks.h).
+namespace {  // NOLINT(google-build-namespaces)
+
+// Point k of a grid, its bytes in a word (IQ3's 4-byte points in the low half).
+template <IqGrid kGrid>
+TANDEM_HD uint64_t iq_grid_point(uint32_t k) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kGrid == IqGrid::Iq2xxs) {
+    return iq_device::kIq2xxs.v[k];
+  } else if constexpr (kGrid == IqGrid::Iq2xs) {
+    return iq_device::kIq2xs.v[k];
+  } else if constexpr (kGrid == IqGrid::Iq2s) {
+    return iq_device::kIq2s.v[k];
+  } else if constexpr (kGrid == IqGrid::Iq3xxs) {
+    return iq_device::kIq3xxs.v[k];
+  } else if constexpr (kGrid == IqGrid::Iq3s) {
+    return iq_device::kIq3s.v[k];
+  } else {
+    return iq_device::kIq1s.v[k];
+  }
+#else
+  if constexpr (kGrid == IqGrid::Iq2xxs) {
+    return kIq2xxsGrid[k];
+  } else if constexpr (kGrid == IqGrid::Iq2xs) {
+    return kIq2xsGrid[k];
+  } else if constexpr (kGrid == IqGrid::Iq2s) {
+    return kIq2sGrid[k];
+  } else if constexpr (kGrid == IqGrid::Iq3xxs) {
+    return kIq3xxsGrid[k];
+  } else if constexpr (kGrid == IqGrid::Iq3s) {
+    return kIq3sGrid[k];
+  } else {
+    return kIq1sGrid[k];
+  }
+#endif
+}
+
+// 7 sign bits and the eighth that makes the count of set bits even (the rule kIqSigns holds).
+TANDEM_HD uint32_t iq_sign_byte(uint32_t seven) {
+  uint32_t parity = seven ^ (seven >> 4);
+  parity ^= parity >> 2;
+  parity ^= parity >> 1;
+  return seven | (parity & 1) << 7;
+}
+
+}  // namespace
 
 }  // namespace tandem

@@ -29,7 +29,7 @@ struct InventoryGroup {
   uint64_t bytes = 0;
   uint64_t interleaved_bytes = 0;  // of `bytes`, in tandem's interleaved formats (tandem repack)
   // The first of its formats the CUDA backend cannot multiply (cuda_reads), or nullopt: a group
-  // with one stays off CUDA devices (the IQ1_S, IQ2_XXS ... experts of the low-bit files).
+  // with one stays off CUDA devices (TQ1_0 experts, for example).
   std::optional<DType> not_on_cuda;
 
   // "token_embd", "output", "blk.3.attention", "blk.3.router", "blk.3.shared_experts",
@@ -62,7 +62,7 @@ struct ModelInventory {
 
 // Whether the CUDA backend multiplies weights of this format: those with a block decoder
 // (quant/block_decode.h), interleaved ones through their base format (taken apart on upload).
-// Not yet: Q4_1, TQ1_0, TQ2_0, MXFP4 and the grid i-quants.
+// Not yet: Q4_1, TQ1_0, TQ2_0, MXFP4.
 bool cuda_reads(DType type);
 
 // From the headers of all parts of a (possibly split) GGUF file; no tensor data is touched.

@@ -20,6 +20,7 @@
 #include "core/blocks.h"
 #include "core/dtype.h"
 #include "core/host_device.h"
+#include "core/iq_blocks.h"
 
 namespace tandem::blocks {
 
@@ -192,6 +193,39 @@ struct Decoder<DType::IQ4_XS> {
     for (int i = 0; i < 8; ++i) out[i] = hd::mul_rn(dl, float(iq4_level(q[i])));
   }
 };
+
+// ---- the grid i-quants (core/iq_blocks.h): integer weights times a scale per 16 or 32 ----
+
+// Group `group` (8 weights) is weights 8 (group % 4) .. of chunk group / 4; x = scale * w, the
+// product the reference decoder (src/quant/iq_grid_formats.cpp) takes.
+template <class Block, DType T>
+struct IqDecoder {
+  static constexpr DType kType = T;
+  static constexpr int kElems = kQK_K;
+  static constexpr int kBytes = sizeof(Block);
+  TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
+    const Block& b = *reinterpret_cast<const Block*>(block);
+    const float scale = iq_group_scale(b, 8 * group / kIqGroup<Block>);
+    const IqChunk chunk = iq_chunk(b, group / 4);
+    for (int i = 0; i < 8; ++i)
+      out[i] = hd::mul_rn(scale, float(iq_chunk_weight<Block>(chunk, 8 * (group % 4) + i)));
+  }
+};
+
+template <>
+struct Decoder<DType::IQ1_S> : IqDecoder<BlockIQ1_S, DType::IQ1_S> {};
+template <>
+struct Decoder<DType::IQ1_M> : IqDecoder<BlockIQ1_M, DType::IQ1_M> {};
+template <>
+struct Decoder<DType::IQ2_XXS> : IqDecoder<BlockIQ2_XXS, DType::IQ2_XXS> {};
+template <>
+struct Decoder<DType::IQ2_XS> : IqDecoder<BlockIQ2_XS, DType::IQ2_XS> {};
+template <>
+struct Decoder<DType::IQ2_S> : IqDecoder<BlockIQ2_S, DType::IQ2_S> {};
+template <>
+struct Decoder<DType::IQ3_XXS> : IqDecoder<BlockIQ3_XXS, DType::IQ3_XXS> {};
+template <>
+struct Decoder<DType::IQ3_S> : IqDecoder<BlockIQ3_S, DType::IQ3_S> {};
 
 // ---- k-quants: super-blocks of 256 ----
 
@@ -384,6 +418,27 @@ bool visit_decoder(DType type, Fn&& fn) {
       return true;
     case DType::IQ4_XS:
       fn(Decoder<DType::IQ4_XS>{});
+      return true;
+    case DType::IQ1_S:
+      fn(Decoder<DType::IQ1_S>{});
+      return true;
+    case DType::IQ1_M:
+      fn(Decoder<DType::IQ1_M>{});
+      return true;
+    case DType::IQ2_XXS:
+      fn(Decoder<DType::IQ2_XXS>{});
+      return true;
+    case DType::IQ2_XS:
+      fn(Decoder<DType::IQ2_XS>{});
+      return true;
+    case DType::IQ2_S:
+      fn(Decoder<DType::IQ2_S>{});
+      return true;
+    case DType::IQ3_XXS:
+      fn(Decoder<DType::IQ3_XXS>{});
+      return true;
+    case DType::IQ3_S:
+      fn(Decoder<DType::IQ3_S>{});
       return true;
     default:
       return false;

@@ -339,6 +339,43 @@ struct BlockDot<DType::IQ4_XS> {
   }
 };
 
+// The grid i-quants: chunk `chunk`'s 32 integer weights (core/iq_blocks.h), + 128 through
+// biased_to_float, times one scale (groups of 32) or two (groups of 16).
+template <class Block>
+struct IqBlockDot {
+  static constexpr int kChunks = 8;
+  template <int NT, class X>
+  TANDEM_HD static void dot32(const uint8_t* block, int chunk, const X& x, float (&acc)[NT]) {
+    const Block& b = *reinterpret_cast<const Block*>(block);
+    const IqChunk c = iq_chunk(b, chunk);
+    float q[32];
+    TANDEM_UNROLL
+    for (int i = 0; i < 32; ++i) q[i] = biased_to_float(uint32_t(iq_chunk_weight<Block>(c, i) + 128), 128);
+    if constexpr (kIqGroup<Block> == 32) {
+      const float scale = iq_group_scale(b, chunk);
+      scaled_sums<32>(q, &scale, nullptr, x, acc);
+    } else {
+      const float scale[2] = {iq_group_scale(b, 2 * chunk), iq_group_scale(b, 2 * chunk + 1)};
+      scaled_sums<16>(q, scale, nullptr, x, acc);
+    }
+  }
+};
+
+template <>
+struct BlockDot<DType::IQ1_S> : IqBlockDot<BlockIQ1_S> {};
+template <>
+struct BlockDot<DType::IQ1_M> : IqBlockDot<BlockIQ1_M> {};
+template <>
+struct BlockDot<DType::IQ2_XXS> : IqBlockDot<BlockIQ2_XXS> {};
+template <>
+struct BlockDot<DType::IQ2_XS> : IqBlockDot<BlockIQ2_XS> {};
+template <>
+struct BlockDot<DType::IQ2_S> : IqBlockDot<BlockIQ2_S> {};
+template <>
+struct BlockDot<DType::IQ3_XXS> : IqBlockDot<BlockIQ3_XXS> {};
+template <>
+struct BlockDot<DType::IQ3_S> : IqBlockDot<BlockIQ3_S> {};
+
 // The formats with a 32-weight step (the quantized ones; F32/F16/BF16 go eight at a time through
 // decode8): calls fn(Decoder<T>{}, BlockDot<T>{}) and returns true, or returns false.
 template <class Fn>
@@ -376,6 +413,27 @@ bool visit_block_dot(DType type, Fn&& fn) {
       return true;
     case DType::IQ4_XS:
       fn(Decoder<DType::IQ4_XS>{}, BlockDot<DType::IQ4_XS>{});
+      return true;
+    case DType::IQ1_S:
+      fn(Decoder<DType::IQ1_S>{}, BlockDot<DType::IQ1_S>{});
+      return true;
+    case DType::IQ1_M:
+      fn(Decoder<DType::IQ1_M>{}, BlockDot<DType::IQ1_M>{});
+      return true;
+    case DType::IQ2_XXS:
+      fn(Decoder<DType::IQ2_XXS>{}, BlockDot<DType::IQ2_XXS>{});
+      return true;
+    case DType::IQ2_XS:
+      fn(Decoder<DType::IQ2_XS>{}, BlockDot<DType::IQ2_XS>{});
+      return true;
+    case DType::IQ2_S:
+      fn(Decoder<DType::IQ2_S>{}, BlockDot<DType::IQ2_S>{});
+      return true;
+    case DType::IQ3_XXS:
+      fn(Decoder<DType::IQ3_XXS>{}, BlockDot<DType::IQ3_XXS>{});
+      return true;
+    case DType::IQ3_S:
+      fn(Decoder<DType::IQ3_S>{}, BlockDot<DType::IQ3_S>{});
       return true;
     default:
       return false;

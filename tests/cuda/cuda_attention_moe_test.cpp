@@ -569,7 +569,7 @@ TEST_F(CudaBackendTest, MoeWithEightBitActivationsStaysWithinTheirError) {
   const int64_t dim = 512, ffn = 256, n_expert = 4, K = 2;
   uint32_t seed = 7000;
   for (const Formats f : {Formats{DType::Q4_K, DType::Q6_K}, Formats{DType::Q5_0, DType::Q8_0},
-                          Formats{DType::IQ4_XS, DType::Q5_K}}) {
+                          Formats{DType::IQ4_XS, DType::Q5_K}, Formats{DType::IQ2_XXS, DType::IQ3_XXS}}) {
     const std::vector<uint8_t> gate =
         make_weights(f.gate_up, n_expert * ffn, dim, ++seed, 1.0f / std::sqrt(float(dim)));
     const std::vector<uint8_t> up =

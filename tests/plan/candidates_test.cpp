@@ -164,28 +164,42 @@ TEST(Candidates, copies_of_experts_shorten_decode_and_leave_prompts_alone) {
 }
 
 // Issue 16's planner item: the 1.58-bit-class V3 file fits one 24 GiB GPU and 192 GiB of RAM
-// (with the RAM reserve kept free) and the plan says what it predicts. Its routed experts are
-// IQ1_S / IQ2_XXS, which the CUDA backend does not multiply yet: they stay in RAM, and the plan
-// says why; the GPU holds the hot path.
+// (with the RAM reserve kept free) and the plan says what it predicts. The GPU reads its IQ1_S
+// and IQ2_XXS experts (quant/block_decode.h), so it holds some beside the hot path.
 TEST(Candidates, v3_in_the_ud_iq1_s_mix_fits_one_24_gib_gpu_and_192_gib_of_ram) {
   const ModelInventory inv = inventory_from_preset("deepseek-v3", "UD-IQ1_S");
   const Placement p = plan(inv, with_reserve(machine({24}, 192), LinkKind::Pcie4));
   expect_valid(p, inv);
   EXPECT_TRUE(p.fits) << joined(p.problems);
   EXPECT_GT(p.predicted.decode_tokens_per_s, 0);
-  EXPECT_GT(p.devices[1].weight_bytes, 0u);
+  size_t experts_on_gpu = 0;
   for (size_t g = 0; g < inv.groups.size(); ++g) {
-    EXPECT_EQ(inv.groups[g].not_on_cuda.has_value(), inv.groups[g].kind == WeightGroup::RoutedExperts)
-        << inv.groups[g].label();
-    if (inv.groups[g].not_on_cuda) {
-      EXPECT_EQ(p.group_device[g], 0) << inv.groups[g].label();
-    }
+    EXPECT_FALSE(inv.groups[g].not_on_cuda.has_value()) << inv.groups[g].label();
+    experts_on_gpu += inv.groups[g].kind == WeightGroup::RoutedExperts && p.group_device[g] == 1;
   }
-  EXPECT_NE(joined(p.reasons).find("IQ1_S weights, which the CUDA backend does not multiply yet"),
+  EXPECT_GT(experts_on_gpu, 0u);
+}
+
+// A format the CUDA backend does not multiply (TQ1_0 has no GPU decoder yet) keeps its groups in
+// RAM, and the plan says why; simulated GPUs run the CPU's kernels and take them.
+TEST(Candidates, weights_the_gpu_cannot_multiply_stay_in_ram_and_the_plan_says_why) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v2-lite", "TQ1_0");
+  const Hardware hw = with_reserve(machine({24}, 64), LinkKind::Pcie4);
+  const Placement p = plan(inv, hw);
+  expect_valid(p, inv);
+  EXPECT_TRUE(p.fits) << joined(p.problems);
+  size_t off_cuda = 0;
+  for (size_t g = 0; g < inv.groups.size(); ++g) {
+    if (!inv.groups[g].not_on_cuda) continue;
+    ++off_cuda;
+    EXPECT_EQ(*inv.groups[g].not_on_cuda, DType::TQ1_0) << inv.groups[g].label();
+    EXPECT_EQ(p.group_device[g], 0) << inv.groups[g].label();
+  }
+  EXPECT_GT(off_cuda, 0u);
+  EXPECT_NE(joined(p.reasons).find("TQ1_0 weights, which the CUDA backend does not multiply yet"),
             std::string::npos)
       << joined(p.reasons);
-  // On simulated GPUs (CPU kernels) the same experts may go to the devices.
-  Hardware sim = with_reserve(machine({24}, 192), LinkKind::Pcie4);
+  Hardware sim = hw;
   sim.gpus[0].kind = DeviceKind::Sim;
   EXPECT_GT(plan(inv, sim).devices[1].weight_bytes, p.devices[1].weight_bytes);
 }

@@ -238,13 +238,13 @@ TEST(Planner, impossible_pins_are_rejected_naming_the_shortfall_in_gib) {
       },
       Error);
   // A format the CUDA backend does not multiply cannot be pinned to a GPU.
-  const ModelInventory low_bit = inventory_from_preset("deepseek-v3", "UD-IQ1_S");
+  const ModelInventory ternary = inventory_from_preset("deepseek-v3", "TQ1_0");
   rules.pins = {{.pattern = "blk\\.5\\.expert\\.7", .device = "cuda:0"}};
   try {
-    plan(low_bit, hw, rules);
+    plan(ternary, hw, rules);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot multiply IQ1_S yet; pin it to cpu"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("cannot multiply TQ1_0 yet; pin it to cpu"), std::string::npos)
         << e.what();
   }
   rules.pins = {{.pattern = "blk\\.1\\.atention", .device = "cpu"}};

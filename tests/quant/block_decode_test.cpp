@@ -25,7 +25,9 @@ namespace {
 constexpr DType kDecodable[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
                                 DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
                                 DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
-                                DType::IQ4_NL, DType::IQ4_XS};
+                                DType::IQ4_NL, DType::IQ4_XS, DType::IQ1_S, DType::IQ1_M,
+                                DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
+                                DType::IQ3_S};
 
 int block_elems(DType type) {
   int elems = 0;
@@ -97,6 +99,13 @@ std::vector<size_t> f16_field_offsets(DType type) {
       return {offsetof(BlockIQ4_NL, d)};
     case DType::IQ4_XS:
       return {offsetof(BlockIQ4_XS, d)};
+    case DType::IQ1_S:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
+      return {0};  // d first (IQ1_M's is spread over its scale words)
     default:
       return {};
   }
