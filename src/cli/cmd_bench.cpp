@@ -222,8 +222,9 @@ void register_bench(CLI::App& app) {
     hardware.host.interleaved_kernel_bytes_per_s = interleaved_kernel;
     hardware.host.bandwidth_source = "measured in this run";
     const double kernel_ceiling =
-        decode_kernel / plan::kernel_equivalent_bytes(hardware.host, double(bytes_per_token),
-                                                      double(interleaved_per_token));
+        decode_kernel / plan::kernel_equivalent_bytes(
+                            hardware.host, double(bytes_per_token), double(interleaved_per_token),
+                            double(inventory.host_kernel_extra_bytes_read_per_token()));
     // The devices the engine runs on, in its order: GPUs with the rates measured on them (cached),
     // simulated devices computing with one thread of their own (sim_backend.h).
     const std::vector<uint64_t> sim_budgets = parse_sim_devices(o->engine.devices);
@@ -333,10 +334,15 @@ void register_bench(CLI::App& app) {
     const std::string cache_read = cache_per_token > 0 ? fmt::format(" + {} of KV cache", format_bytes(cache_per_token)) : "";
     fmt::print("decode roofline: {:.1f} GB/s / {}{} per token = {:.2f} tokens/s; measured decode = {:.0f}% of it\n",
                bandwidth / 1e9, format_bytes(bytes_per_token), cache_read, roofline, 100.0 * tg.mean / roofline);
+    const uint64_t slow_extra = inventory.host_kernel_extra_bytes_read_per_token();
+    const std::string slow_formats =
+        slow_extra == 0 ? ""
+                        : fmt::format(" (the grid i-quants counted at their own cost per byte: as {} more)",
+                                      format_bytes(slow_extra));
     if (interleaved_per_token == 0)
-      fmt::print("decode kernel (measured, Q4_K x 1 token, weights from DRAM): {:.1f} GB/s of weights = {:.2f} "
+      fmt::print("decode kernel (measured, Q4_K x 1 token, weights from DRAM): {:.1f} GB/s of weights{} = {:.2f} "
                  "tokens/s at most, whatever the bandwidth; measured decode = {:.0f}% of it\n",
-                 decode_kernel / 1e9, kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
+                 decode_kernel / 1e9, slow_formats, kernel_ceiling, 100.0 * tg.mean / kernel_ceiling);
     else
       fmt::print("decode kernels (measured, x 1 token, weights from DRAM): Q4_K {:.1f} GB/s for the {} of plain "
                  "formats, Q4_K_R16 {:.1f} GB/s for the {} interleaved = {:.2f} tokens/s at most, whatever the "

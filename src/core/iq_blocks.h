@@ -257,7 +257,7 @@ TANDEM_HD IqChunk iq_chunk(const BlockIQ1_M& block, int k) {
   for (int l = 0; l < 4; ++l) {
     const uint32_t nibble = block.qh[2 * k + l / 2] >> (4 * (l % 2));  // this point's nibble
     chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(block.qs[4 * k + l] | ((nibble & 7) << 8));
-    if (nibble & 8) chunk.flip |= 0xFFu << (8 * l);  // a shift sign per 8
+    chunk.flip |= ((nibble >> 3) & 1) * (0xFFu << (8 * l));  // a shift sign per 8, no branch
   }
   return chunk;
 }
@@ -284,6 +284,13 @@ TANDEM_HD void iq_chunk_weights(const IqChunk& chunk, int8_t* w) {
 template <class Block>
 TANDEM_HD void iq_scales(const Block& block, float* scale) {
   for (int g = 0; g < kQK_K / kIqGroup<Block>; ++g) scale[g] = iq_group_scale(block, g);
+}
+
+// IQ1_M's with its d assembled once, not once per group.
+TANDEM_HD void iq_scales(const BlockIQ1_M& block, float* scale) {
+  const float d = iq1_m_d(block);
+  for (int g = 0; g < 16; ++g)
+    scale[g] = d * float(2 * ((iq1_m_word(block, g / 4) >> (3 * (g % 4))) & 7) + 1) * 0.125f;
 }
 
 template <class Block>

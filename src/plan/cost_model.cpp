@@ -299,6 +299,7 @@ class StepModel {
           attn.flops += (1 - divided) * flops * double(s.batch);
           head_weights.bytes += uint64_t(divided * double(g.bytes));
           head_weights.interleaved_bytes += uint64_t(divided * double(g.interleaved_bytes));
+          head_weights.host_kernel_extra_bytes += uint64_t(divided * double(g.host_kernel_extra_bytes));
           head_part.flops += divided * flops * double(s.batch);
           if (dev != owner) attn.extra_s += 2 * transfer_s(owner, dev, activation_bytes);
         } else {
@@ -637,6 +638,7 @@ class StepModel {
       InventoryGroup divided = weights;
       divided.bytes = uint64_t(double(weights.bytes) * f);
       divided.interleaved_bytes = uint64_t(double(weights.interleaved_bytes) * f);
+      divided.host_kernel_extra_bytes = uint64_t(double(weights.host_kernel_extra_bytes) * f);
       Part part{.bytes = all_heads.bytes + kernel_bytes(divided, dev),
                 .flops = all_heads.flops * f,
                 .ops = params_.head_ops};
@@ -668,7 +670,8 @@ class StepModel {
   }
   // A group's bytes as the device's measured decode kernels see them (hardware.h).
   double kernel_bytes(const InventoryGroup& g, int32_t dev) const {
-    return kernel_equivalent_bytes(spec(dev), double(g.bytes), double(g.interleaved_bytes));
+    return kernel_equivalent_bytes(spec(dev), double(g.bytes), double(g.interleaved_bytes),
+                                   double(g.host_kernel_extra_bytes));
   }
   double flops(int32_t dev) const {
     const DeviceKindCost& k = params_.of(spec(dev).kind);

@@ -530,10 +530,11 @@ const char* link_name(LinkKind kind) {
   return "pcie4";
 }
 
-double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved) {
-  if (interleaved <= 0 || device.decode_kernel_bytes_per_s <= 0 || device.interleaved_kernel_bytes_per_s <= 0)
-    return bytes;
-  return bytes - interleaved +
+double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved,
+                               double extra) {
+  if (device.decode_kernel_bytes_per_s <= 0) return bytes;
+  if (interleaved <= 0 || device.interleaved_kernel_bytes_per_s <= 0) return bytes + extra;
+  return bytes + extra - interleaved +
          interleaved * device.decode_kernel_bytes_per_s / device.interleaved_kernel_bytes_per_s;
 }
 

@@ -29,8 +29,11 @@ struct DeviceSpec {
 
 // `bytes` as a device's measured decode kernels see them: the `interleaved` part (tandem
 // repack's formats) streams at the interleaved kernel's rate, so it counts as fewer bytes at the
-// plain kernel's rate. Plain bytes where either rate is unknown.
-double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved);
+// plain kernel's rate (where both rates are known); formats slower per byte than Q4_K add their
+// `extra` bytes (InventoryGroup::host_kernel_extra_bytes). Plain bytes where the device's kernel
+// rate is unknown (GPUs: their kernels are bound by memory).
+double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved,
+                               double extra = 0);
 
 // How the GPUs reach each other (one kind for the whole machine) and the host. Their costs are
 // in CostParams (cost_model.h), each with its source.

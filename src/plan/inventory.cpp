@@ -78,6 +78,7 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
     group.bytes += bytes;
     group.interleaved_bytes += is_interleaved(type) ? bytes : 0;
     if (!group.not_on_cuda && !cuda_reads(type)) group.not_on_cuda = type;
+    group.host_kernel_extra_bytes += uint64_t(double(bytes) * (host_kernel_cost_per_byte(type) - 1));
   };
 
   for (const TensorBytes& t : tensors) {
@@ -227,6 +228,10 @@ uint64_t ModelInventory::interleaved_bytes_read_per_token() const {
   return read_per_token(*this, &InventoryGroup::interleaved_bytes);
 }
 
+uint64_t ModelInventory::host_kernel_extra_bytes_read_per_token() const {
+  return read_per_token(*this, &InventoryGroup::host_kernel_extra_bytes);
+}
+
 // F32 activations of one layer for `n_tokens` tokens, all alive at once (an upper bound: the
 // executor reuses them from layer to layer), plus the logits rows. Per token, in values:
 //   residual + normed input                         2 * n_embd
@@ -253,6 +258,31 @@ uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
   const uint64_t widest_input = std::max<uint64_t>({hp.n_embd, heads * hp.v_head_dim, ff});
   const uint64_t per_token = values * sizeof(float) + widest_input * 34 / 32;
   return uint64_t(std::max<int64_t>(n_tokens, 0)) * per_token;
+}
+
+double host_kernel_cost_per_byte(DType type) {
+  // matmul_bench, 1408x2048, 2 threads, weights from DRAM, 8-bit activations, on the 2-core
+  // Zen 4 development host (2026-12-05): Q4_K 32.3 GB/s; IQ2_XXS 13.2 and IQ3_XXS 18.0 (grids
+  // in registers), IQ2_S 7.0, IQ3_S 6.8, IQ2_XS 5.2, IQ1_S 4.9, IQ1_M 2.9 (grid words loaded
+  // 8 weights at a time). Other formats are within ~25% of Q4_K and count as it.
+  switch (type) {
+    case DType::IQ2_XXS:
+      return 2.45;
+    case DType::IQ3_XXS:
+      return 1.8;
+    case DType::IQ2_S:
+      return 4.6;
+    case DType::IQ3_S:
+      return 4.75;
+    case DType::IQ2_XS:
+      return 6.2;
+    case DType::IQ1_S:
+      return 6.6;
+    case DType::IQ1_M:
+      return 11.0;
+    default:
+      return 1.0;
+  }
 }
 
 bool cuda_reads(DType type) {

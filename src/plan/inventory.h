@@ -28,6 +28,9 @@ struct InventoryGroup {
   int32_t expert = -1;  // routed experts: index within the layer
   uint64_t bytes = 0;
   uint64_t interleaved_bytes = 0;  // of `bytes`, in tandem's interleaved formats (tandem repack)
+  // What the host's decode kernels spend on its formats beyond Q4_K's cost per byte, as bytes:
+  // Σ bytes * (host_kernel_cost_per_byte - 1). Zero but for the grid i-quants.
+  uint64_t host_kernel_extra_bytes = 0;
   // The first of its formats the CUDA backend cannot multiply (cuda_reads), or nullopt: a group
   // with one stays off CUDA devices (TQ1_0 experts, for example).
   std::optional<DType> not_on_cuda;
@@ -56,9 +59,16 @@ struct ModelInventory {
   uint64_t bytes_read_per_token() const;
   // Of those, the bytes stored in interleaved formats (read by faster kernels).
   uint64_t interleaved_bytes_read_per_token() const;
+  // Σ host_kernel_extra_bytes over the same groups.
+  uint64_t host_kernel_extra_bytes_read_per_token() const;
   // Activation buffers a device needs to run `n_tokens` tokens of one step.
   uint64_t work_buffer_bytes(int64_t n_tokens) const;
 };
+
+// The host's one-token kernel time per byte of a format, relative to Q4_K's (the rate
+// kernel_rate.h measures): 1 but for the grid i-quants, whose kernels spend more instructions per
+// byte (decode on a few cores is bound by them, not by memory).
+double host_kernel_cost_per_byte(DType type);
 
 // Whether the CUDA backend multiplies weights of this format: those with a block decoder
 // (quant/block_decode.h), interleaved ones through their base format (taken apart on upload).
