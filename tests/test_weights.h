@@ -21,13 +21,8 @@ inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) 
   return v;
 }
 
-// The grid i-quants, whose writer uses few of their grid points: random blocks reach them all.
-inline bool is_iq_grid(DType type) {
-  return type == DType::IQ1_S || type == DType::IQ1_M || type == DType::IQ2_XXS ||
-         type == DType::IQ2_XS || type == DType::IQ2_S || type == DType::IQ3_XXS || type == DType::IQ3_S;
-}
-
-// The formats quantize_row cannot write, and the grid i-quants: their tests use random blocks.
+// The formats quantize_row cannot write, and the grid i-quants (their writer uses few of their
+// grid points; random blocks reach them all): their tests use random blocks.
 inline bool written_raw(DType type) {
   return (can_dequantize(type) && !can_quantize(type)) || is_iq_grid(type);
 }

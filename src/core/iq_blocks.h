@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "core/blocks.h"
+#include "core/dtype.h"
 #include "core/host_device.h"
 #include "core/iq_grids.h"
 
@@ -87,6 +88,55 @@ struct BlockIQ1_M {
 static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 &&
               sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50 &&
               sizeof(BlockIQ1_M) == 56);
+
+// The seven formats in one list, for the code that handles them alike (kernel tables, decoders):
+// visit_iq_grid calls fn(IqFormat<Block, T>{}) for `type` and returns true, or returns false for
+// any other format.
+template <class B, DType T>
+struct IqFormat {
+  using Block = B;
+  static constexpr DType kType = T;
+};
+
+inline constexpr DType kIqGridFormats[] = {DType::IQ1_S,  DType::IQ1_M,   DType::IQ2_XXS, DType::IQ2_XS,
+                                           DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S};
+
+namespace {  // NOLINT(google-build-namespaces): internal linkage, see above
+
+template <class Fn>
+bool visit_iq_grid(DType type, Fn&& fn) {
+  switch (type) {
+    case DType::IQ1_S:
+      fn(IqFormat<BlockIQ1_S, DType::IQ1_S>{});
+      return true;
+    case DType::IQ1_M:
+      fn(IqFormat<BlockIQ1_M, DType::IQ1_M>{});
+      return true;
+    case DType::IQ2_XXS:
+      fn(IqFormat<BlockIQ2_XXS, DType::IQ2_XXS>{});
+      return true;
+    case DType::IQ2_XS:
+      fn(IqFormat<BlockIQ2_XS, DType::IQ2_XS>{});
+      return true;
+    case DType::IQ2_S:
+      fn(IqFormat<BlockIQ2_S, DType::IQ2_S>{});
+      return true;
+    case DType::IQ3_XXS:
+      fn(IqFormat<BlockIQ3_XXS, DType::IQ3_XXS>{});
+      return true;
+    case DType::IQ3_S:
+      fn(IqFormat<BlockIQ3_S, DType::IQ3_S>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline bool is_iq_grid(DType type) {
+  return visit_iq_grid(type, [](auto) {});
+}
+
+}  // namespace
 
 // A grid format's groups: one scale per kIqGroup<Block> weights.
 template <class Block>

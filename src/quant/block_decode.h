@@ -419,29 +419,8 @@ bool visit_decoder(DType type, Fn&& fn) {
     case DType::IQ4_XS:
       fn(Decoder<DType::IQ4_XS>{});
       return true;
-    case DType::IQ1_S:
-      fn(Decoder<DType::IQ1_S>{});
-      return true;
-    case DType::IQ1_M:
-      fn(Decoder<DType::IQ1_M>{});
-      return true;
-    case DType::IQ2_XXS:
-      fn(Decoder<DType::IQ2_XXS>{});
-      return true;
-    case DType::IQ2_XS:
-      fn(Decoder<DType::IQ2_XS>{});
-      return true;
-    case DType::IQ2_S:
-      fn(Decoder<DType::IQ2_S>{});
-      return true;
-    case DType::IQ3_XXS:
-      fn(Decoder<DType::IQ3_XXS>{});
-      return true;
-    case DType::IQ3_S:
-      fn(Decoder<DType::IQ3_S>{});
-      return true;
-    default:
-      return false;
+    default:  // the grid i-quants, or none
+      return visit_iq_grid(type, [&](auto f) { fn(Decoder<decltype(f)::kType>{}); });
   }
 }
 

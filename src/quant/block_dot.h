@@ -414,29 +414,11 @@ bool visit_block_dot(DType type, Fn&& fn) {
     case DType::IQ4_XS:
       fn(Decoder<DType::IQ4_XS>{}, BlockDot<DType::IQ4_XS>{});
       return true;
-    case DType::IQ1_S:
-      fn(Decoder<DType::IQ1_S>{}, BlockDot<DType::IQ1_S>{});
-      return true;
-    case DType::IQ1_M:
-      fn(Decoder<DType::IQ1_M>{}, BlockDot<DType::IQ1_M>{});
-      return true;
-    case DType::IQ2_XXS:
-      fn(Decoder<DType::IQ2_XXS>{}, BlockDot<DType::IQ2_XXS>{});
-      return true;
-    case DType::IQ2_XS:
-      fn(Decoder<DType::IQ2_XS>{}, BlockDot<DType::IQ2_XS>{});
-      return true;
-    case DType::IQ2_S:
-      fn(Decoder<DType::IQ2_S>{}, BlockDot<DType::IQ2_S>{});
-      return true;
-    case DType::IQ3_XXS:
-      fn(Decoder<DType::IQ3_XXS>{}, BlockDot<DType::IQ3_XXS>{});
-      return true;
-    case DType::IQ3_S:
-      fn(Decoder<DType::IQ3_S>{}, BlockDot<DType::IQ3_S>{});
-      return true;
-    default:
-      return false;
+    default:  // the grid i-quants, or none
+      return visit_iq_grid(type, [&](auto f) {
+        constexpr DType kType = decltype(f)::kType;
+        fn(Decoder<kType>{}, BlockDot<kType>{});
+      });
   }
 }
 

@@ -40,16 +40,9 @@ bool can_dequantize(DType type) {
     case DType::Q4_1:
     case DType::TQ1_0:
     case DType::TQ2_0:
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_XXS:
-    case DType::IQ3_S:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
       return true;
     default:
-      return false;
+      return is_iq_grid(type);
   }
 }
 
@@ -71,16 +64,9 @@ bool can_quantize(DType type) {
     case DType::TQ1_0:
     case DType::TQ2_0:
     case DType::MXFP4:
-    case DType::IQ2_XXS:
-    case DType::IQ3_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_S:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
       return true;
     default:
-      return false;
+      return is_iq_grid(type);
   }
 }
 
@@ -128,21 +114,11 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       return dequantize_tq2_0(static_cast<const BlockTQ2_0*>(src), dst, blocks);
     case DType::MXFP4:
       return dequantize_mxfp4(static_cast<const BlockMXFP4*>(src), dst, blocks);
-    case DType::IQ2_XXS:
-      return dequantize_iq_grid(static_cast<const BlockIQ2_XXS*>(src), dst, blocks);
-    case DType::IQ2_XS:
-      return dequantize_iq_grid(static_cast<const BlockIQ2_XS*>(src), dst, blocks);
-    case DType::IQ2_S:
-      return dequantize_iq_grid(static_cast<const BlockIQ2_S*>(src), dst, blocks);
-    case DType::IQ3_XXS:
-      return dequantize_iq_grid(static_cast<const BlockIQ3_XXS*>(src), dst, blocks);
-    case DType::IQ3_S:
-      return dequantize_iq_grid(static_cast<const BlockIQ3_S*>(src), dst, blocks);
-    case DType::IQ1_S:
-      return dequantize_iq_grid(static_cast<const BlockIQ1_S*>(src), dst, blocks);
-    case DType::IQ1_M:
-      return dequantize_iq_grid(static_cast<const BlockIQ1_M*>(src), dst, blocks);
     default:
+      if (visit_iq_grid(type, [&](auto f) {
+            dequantize_iq_grid(static_cast<const typename decltype(f)::Block*>(src), dst, blocks);
+          }))
+        return;
       break;
   }
   check_failed("dequantize_row: can_dequantize and the switch disagree", __FILE__, __LINE__);

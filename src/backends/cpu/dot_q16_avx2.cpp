@@ -443,13 +443,8 @@ void fill_avx2_q16_kernels(KernelTable& table) {
   set(DType::MXFP4, dot_mxfp4);
   set(DType::TQ1_0, dot_tq1_0);
   set(DType::TQ2_0, dot_tq2_0);
-  set(DType::IQ1_S, dot_iq_grid<BlockIQ1_S>);
-  set(DType::IQ1_M, dot_iq_grid<BlockIQ1_M>);
-  set(DType::IQ2_XXS, dot_iq_grid<BlockIQ2_XXS>);
-  set(DType::IQ2_XS, dot_iq_grid<BlockIQ2_XS>);
-  set(DType::IQ2_S, dot_iq_grid<BlockIQ2_S>);
-  set(DType::IQ3_XXS, dot_iq_grid<BlockIQ3_XXS>);
-  set(DType::IQ3_S, dot_iq_grid<BlockIQ3_S>);
+  for (DType type : kIqGridFormats)
+    visit_iq_grid(type, [&](auto f) { set(type, dot_iq_grid<typename decltype(f)::Block>); });
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

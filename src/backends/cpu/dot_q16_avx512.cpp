@@ -497,13 +497,10 @@ void fill_avx512_q16_kernels(KernelTable& table) {
   set(DType::IQ4_XS, dot_iq4_xs);
   set(DType::TQ1_0, dot_ternary<BlockTQ1_0, tq1_0_group>);
   set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_group>);
-  set(DType::IQ1_S, dot_iq_grid<BlockIQ1_S>);
-  set(DType::IQ1_M, dot_iq_grid<BlockIQ1_M>);
-  set(DType::IQ2_XXS, dot_xxs<BlockIQ2_XXS>);
-  set(DType::IQ2_XS, dot_iq_grid<BlockIQ2_XS>);
-  set(DType::IQ2_S, dot_iq_grid<BlockIQ2_S>);
+  for (DType type : kIqGridFormats)
+    visit_iq_grid(type, [&](auto f) { set(type, dot_iq_grid<typename decltype(f)::Block>); });
+  set(DType::IQ2_XXS, dot_xxs<BlockIQ2_XXS>);  // their grids in registers
   set(DType::IQ3_XXS, dot_xxs<BlockIQ3_XXS>);
-  set(DType::IQ3_S, dot_iq_grid<BlockIQ3_S>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
 }
 

@@ -291,11 +291,6 @@ struct RowUnpacker {
   UnpackShape shape;
 };
 
-template <class Block>
-RowUnpacker iq_grid_unpacker() {
-  return {unpack_iq_grid<int16_t, 0, Block>, {kIqGroup<Block>, false}};
-}
-
 inline RowUnpacker row_unpacker(DType type) {
   switch (type) {
     case DType::Q8_0:
@@ -322,22 +317,14 @@ inline RowUnpacker row_unpacker(DType type) {
       return {unpack_ternary<int16_t, -1, BlockTQ1_0, tq1_0_quants>, {32, false}};
     case DType::TQ2_0:
       return {unpack_ternary<int16_t, -1, BlockTQ2_0, tq2_0_quants>, {32, false}};
-    case DType::IQ1_S:
-      return iq_grid_unpacker<BlockIQ1_S>();
-    case DType::IQ1_M:
-      return iq_grid_unpacker<BlockIQ1_M>();
-    case DType::IQ2_XXS:
-      return iq_grid_unpacker<BlockIQ2_XXS>();
-    case DType::IQ2_XS:
-      return iq_grid_unpacker<BlockIQ2_XS>();
-    case DType::IQ2_S:
-      return iq_grid_unpacker<BlockIQ2_S>();
-    case DType::IQ3_XXS:
-      return iq_grid_unpacker<BlockIQ3_XXS>();
-    case DType::IQ3_S:
-      return iq_grid_unpacker<BlockIQ3_S>();
-    default:
-      return {};
+    default: {
+      RowUnpacker grid;  // the grid i-quants, or none
+      visit_iq_grid(type, [&](auto f) {
+        using Block = typename decltype(f)::Block;
+        grid = {unpack_iq_grid<int16_t, 0, Block>, {kIqGroup<Block>, false}};
+      });
+      return grid;
+    }
   }
 }
 

@@ -194,22 +194,11 @@ UnpackRowFn avx512_unpacker(DType type) {
       return unpack_ternary_avx512<BlockTQ1_0, tq1_0_group>;
     case DType::TQ2_0:
       return unpack_ternary_avx512<BlockTQ2_0, tq2_0_group>;
-    case DType::IQ1_S:
-      return unpack_iq_grid_avx512<BlockIQ1_S>;
-    case DType::IQ1_M:
-      return unpack_iq_grid_avx512<BlockIQ1_M>;
-    case DType::IQ2_XXS:
-      return unpack_iq_grid_avx512<BlockIQ2_XXS>;
-    case DType::IQ2_XS:
-      return unpack_iq_grid_avx512<BlockIQ2_XS>;
-    case DType::IQ2_S:
-      return unpack_iq_grid_avx512<BlockIQ2_S>;
-    case DType::IQ3_XXS:
-      return unpack_iq_grid_avx512<BlockIQ3_XXS>;
-    case DType::IQ3_S:
-      return unpack_iq_grid_avx512<BlockIQ3_S>;
-    default:  // formats without an unpacker of their own here: the portable one
-      return row_unpacker(type).unpack;
+    default: {  // the grid i-quants', or for formats without one of their own here the portable one
+      UnpackRowFn unpack = row_unpacker(type).unpack;
+      visit_iq_grid(type, [&](auto f) { unpack = unpack_iq_grid_avx512<typename decltype(f)::Block>; });
+      return unpack;
+    }
   }
 }
 

@@ -99,12 +99,6 @@ struct RowUnpacker8 {
   UnpackShape8 shape;
 };
 
-// The grid i-quants' signed weights (|w| <= 62) plus 128, as Q8_0's.
-template <class Block>
-RowUnpacker8 iq_grid_unpacker8() {
-  return {unpack_iq_grid<uint8_t, 128, Block>, {kIqGroup<Block>, false, 7}};
-}
-
 // The formats of kLanesFormats (gemm_q16.h), each with its offset.
 inline RowUnpacker8 row_unpacker8(DType type) {
   switch (type) {
@@ -133,22 +127,15 @@ inline RowUnpacker8 row_unpacker8(DType type) {
       return {unpack_ternary<uint8_t, 7, BlockTQ1_0, tq1_0_quants>, {32, false, 3}};
     case DType::TQ2_0:
       return {unpack_ternary<uint8_t, 7, BlockTQ2_0, tq2_0_quants>, {32, false, 3}};
-    case DType::IQ1_S:
-      return iq_grid_unpacker8<BlockIQ1_S>();
-    case DType::IQ1_M:
-      return iq_grid_unpacker8<BlockIQ1_M>();
-    case DType::IQ2_XXS:
-      return iq_grid_unpacker8<BlockIQ2_XXS>();
-    case DType::IQ2_XS:
-      return iq_grid_unpacker8<BlockIQ2_XS>();
-    case DType::IQ2_S:
-      return iq_grid_unpacker8<BlockIQ2_S>();
-    case DType::IQ3_XXS:
-      return iq_grid_unpacker8<BlockIQ3_XXS>();
-    case DType::IQ3_S:
-      return iq_grid_unpacker8<BlockIQ3_S>();
-    default:
-      return {};
+    default: {
+      // The grid i-quants' signed weights (|w| <= 62) plus 128, as Q8_0's; or none.
+      RowUnpacker8 grid;
+      visit_iq_grid(type, [&](auto f) {
+        using Block = typename decltype(f)::Block;
+        grid = {unpack_iq_grid<uint8_t, 128, Block>, {kIqGroup<Block>, false, 7}};
+      });
+      return grid;
+    }
   }
 }
 

@@ -188,22 +188,11 @@ UnpackRow8Fn avx512_unpacker8(DType type) {
       return unpack8_ternary_avx512<BlockTQ1_0, tq1_0_group>;
     case DType::TQ2_0:
       return unpack8_ternary_avx512<BlockTQ2_0, tq2_0_group>;
-    case DType::IQ1_S:
-      return unpack8_iq_grid_avx512<BlockIQ1_S>;
-    case DType::IQ1_M:
-      return unpack8_iq_grid_avx512<BlockIQ1_M>;
-    case DType::IQ2_XXS:
-      return unpack8_iq_grid_avx512<BlockIQ2_XXS>;
-    case DType::IQ2_XS:
-      return unpack8_iq_grid_avx512<BlockIQ2_XS>;
-    case DType::IQ2_S:
-      return unpack8_iq_grid_avx512<BlockIQ2_S>;
-    case DType::IQ3_XXS:
-      return unpack8_iq_grid_avx512<BlockIQ3_XXS>;
-    case DType::IQ3_S:
-      return unpack8_iq_grid_avx512<BlockIQ3_S>;
-    default:  // formats without an unpacker of their own here: the portable one
-      return row_unpacker8(type).unpack;
+    default: {  // the grid i-quants', or for formats without one of their own here the portable one
+      UnpackRow8Fn unpack = row_unpacker8(type).unpack;
+      visit_iq_grid(type, [&](auto f) { unpack = unpack8_iq_grid_avx512<typename decltype(f)::Block>; });
+      return unpack;
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include "backends/cpu/kernels.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
+#include "core/iq_blocks.h"
 #include "quant/interleave.h"
 
 namespace tandem::cpu {
@@ -432,16 +433,9 @@ bool matmul_supports(DType weight_type) {
     case DType::Q4_1:
     case DType::TQ1_0:
     case DType::TQ2_0:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_XXS:
-    case DType::IQ3_S:
       return true;
     default:
-      return false;
+      return is_iq_grid(weight_type);
   }
 }
 
