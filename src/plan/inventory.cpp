@@ -262,24 +262,24 @@ uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
 
 double host_kernel_cost_per_byte(DType type) {
   // matmul_bench, 1408x2048, 2 threads, weights from DRAM, 8-bit activations, on the 2-core
-  // Zen 4 development host (2026-12-05): Q4_K 32.3 GB/s; IQ2_XXS 13.2 and IQ3_XXS 18.0 (grids
-  // in registers), IQ2_S 7.0, IQ3_S 6.8, IQ2_XS 5.2, IQ1_S 4.9, IQ1_M 2.9 (grid words loaded
-  // 8 weights at a time). Other formats are within ~25% of Q4_K and count as it.
+  // Zen 4 development host, one run (2026-12-05): Q4_K 35.1 GB/s; IQ2_XXS 15.2 and IQ3_XXS
+  // 21.0 (grids in registers), IQ2_S 8.9, IQ3_S 8.0, IQ2_XS 5.5, IQ1_S 4.6, IQ1_M 2.9 (grid
+  // words loaded 8 weights at a time). Other formats are within ~25% of Q4_K and count as it.
   switch (type) {
     case DType::IQ2_XXS:
-      return 2.45;
+      return 2.3;
     case DType::IQ3_XXS:
-      return 1.8;
+      return 1.7;
     case DType::IQ2_S:
-      return 4.6;
+      return 3.95;
     case DType::IQ3_S:
-      return 4.75;
+      return 4.4;
     case DType::IQ2_XS:
-      return 6.2;
+      return 6.4;
     case DType::IQ1_S:
-      return 6.6;
+      return 7.6;
     case DType::IQ1_M:
-      return 11.0;
+      return 12.2;
     default:
       return 1.0;
   }

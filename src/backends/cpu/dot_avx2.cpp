@@ -364,14 +364,15 @@ void prepare_q8_k(const float* x, void* act_row, int64_t cols) {
   }
 }
 
-// IQ2_XXS and IQ3_XXS against BlockQ8_K, per chunk of 32: the unsigned grid values against the
-// activations with the weights' signs moved onto them (maddubs pairs stay below 2 * 62 * 127 <
-// 32767).
+// The grid i-quants against BlockQ8_K, per chunk of 32: unsigned weights against the quants
+// through maddubs (pairs below 2 * 62 * 127 < 32767). IQ2 / IQ3: the grid values, the weights'
+// signs moved onto the quants. IQ1: 8 * grid +- 1 + 16 = 8 * (grid + 2) +- 1 (7 .. 25), less
+// 16 * Σ x afterwards (the Q8_K sums of 16). A group of 16 is lanes 0-3 or 4-7.
 template <class Block>
-float dot_xxs(const void* w, const void* a, int64_t cols) {
+float dot_iq_grid_q8(const void* w, const void* a, int64_t cols) {
   const auto* wb = static_cast<const Block*>(w);
   const auto* xb = static_cast<const BlockQ8_K*>(a);
-  float scale[kQK_K / 32];
+  float scale[kQK_K / 16];
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     iq_scales(wb[b], scale);
@@ -379,8 +380,20 @@ float dot_xxs(const void* w, const void* a, int64_t cols) {
       const IqChunk chunk = iq_chunk(wb[b], k);
       const __m256i m = bits_to_bytes(chunk.flip);
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[b].qs + 32 * k));
-      const __m256i dot = dot_u8_s8(iq_chunk_points(chunk), _mm256_sub_epi8(_mm256_xor_si256(x, m), m));
-      acc[k & 1] = _mm256_fmadd_ps(_mm256_set1_ps(scale[k] * xb[b].d), _mm256_cvtepi32_ps(dot), acc[k & 1]);
+      __m256i dot;
+      if constexpr (kIqShifted<Block>) {
+        const __m256i eights = _mm256_slli_epi16(_mm256_add_epi8(iq_chunk_points(chunk), _mm256_set1_epi8(2)), 3);
+        const __m256i u = _mm256_add_epi8(eights, _mm256_or_si256(m, _mm256_set1_epi8(1)));
+        const __m256i offsets = _mm256_setr_epi32(16 * xb[b].bsums[2 * k], 0, 0, 0, 16 * xb[b].bsums[2 * k + 1], 0, 0, 0);
+        dot = _mm256_sub_epi32(dot_u8_s8(u, x), offsets);
+      } else {
+        dot = dot_u8_s8(iq_chunk_points(chunk), _mm256_sub_epi8(_mm256_xor_si256(x, m), m));
+      }
+      const __m256 chunk_scale = kIqGroup<Block> == 32
+                                     ? _mm256_set1_ps(scale[k] * xb[b].d)
+                                     : _mm256_setr_m128(_mm_set1_ps(scale[2 * k] * xb[b].d),
+                                                        _mm_set1_ps(scale[2 * k + 1] * xb[b].d));
+      acc[k & 1] = _mm256_fmadd_ps(chunk_scale, _mm256_cvtepi32_ps(dot), acc[k & 1]);
     }
   }
   return hsum(_mm256_add_ps(acc[0], acc[1]));
@@ -403,8 +416,8 @@ void fill_avx2_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
   set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
-  set(DType::IQ2_XXS, ActKind::Q8_K, dot_xxs<BlockIQ2_XXS>);
-  set(DType::IQ3_XXS, ActKind::Q8_K, dot_xxs<BlockIQ3_XXS>);
+  for (DType type : kIqGridFormats)
+    visit_iq_grid(type, [&](auto f) { set(type, ActKind::Q8_K, dot_iq_grid_q8<typename decltype(f)::Block>); });
   table.prepare[size_t(ActKind::Q8)] = prepare_q8;
   table.prepare[size_t(ActKind::Q8_K)] = prepare_q8_k;
 }

@@ -268,22 +268,21 @@ float dot_q6_k(const void* w, const void* a, int64_t cols) {
   return sum;
 }
 
-// IQ2_XXS and IQ3_XXS against BlockQ8_K: per chunk of 32, the integer sum of the signed weights
-// and the quants, times the chunk's scale and the activations' d. The grid formats' only 8-bit
-// row dots (the others' Int8 row dots are their 16-bit ones): these two carry most low-bit
-// experts, and their AVX-512 8-bit kernels are 1.7x their 16-bit ones.
+// The grid i-quants against BlockQ8_K: per group of 16 or 32, the integer sum of the signed
+// weights (core/iq_blocks.h) and the quants, times the group's scale and the activations' d.
 template <class Block>
-float dot_xxs(const void* w, const void* a, int64_t cols) {
+float dot_iq_grid_q8(const void* w, const void* a, int64_t cols) {
+  constexpr int kGroup = kIqGroup<Block>;
   const auto* wb = static_cast<const Block*>(w);
   const auto* xb = static_cast<const BlockQ8_K*>(a);
   IqWeights weights;
   float sum = 0.0f;
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     iq_weights(wb[b], weights);
-    for (int k = 0; k < 8; ++k) {
+    for (int g = 0; g < kQK_K / kGroup; ++g) {
       int32_t dot = 0;
-      for (int i = 0; i < 32; ++i) dot += weights.w[32 * k + i] * xb[b].qs[32 * k + i];
-      sum += weights.scale[k] * xb[b].d * float(dot);
+      for (int i = kGroup * g; i < kGroup * (g + 1); ++i) dot += weights.w[i] * xb[b].qs[i];
+      sum += weights.scale[g] * xb[b].d * float(dot);
     }
   }
   return sum;
@@ -309,8 +308,8 @@ void fill_portable_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_q5_k<false, BlockQ4_K>);
   set(DType::Q5_K, ActKind::Q8_K, dot_q4_q5_k<true, BlockQ5_K>);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
-  set(DType::IQ2_XXS, ActKind::Q8_K, dot_xxs<BlockIQ2_XXS>);
-  set(DType::IQ3_XXS, ActKind::Q8_K, dot_xxs<BlockIQ3_XXS>);
+  for (DType type : kIqGridFormats)
+    visit_iq_grid(type, [&](auto f) { set(type, ActKind::Q8_K, dot_iq_grid_q8<typename decltype(f)::Block>); });
   table.prepare[size_t(ActKind::BF16)] = prepare_bf16;
   table.prepare[size_t(ActKind::Q8)] = prepare_q8;
   table.prepare[size_t(ActKind::Q8_K)] = prepare_q8_k;

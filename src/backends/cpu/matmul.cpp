@@ -40,13 +40,12 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_lanes_kernels(table);
     fill_avx512_lanes8_kernels(table);
   }
-  // The IQ4 formats, MXFP4, Q4_1, the ternary and the grid formats but IQ2_XXS and IQ3_XXS have
-  // no 8-bit row dots: at Int8 their row dots are the 16-bit ones (their token lanes are 8-bit).
-  // An 8-bit IQ4 row dot on ActBlockQ8 activations measured 1.1-1.3x slower than the 16-bit one
-  // (matmul_bench), so none is kept; IQ2_XXS's is 1.7x faster than its 16-bit one.
+  // The IQ4 formats, MXFP4, Q4_1 and the ternary ones have no 8-bit row dots: at Int8 their row
+  // dots are the 16-bit ones (their token lanes are 8-bit). An 8-bit IQ4 row dot on ActBlockQ8
+  // activations measured 1.1-1.3x slower than the 16-bit one (matmul_bench), so none is kept.
+  // The grid i-quants have 8-bit ones (Q8_K activations; IQ2_XXS's is 1.7x its 16-bit one).
   for (DType type : {DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q4_1, DType::TQ1_0,
-                     DType::TQ2_0, DType::IQ1_S, DType::IQ1_M, DType::IQ2_XS, DType::IQ2_S,
-                     DType::IQ3_S})
+                     DType::TQ2_0})
     table.formats[size_t(ActPrecision::Int8)][size_t(type)] = table.formats[size_t(ActPrecision::Int16)][size_t(type)];
   return table;
 }
