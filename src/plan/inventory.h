@@ -32,7 +32,7 @@ struct InventoryGroup {
   // Σ bytes * (host_kernel_cost_per_byte - 1). Zero but for the grid i-quants.
   uint64_t host_kernel_extra_bytes = 0;
   // The first of its formats the CUDA backend cannot multiply (cuda_reads), or nullopt: a group
-  // with one stays off CUDA devices (TQ1_0 experts, for example).
+  // with one stays off CUDA devices.
   std::optional<DType> not_on_cuda;
 
   // "token_embd", "output", "blk.3.attention", "blk.3.router", "blk.3.shared_experts",
@@ -72,7 +72,7 @@ double host_kernel_cost_per_byte(DType type);
 
 // Whether the CUDA backend multiplies weights of this format: those with a block decoder
 // (quant/block_decode.h), interleaved ones through their base format (taken apart on upload).
-// Not yet: Q4_1, TQ1_0, TQ2_0, MXFP4.
+// Today every format tandem reads; a new format's CPU kernels may land before its GPU ones.
 bool cuda_reads(DType type);
 
 // From the headers of all parts of a (possibly split) GGUF file; no tensor data is touched.

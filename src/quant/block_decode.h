@@ -194,6 +194,88 @@ struct Decoder<DType::IQ4_XS> {
   }
 };
 
+// ---- Q4_1, MXFP4, TQ1_0, TQ2_0 ----
+
+// Q4_1: f16 d and m, nibbles as Q4_0. x = q * d + m, the product rounded before the sum.
+template <>
+struct Decoder<DType::Q4_1> {
+  static constexpr DType kType = DType::Q4_1;
+  static constexpr int kElems = 32;
+  static constexpr int kBytes = sizeof(BlockQ4_1);
+  TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ4_1, d)));
+    const float m = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ4_1, m)));
+    const uint8_t* qs = block + offsetof(BlockQ4_1, qs) + 8 * (group & 1);
+    const int shift = 4 * (group >> 1);
+    for (int i = 0; i < 8; ++i) out[i] = hd::add_rn(hd::mul_rn(float((qs[i] >> shift) & 0xF), d), m);
+  }
+};
+
+// Doubled E2M1 value of a 4-bit MXFP4 code (kE2M1Doubled's rule, without a table).
+TANDEM_HD int e2m1_doubled(uint32_t code) {
+  const int e = int(code >> 1) & 3, m = int(code & 1);
+  const int doubled = e == 0 ? m : (1 << e) + m * (1 << (e - 1));
+  return code & 8 ? -doubled : doubled;
+}
+
+// 2^(e - 128): mxfp4_scale of core/blocks.h (the block's power of two, halved for the doubled
+// values; e = 0 and 1 the float subnormals).
+TANDEM_HD float mxfp4_scale_hd(uint32_t e) {
+  return hd::bits_to_float(e < 2 ? uint32_t(0x00200000) << e : (e - 1) << 23);
+}
+
+// MXFP4: 8-bit exponent e, 4-bit codes laid out as Q4_0. x = E2M1(q) * 2^(e - 127).
+template <>
+struct Decoder<DType::MXFP4> {
+  static constexpr DType kType = DType::MXFP4;
+  static constexpr int kElems = 32;
+  static constexpr int kBytes = sizeof(BlockMXFP4);
+  TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
+    const float d = mxfp4_scale_hd(block[offsetof(BlockMXFP4, e)]);
+    const uint8_t* qs = block + offsetof(BlockMXFP4, qs) + 8 * (group & 1);
+    const int shift = 4 * (group >> 1);
+    for (int i = 0; i < 8; ++i) out[i] = hd::mul_rn(float(e2m1_doubled((qs[i] >> shift) & 0xF)), d);
+  }
+};
+
+// TQ2_0 quant (0..2) of element e = 128 h + 32 k + m: bits 2k of qs[32 h + m].
+TANDEM_HD int tq2_0_quant_at(const uint8_t* block, int e) {
+  return (block[offsetof(BlockTQ2_0, qs) + 32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+
+// TQ1_0 quant of element e (core/blocks.h: tq1_0_quants' order): digit n of byte b is the top
+// base-3 digit of (b * 3^n) mod 256.
+TANDEM_HD int tq1_0_quant_at(const uint8_t* block, int e) {
+  int byte, n;
+  if (e < 160) {
+    byte = e % 32, n = e / 32;
+  } else if (e < 240) {
+    byte = 32 + (e - 160) % 16, n = (e - 160) / 16;
+  } else {
+    byte = 48 + (e - 240) % 4, n = (e - 240) / 4;  // qh follows qs
+  }
+  uint32_t pow3 = 1;
+  for (int i = 0; i < n; ++i) pow3 *= 3;
+  return int(((uint32_t(uint8_t(block[byte] * pow3))) * 3) >> 8);
+}
+
+// TQ1_0 / TQ2_0: x = (q - 1) * d, one f16 d per 256.
+template <DType T, class Block, int (*kQuantAt)(const uint8_t*, int)>
+struct TernaryDecoder {
+  static constexpr DType kType = T;
+  static constexpr int kElems = kQK_K;
+  static constexpr int kBytes = sizeof(Block);
+  TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(Block, d)));
+    for (int i = 0; i < 8; ++i) out[i] = hd::mul_rn(float(kQuantAt(block, 8 * group + i) - 1), d);
+  }
+};
+
+template <>
+struct Decoder<DType::TQ1_0> : TernaryDecoder<DType::TQ1_0, BlockTQ1_0, tq1_0_quant_at> {};
+template <>
+struct Decoder<DType::TQ2_0> : TernaryDecoder<DType::TQ2_0, BlockTQ2_0, tq2_0_quant_at> {};
+
 // ---- the grid i-quants (core/iq_blocks.h): integer weights times a scale per 16 or 32 ----
 
 // Group `group` (8 weights) is weights 8 (group % 4) .. of chunk group / 4; x = scale * w, the
@@ -418,6 +500,18 @@ bool visit_decoder(DType type, Fn&& fn) {
       return true;
     case DType::IQ4_XS:
       fn(Decoder<DType::IQ4_XS>{});
+      return true;
+    case DType::Q4_1:
+      fn(Decoder<DType::Q4_1>{});
+      return true;
+    case DType::MXFP4:
+      fn(Decoder<DType::MXFP4>{});
+      return true;
+    case DType::TQ1_0:
+      fn(Decoder<DType::TQ1_0>{});
+      return true;
+    case DType::TQ2_0:
+      fn(Decoder<DType::TQ2_0>{});
       return true;
     default:  // the grid i-quants, or none
       return visit_iq_grid(type, [&](auto f) { fn(Decoder<decltype(f)::kType>{}); });

@@ -339,6 +339,64 @@ struct BlockDot<DType::IQ4_XS> {
   }
 };
 
+// Q4_1: d · q + m, the min through the sum of the activations.
+template <>
+struct BlockDot<DType::Q4_1> {
+  static constexpr int kChunks = 1;
+  template <int NT, class X>
+  TANDEM_HD static void dot32(const uint8_t* block, int, const X& x, float (&acc)[NT]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ4_1, d)));
+    const float m = hd::f16_to_f32(hd::load_u16(block + offsetof(BlockQ4_1, m)));
+    uint32_t w[4];
+    load_words<false>(block + offsetof(BlockQ4_1, qs), w);
+    float q[32];
+    TANDEM_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      q[i] = biased_to_float(byte_of(w, i) & 0xF, 0);
+      q[i + 16] = biased_to_float(byte_of(w, i) >> 4, 0);
+    }
+    scaled_sums<32>(q, &d, &m, x, acc);
+  }
+};
+
+// MXFP4: the doubled E2M1 values (+ 12 through biased_to_float) times the power of two.
+template <>
+struct BlockDot<DType::MXFP4> {
+  static constexpr int kChunks = 1;
+  template <int NT, class X>
+  TANDEM_HD static void dot32(const uint8_t* block, int, const X& x, float (&acc)[NT]) {
+    const float d = mxfp4_scale_hd(block[offsetof(BlockMXFP4, e)]);
+    uint32_t w[4];
+    load_words<false>(block + offsetof(BlockMXFP4, qs), w);
+    float q[32];
+    TANDEM_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      q[i] = biased_to_float(uint32_t(e2m1_doubled(byte_of(w, i) & 0xF) + 12), 12);
+      q[i + 16] = biased_to_float(uint32_t(e2m1_doubled(byte_of(w, i) >> 4) + 12), 12);
+    }
+    scaled_sums<32>(q, &d, nullptr, x, acc);
+  }
+};
+
+// TQ1_0 / TQ2_0: chunk `chunk`'s quants less one, times d.
+template <class Block, int (*kQuantAt)(const uint8_t*, int)>
+struct TernaryBlockDot {
+  static constexpr int kChunks = 8;
+  template <int NT, class X>
+  TANDEM_HD static void dot32(const uint8_t* block, int chunk, const X& x, float (&acc)[NT]) {
+    const float d = hd::f16_to_f32(hd::load_u16(block + offsetof(Block, d)));
+    float q[32];
+    TANDEM_UNROLL
+    for (int i = 0; i < 32; ++i) q[i] = biased_to_float(uint32_t(kQuantAt(block, 32 * chunk + i)), 1);
+    scaled_sums<32>(q, &d, nullptr, x, acc);
+  }
+};
+
+template <>
+struct BlockDot<DType::TQ1_0> : TernaryBlockDot<BlockTQ1_0, tq1_0_quant_at> {};
+template <>
+struct BlockDot<DType::TQ2_0> : TernaryBlockDot<BlockTQ2_0, tq2_0_quant_at> {};
+
 // The grid i-quants: chunk `chunk`'s 32 integer weights (core/iq_blocks.h), + 128 through
 // biased_to_float, times one scale (groups of 32) or two (groups of 16).
 template <class Block>
@@ -413,6 +471,18 @@ bool visit_block_dot(DType type, Fn&& fn) {
       return true;
     case DType::IQ4_XS:
       fn(Decoder<DType::IQ4_XS>{}, BlockDot<DType::IQ4_XS>{});
+      return true;
+    case DType::Q4_1:
+      fn(Decoder<DType::Q4_1>{}, BlockDot<DType::Q4_1>{});
+      return true;
+    case DType::MXFP4:
+      fn(Decoder<DType::MXFP4>{}, BlockDot<DType::MXFP4>{});
+      return true;
+    case DType::TQ1_0:
+      fn(Decoder<DType::TQ1_0>{}, BlockDot<DType::TQ1_0>{});
+      return true;
+    case DType::TQ2_0:
+      fn(Decoder<DType::TQ2_0>{}, BlockDot<DType::TQ2_0>{});
       return true;
     default:  // the grid i-quants, or none
       return visit_iq_grid(type, [&](auto f) {

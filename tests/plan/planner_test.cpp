@@ -238,7 +238,9 @@ TEST(Planner, impossible_pins_are_rejected_naming_the_shortfall_in_gib) {
       },
       Error);
   // A format the CUDA backend does not multiply cannot be pinned to a GPU.
-  const ModelInventory ternary = inventory_from_preset("deepseek-v3", "TQ1_0");
+  ModelInventory ternary = inventory_from_preset("deepseek-v3", "Q4_K_M");
+  for (InventoryGroup& g : ternary.groups)
+    if (g.kind == WeightGroup::RoutedExperts) g.not_on_cuda = DType::TQ1_0;
   rules.pins = {{.pattern = "blk\\.5\\.expert\\.7", .device = "cuda:0"}};
   try {
     plan(ternary, hw, rules);

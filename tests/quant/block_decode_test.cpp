@@ -25,7 +25,8 @@ namespace {
 constexpr DType kDecodable[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
                                 DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
                                 DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
-                                DType::IQ4_NL, DType::IQ4_XS, DType::IQ1_S, DType::IQ1_M,
+                                DType::IQ4_NL, DType::IQ4_XS, DType::Q4_1, DType::MXFP4,
+                                DType::TQ1_0, DType::TQ2_0, DType::IQ1_S, DType::IQ1_M,
                                 DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
                                 DType::IQ3_S};
 
@@ -99,6 +100,12 @@ std::vector<size_t> f16_field_offsets(DType type) {
       return {offsetof(BlockIQ4_NL, d)};
     case DType::IQ4_XS:
       return {offsetof(BlockIQ4_XS, d)};
+    case DType::Q4_1:
+      return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::TQ1_0:
+      return {offsetof(BlockTQ1_0, d)};
+    case DType::TQ2_0:
+      return {offsetof(BlockTQ2_0, d)};
     case DType::IQ1_S:
     case DType::IQ2_XXS:
     case DType::IQ2_XS:
@@ -207,7 +214,7 @@ TEST(BlockDecode, block_geometry_agrees_with_dtype_info) {
 
 TEST(BlockDecode, visit_decoder_refuses_activation_integer_and_interleaved_formats) {
   for (const DType type : {DType::Q8_K, DType::Q4_K_R16, DType::Q8_0_R16, DType::Q5_0_R16,
-                           DType::Q4_1, DType::Q8_1, DType::I8, DType::I32, DType::F64}) {
+                           DType::Q8_1, DType::I8, DType::I32, DType::F64}) {
     bool called = false;
     EXPECT_FALSE(blocks::visit_decoder(type, [&](auto) { called = true; })) << dtype_name(type);
     EXPECT_FALSE(called) << dtype_name(type);

@@ -20,7 +20,8 @@ namespace {
 
 constexpr DType kFormats[] = {DType::Q4_0, DType::Q5_0, DType::Q5_1,   DType::Q8_0,
                               DType::Q2_K, DType::Q3_K, DType::Q4_K,   DType::Q5_K,
-                              DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::IQ1_S,
+                              DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::Q4_1,
+                              DType::MXFP4, DType::TQ1_0, DType::TQ2_0, DType::IQ1_S,
                               DType::IQ1_M, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S,
                               DType::IQ3_XXS, DType::IQ3_S};
 
