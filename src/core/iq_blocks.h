@@ -16,6 +16,7 @@
 // read byte by byte: blocks of 50 to 110 bytes sit at any even offset. The functions have
 // internal linkage (as backends/cpu/kscales.h): files compiled for AVX-512 include this header,
 // and the linker must not hand their copy to portable callers.
+#include <cstddef>
 #include <cstdint>
 
 #include "core/blocks.h"
@@ -132,8 +133,10 @@ bool visit_iq_grid(DType type, Fn&& fn) {
   }
 }
 
-inline bool is_iq_grid(DType type) {
-  return visit_iq_grid(type, [](auto) {});
+constexpr bool is_iq_grid(DType type) {
+  for (const DType grid : kIqGridFormats)
+    if (grid == type) return true;
+  return false;
 }
 
 }  // namespace
@@ -191,14 +194,22 @@ TANDEM_HD float half_step_scale(float d, uint32_t s, float factor) {
 }  // namespace iq_bytes
 
 // ---- per format: group g's scale (iq_group_scale) and chunk k of 8 (iq_chunk) ----
+// On the block's bytes (an IqTag<Block> says which format): decoders meet blocks at any byte
+// offset, where a Block reference would be misaligned; the Block& forms below forward here.
 
-TANDEM_HD float iq_group_scale(const BlockIQ2_XXS& block, int g) {
-  return iq_bytes::half_step_scale(hd::f16_to_f32(block.d), hd::load_u32(block.qs + 8 * g + 4) >> 28,
-                                   0.25f);
+template <class Block>
+struct IqTag {};
+
+// A field of the block at `p`: its bytes.
+#define TANDEM_IQ_FIELD(Block, field) (p + offsetof(Block, field))
+
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ2_XXS>, const uint8_t* p, int g) {
+  return iq_bytes::half_step_scale(hd::f16_to_f32(hd::load_u16(TANDEM_IQ_FIELD(BlockIQ2_XXS, d))),
+                                   hd::load_u32(TANDEM_IQ_FIELD(BlockIQ2_XXS, qs) + 8 * g + 4) >> 28, 0.25f);
 }
 
-TANDEM_HD IqChunk iq_chunk(const BlockIQ2_XXS& block, int k) {
-  const uint8_t* sub = block.qs + 8 * k;
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ2_XXS>, const uint8_t* p, int k) {
+  const uint8_t* sub = TANDEM_IQ_FIELD(BlockIQ2_XXS, qs) + 8 * k;
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) chunk.points[l] = iq_grid_point<IqGrid::Iq2xxs>(sub[l]);
   chunk.flip = iq_bytes::parity_signs(hd::load_u32(sub + 4));
@@ -206,60 +217,62 @@ TANDEM_HD IqChunk iq_chunk(const BlockIQ2_XXS& block, int k) {
 }
 
 // IQ2_XS / IQ2_S: a 4-bit scale per 16 weights, two per byte, low nibble first.
-TANDEM_HD float iq2_scale16(uint16_t d, const uint8_t* scales, int g) {
-  return iq_bytes::half_step_scale(hd::f16_to_f32(d), uint32_t(scales[g / 2] >> (4 * (g % 2))), 0.25f);
+TANDEM_HD float iq2_scale16(const uint8_t* d, const uint8_t* scales, int g) {
+  return iq_bytes::half_step_scale(hd::f16_to_f32(hd::load_u16(d)), uint32_t(scales[g / 2] >> (4 * (g % 2))),
+                                   0.25f);
 }
 
-TANDEM_HD float iq_group_scale(const BlockIQ2_XS& block, int g) {
-  return iq2_scale16(block.d, block.scales, g);
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ2_XS>, const uint8_t* p, int g) {
+  return iq2_scale16(TANDEM_IQ_FIELD(BlockIQ2_XS, d), TANDEM_IQ_FIELD(BlockIQ2_XS, scales), g);
 }
 
-TANDEM_HD IqChunk iq_chunk(const BlockIQ2_XS& block, int k) {
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ2_XS>, const uint8_t* p, int k) {
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
-    const uint16_t word = hd::load_u16(block.qs + 8 * k + 2 * l);
+    const uint16_t word = hd::load_u16(TANDEM_IQ_FIELD(BlockIQ2_XS, qs) + 8 * k + 2 * l);
     chunk.points[l] = iq_grid_point<IqGrid::Iq2xs>(word & 511);
     chunk.flip |= iq_sign_byte(word >> 9) << (8 * l);
   }
   return chunk;
 }
 
-TANDEM_HD float iq_group_scale(const BlockIQ2_S& block, int g) {
-  return iq2_scale16(block.d, block.scales, g);
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ2_S>, const uint8_t* p, int g) {
+  return iq2_scale16(TANDEM_IQ_FIELD(BlockIQ2_S, d), TANDEM_IQ_FIELD(BlockIQ2_S, scales), g);
 }
 
-TANDEM_HD IqChunk iq_chunk(const BlockIQ2_S& block, int k) {
-  IqChunk chunk;
-  for (int l = 0; l < 4; ++l) {
-    const uint32_t index = block.qs[4 * k + l] | ((uint32_t(block.qh[k]) << (8 - 2 * l)) & 0x300);
-    chunk.points[l] = iq_grid_point<IqGrid::Iq2s>(index);
-  }
-  chunk.flip = hd::load_u32(block.qs + 32 + 4 * k);  // the signs, one bit a weight
-  return chunk;
-}
-
-TANDEM_HD float iq_group_scale(const BlockIQ3_XXS& block, int g) {
-  return iq_bytes::half_step_scale(hd::f16_to_f32(block.d), hd::load_u32(block.qs + 64 + 4 * g) >> 28,
-                                   0.5f);
-}
-
-TANDEM_HD IqChunk iq_chunk(const BlockIQ3_XXS& block, int k) {
-  const uint8_t* indices = block.qs + 8 * k;
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ2_S>, const uint8_t* p, int k) {
+  const uint8_t* qs = TANDEM_IQ_FIELD(BlockIQ2_S, qs);
+  const uint32_t qh = TANDEM_IQ_FIELD(BlockIQ2_S, qh)[k];
   IqChunk chunk;
   for (int l = 0; l < 4; ++l)
-    chunk.points[l] = iq_bytes::point_pair(iq_grid_point<IqGrid::Iq3xxs>(indices[2 * l]),
-                                           iq_grid_point<IqGrid::Iq3xxs>(indices[2 * l + 1]));
-  chunk.flip = iq_bytes::parity_signs(hd::load_u32(block.qs + 64 + 4 * k));
+    chunk.points[l] = iq_grid_point<IqGrid::Iq2s>(qs[4 * k + l] | ((qh << (8 - 2 * l)) & 0x300));
+  chunk.flip = hd::load_u32(qs + 32 + 4 * k);  // the signs, one bit a weight
   return chunk;
 }
 
-TANDEM_HD float iq_group_scale(const BlockIQ3_S& block, int g) {
-  return hd::f16_to_f32(block.d) * float(1 + 2 * ((block.scales[g / 2] >> (4 * (g % 2))) & 0xF));
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ3_XXS>, const uint8_t* p, int g) {
+  return iq_bytes::half_step_scale(hd::f16_to_f32(hd::load_u16(TANDEM_IQ_FIELD(BlockIQ3_XXS, d))),
+                                   hd::load_u32(TANDEM_IQ_FIELD(BlockIQ3_XXS, qs) + 64 + 4 * g) >> 28, 0.5f);
 }
 
-TANDEM_HD IqChunk iq_chunk(const BlockIQ3_S& block, int k) {
-  const uint8_t* qs = block.qs + 8 * k;
-  const uint32_t qh = block.qh[k];
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ3_XXS>, const uint8_t* p, int k) {
+  const uint8_t* qs = TANDEM_IQ_FIELD(BlockIQ3_XXS, qs);
+  IqChunk chunk;
+  for (int l = 0; l < 4; ++l)
+    chunk.points[l] = iq_bytes::point_pair(iq_grid_point<IqGrid::Iq3xxs>(qs[8 * k + 2 * l]),
+                                           iq_grid_point<IqGrid::Iq3xxs>(qs[8 * k + 2 * l + 1]));
+  chunk.flip = iq_bytes::parity_signs(hd::load_u32(qs + 64 + 4 * k));
+  return chunk;
+}
+
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ3_S>, const uint8_t* p, int g) {
+  const uint32_t s = (TANDEM_IQ_FIELD(BlockIQ3_S, scales)[g / 2] >> (4 * (g % 2))) & 0xF;
+  return hd::f16_to_f32(hd::load_u16(TANDEM_IQ_FIELD(BlockIQ3_S, d))) * float(1 + 2 * s);
+}
+
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ3_S>, const uint8_t* p, int k) {
+  const uint8_t* qs = TANDEM_IQ_FIELD(BlockIQ3_S, qs) + 8 * k;
+  const uint32_t qh = TANDEM_IQ_FIELD(BlockIQ3_S, qh)[k];
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
     const uint32_t first = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
@@ -267,49 +280,69 @@ TANDEM_HD IqChunk iq_chunk(const BlockIQ3_S& block, int k) {
     chunk.points[l] = iq_bytes::point_pair(iq_grid_point<IqGrid::Iq3s>(first),
                                            iq_grid_point<IqGrid::Iq3s>(second));
   }
-  chunk.flip = hd::load_u32(block.signs + 4 * k);  // the signs, one bit a weight
+  chunk.flip = hd::load_u32(TANDEM_IQ_FIELD(BlockIQ3_S, signs) + 4 * k);  // one bit a weight
   return chunk;
 }
 
-TANDEM_HD float iq_group_scale(const BlockIQ1_S& block, int g) {
-  const uint32_t qh = hd::load_u16(block.qh + 2 * g);
-  return hd::f16_to_f32(block.d) * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ1_S>, const uint8_t* p, int g) {
+  const uint32_t qh = hd::load_u16(TANDEM_IQ_FIELD(BlockIQ1_S, qh) + 2 * g);
+  return hd::f16_to_f32(hd::load_u16(TANDEM_IQ_FIELD(BlockIQ1_S, d))) * float(2 * ((qh >> 12) & 7) + 1) *
+         0.125f;
 }
 
-TANDEM_HD IqChunk iq_chunk(const BlockIQ1_S& block, int k) {
-  const uint32_t qh = hd::load_u16(block.qh + 2 * k);
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ1_S>, const uint8_t* p, int k) {
+  const uint8_t* qs = TANDEM_IQ_FIELD(BlockIQ1_S, qs);
+  const uint32_t qh = hd::load_u16(TANDEM_IQ_FIELD(BlockIQ1_S, qh) + 2 * k);
   IqChunk chunk;
   for (int l = 0; l < 4; ++l)
-    chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(block.qs[4 * k + l] | (((qh >> (3 * l)) & 7) << 8));
+    chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(qs[4 * k + l] | (((qh >> (3 * l)) & 7) << 8));
   chunk.flip = qh & 0x8000 ? ~0u : 0u;  // one shift sign for the 32
   return chunk;
 }
 
 // IQ1_M's scale words: 3-bit scales in their low 12 bits, d's nibbles on top.
-TANDEM_HD uint32_t iq1_m_word(const BlockIQ1_M& block, int w) {
-  return hd::load_u16(block.scales + 2 * w);
+TANDEM_HD uint32_t iq1_m_word(const uint8_t* p, int w) {
+  return hd::load_u16(TANDEM_IQ_FIELD(BlockIQ1_M, scales) + 2 * w);
 }
 
 // IQ1_M's d: the top nibbles of its four scale words, lowest word first.
-TANDEM_HD float iq1_m_d(const BlockIQ1_M& block) {
-  return hd::f16_to_f32(uint16_t((iq1_m_word(block, 0) >> 12) | ((iq1_m_word(block, 1) >> 8) & 0x00F0) |
-                                 ((iq1_m_word(block, 2) >> 4) & 0x0F00) | (iq1_m_word(block, 3) & 0xF000)));
+TANDEM_HD float iq1_m_d(const uint8_t* p) {
+  return hd::f16_to_f32(uint16_t((iq1_m_word(p, 0) >> 12) | ((iq1_m_word(p, 1) >> 8) & 0x00F0) |
+                                 ((iq1_m_word(p, 2) >> 4) & 0x0F00) | (iq1_m_word(p, 3) & 0xF000)));
 }
 
-TANDEM_HD float iq_group_scale(const BlockIQ1_M& block, int g) {
-  // Scale 3 bits at 3 g within the 12 low bits of the words, g / 4 the word.
-  const uint32_t s = (iq1_m_word(block, g / 4) >> (3 * (g % 4))) & 7;
-  return iq1_m_d(block) * float(2 * s + 1) * 0.125f;
+// Group g's 3-bit scale: bits 3 (g % 4) of word g / 4.
+TANDEM_HD float iq1_m_scale(const uint8_t* p, float d, int g) {
+  return d * float(2 * ((iq1_m_word(p, g / 4) >> (3 * (g % 4))) & 7) + 1) * 0.125f;
 }
 
-TANDEM_HD IqChunk iq_chunk(const BlockIQ1_M& block, int k) {
+TANDEM_HD float iq_group_scale(IqTag<BlockIQ1_M>, const uint8_t* p, int g) {
+  return iq1_m_scale(p, iq1_m_d(p), g);
+}
+
+TANDEM_HD IqChunk iq_chunk(IqTag<BlockIQ1_M>, const uint8_t* p, int k) {
+  const uint8_t* qs = TANDEM_IQ_FIELD(BlockIQ1_M, qs);
+  const uint8_t* qh = TANDEM_IQ_FIELD(BlockIQ1_M, qh);
   IqChunk chunk;
   for (int l = 0; l < 4; ++l) {
-    const uint32_t nibble = block.qh[2 * k + l / 2] >> (4 * (l % 2));  // this point's nibble
-    chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(block.qs[4 * k + l] | ((nibble & 7) << 8));
+    const uint32_t nibble = qh[2 * k + l / 2] >> (4 * (l % 2));  // this point's nibble
+    chunk.points[l] = iq_grid_point<IqGrid::Iq1s>(qs[4 * k + l] | ((nibble & 7) << 8));
     chunk.flip |= ((nibble >> 3) & 1) * (0xFFu << (8 * l));  // a shift sign per 8, no branch
   }
   return chunk;
+}
+
+#undef TANDEM_IQ_FIELD
+
+// The same on a Block (the CPU kernels' arrays of blocks, aligned).
+template <class Block>
+TANDEM_HD float iq_group_scale(const Block& block, int g) {
+  return iq_group_scale(IqTag<Block>{}, reinterpret_cast<const uint8_t*>(&block), g);
+}
+
+template <class Block>
+TANDEM_HD IqChunk iq_chunk(const Block& block, int k) {
+  return iq_chunk(IqTag<Block>{}, reinterpret_cast<const uint8_t*>(&block), k);
 }
 
 // ---- every format ----
@@ -338,9 +371,9 @@ TANDEM_HD void iq_scales(const Block& block, float* scale) {
 
 // IQ1_M's with its d assembled once, not once per group.
 TANDEM_HD void iq_scales(const BlockIQ1_M& block, float* scale) {
-  const float d = iq1_m_d(block);
-  for (int g = 0; g < 16; ++g)
-    scale[g] = d * float(2 * ((iq1_m_word(block, g / 4) >> (3 * (g % 4))) & 7) + 1) * 0.125f;
+  const auto* p = reinterpret_cast<const uint8_t*>(&block);
+  const float d = iq1_m_d(p);
+  for (int g = 0; g < 16; ++g) scale[g] = iq1_m_scale(p, d, g);
 }
 
 template <class Block>

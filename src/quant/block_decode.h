@@ -286,9 +286,8 @@ struct IqDecoder {
   static constexpr int kElems = kQK_K;
   static constexpr int kBytes = sizeof(Block);
   TANDEM_HD static void decode8(const uint8_t* block, int group, float out[8]) {
-    const Block& b = *reinterpret_cast<const Block*>(block);
-    const float scale = iq_group_scale(b, 8 * group / kIqGroup<Block>);
-    const IqChunk chunk = iq_chunk(b, group / 4);
+    const float scale = iq_group_scale(IqTag<Block>{}, block, 8 * group / kIqGroup<Block>);
+    const IqChunk chunk = iq_chunk(IqTag<Block>{}, block, group / 4);
     for (int i = 0; i < 8; ++i)
       out[i] = hd::mul_rn(scale, float(iq_chunk_weight<Block>(chunk, 8 * (group % 4) + i)));
   }

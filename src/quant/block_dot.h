@@ -404,16 +404,16 @@ struct IqBlockDot {
   static constexpr int kChunks = 8;
   template <int NT, class X>
   TANDEM_HD static void dot32(const uint8_t* block, int chunk, const X& x, float (&acc)[NT]) {
-    const Block& b = *reinterpret_cast<const Block*>(block);
-    const IqChunk c = iq_chunk(b, chunk);
+    const IqChunk c = iq_chunk(IqTag<Block>{}, block, chunk);
     float q[32];
     TANDEM_UNROLL
     for (int i = 0; i < 32; ++i) q[i] = biased_to_float(uint32_t(iq_chunk_weight<Block>(c, i) + 128), 128);
     if constexpr (kIqGroup<Block> == 32) {
-      const float scale = iq_group_scale(b, chunk);
+      const float scale = iq_group_scale(IqTag<Block>{}, block, chunk);
       scaled_sums<32>(q, &scale, nullptr, x, acc);
     } else {
-      const float scale[2] = {iq_group_scale(b, 2 * chunk), iq_group_scale(b, 2 * chunk + 1)};
+      const float scale[2] = {iq_group_scale(IqTag<Block>{}, block, 2 * chunk),
+                              iq_group_scale(IqTag<Block>{}, block, 2 * chunk + 1)};
       scaled_sums<16>(q, scale, nullptr, x, acc);
     }
   }

@@ -522,35 +522,48 @@ bool matmul_supports(DType type) {
   return blocks::has_block_decoder(type);
 }
 
+// The formats whose row kernels take one token at a time, a launch per token: the ones a file
+// holds only in its routed experts (the MoE kernels multiply those) or in single-format bench
+// files. Fewer kernels to compile (each row width is one more per format: this file's nvcc time
+// grows with them); the same per-token arithmetic, so the same results, as a wider kernel gives.
+template <class Dec>
+constexpr bool kOneTokenRows = is_iq_grid(Dec::kType) || Dec::kType == DType::Q4_1 ||
+                               Dec::kType == DType::MXFP4 || Dec::kType == DType::TQ1_0 ||
+                               Dec::kType == DType::TQ2_0;
+
 void matmul_rows(const MatmulLaunch& m, cudaStream_t stream) {
   visit_or_fail(m.type, [&](auto dec) {
     using Dec = decltype(dec);
-    for (int64_t t0 = 0; t0 < m.n_tokens; t0 += kMaxRowTokens) {
-      switch (m.n_tokens - t0 < kMaxRowTokens ? int(m.n_tokens - t0) : kMaxRowTokens) {
-        case 1:
-          launch_rows<Dec, 1>(m, t0, stream);
-          break;
-        case 2:
-          launch_rows<Dec, 2>(m, t0, stream);
-          break;
-        case 3:
-          launch_rows<Dec, 3>(m, t0, stream);
-          break;
-        case 4:
-          launch_rows<Dec, 4>(m, t0, stream);
-          break;
-        case 5:
-          launch_rows<Dec, 5>(m, t0, stream);
-          break;
-        case 6:
-          launch_rows<Dec, 6>(m, t0, stream);
-          break;
-        case 7:
-          launch_rows<Dec, 7>(m, t0, stream);
-          break;
-        default:
-          launch_rows<Dec, 8>(m, t0, stream);
-          break;
+    if constexpr (kOneTokenRows<Dec>) {
+      for (int64_t t = 0; t < m.n_tokens; ++t) launch_rows<Dec, 1>(m, t, stream);
+    } else {
+      for (int64_t t0 = 0; t0 < m.n_tokens; t0 += kMaxRowTokens) {
+        switch (m.n_tokens - t0 < kMaxRowTokens ? int(m.n_tokens - t0) : kMaxRowTokens) {
+          case 1:
+            launch_rows<Dec, 1>(m, t0, stream);
+            break;
+          case 2:
+            launch_rows<Dec, 2>(m, t0, stream);
+            break;
+          case 3:
+            launch_rows<Dec, 3>(m, t0, stream);
+            break;
+          case 4:
+            launch_rows<Dec, 4>(m, t0, stream);
+            break;
+          case 5:
+            launch_rows<Dec, 5>(m, t0, stream);
+            break;
+          case 6:
+            launch_rows<Dec, 6>(m, t0, stream);
+            break;
+          case 7:
+            launch_rows<Dec, 7>(m, t0, stream);
+            break;
+          default:
+            launch_rows<Dec, 8>(m, t0, stream);
+            break;
+        }
       }
     }
   });
