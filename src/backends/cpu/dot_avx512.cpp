@@ -305,46 +305,6 @@ void prepare_bf16(const float* x, void* act_row, int64_t cols) {
   }
 }
 
-// ---- the grid i-quants against BlockQ8_K ----
-
-// Per chunk of 32 as the AVX2 file's (unsigned weights through vpdpbusd; IQ1 offset by 16, the
-// others' signs moved onto the quants by a masked negate): IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_S,
-// whose grids are too large for registers.
-template <class Block>
-float dot_iq_grid_q8(const void* w, const void* a, int64_t cols) {
-  const auto* wb = static_cast<const Block*>(w);
-  const auto* xb = static_cast<const BlockQ8_K*>(a);
-  float scale[kQK_K / 16];
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    prefetch_ahead(&wb[b], sizeof(Block));
-    iq_scales(wb[b], scale);
-    for (int k = 0; k < 8; ++k) {
-      const IqChunk chunk = iq_chunk(wb[b], k);
-      const __m256i points = _mm256_set_epi64x(int64_t(chunk.points[3]), int64_t(chunk.points[2]),
-                                               int64_t(chunk.points[1]), int64_t(chunk.points[0]));
-      const __m256i x = load256(xb[b].qs + 32 * k);
-      __m256i dot;
-      if constexpr (kIqShifted<Block>) {
-        const __m256i eights = _mm256_slli_epi16(_mm256_add_epi8(points, _mm256_set1_epi8(2)), 3);
-        const __m256i one = _mm256_set1_epi8(1);
-        const __m256i u = _mm256_mask_sub_epi8(_mm256_add_epi8(eights, one), __mmask32(chunk.flip), eights, one);
-        const __m256i offsets = _mm256_setr_epi32(-16 * xb[b].bsums[2 * k], 0, 0, 0, -16 * xb[b].bsums[2 * k + 1], 0, 0, 0);
-        dot = _mm256_dpbusd_epi32(offsets, u, x);
-      } else {
-        const __m256i signed_x = _mm256_mask_sub_epi8(x, __mmask32(chunk.flip), _mm256_setzero_si256(), x);
-        dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), points, signed_x);
-      }
-      const __m256 chunk_scale = kIqGroup<Block> == 32
-                                     ? _mm256_set1_ps(scale[k] * xb[b].d)
-                                     : _mm256_setr_m128(_mm_set1_ps(scale[2 * k] * xb[b].d),
-                                                        _mm_set1_ps(scale[2 * k + 1] * xb[b].d));
-      acc[k & 1] = _mm256_fmadd_ps(chunk_scale, _mm256_cvtepi32_ps(dot), acc[k & 1]);
-    }
-  }
-  return hsum(_mm256_add_ps(acc[0], acc[1]));
-}
-
 // ---- IQ2_XXS and IQ3_XXS against BlockQ8_K ----
 // Per 64 weights (iq_xxs_avx512.h): the unsigned grid values against the activations with the
 // weights' signs moved onto them (a masked negate; the quants are never -128), one vpdpbusd;
@@ -389,8 +349,8 @@ void fill_avx512_kernels(KernelTable& table) {
   set(DType::Q4_K, ActKind::Q8_K, dot_q4_k);
   set(DType::Q5_K, ActKind::Q8_K, dot_q5_k);
   set(DType::Q6_K, ActKind::Q8_K, dot_q6_k);
-  for (DType type : kIqGridFormats)
-    visit_iq_grid(type, [&](auto f) { set(type, ActKind::Q8_K, dot_iq_grid_q8<typename decltype(f)::Block>); });
+  // The other grid i-quants keep the AVX2 kernels (filled first): an AVX-512 copy of them measured
+  // the same (IQ1_S, IQ2_S, IQ3_S at 1408x2048 within 10% either way).
   set(DType::IQ2_XXS, ActKind::Q8_K, dot_xxs<BlockIQ2_XXS>);  // their grids in registers
   set(DType::IQ3_XXS, ActKind::Q8_K, dot_xxs<BlockIQ3_XXS>);
   table.prepare[size_t(ActKind::BF16)] = prepare_bf16;

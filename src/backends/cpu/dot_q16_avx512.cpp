@@ -1,6 +1,6 @@
 // AVX-512 Int16-precision kernels: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
-// MXFP4, TQ1_0, TQ2_0 and the grid i-quants against ActKind::Q16 (act_q16.h), and the Q16
-// preparation. Other formats use the portable kernels.
+// MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS against ActKind::Q16 (act_q16.h), and the Q16
+// preparation. Other formats use the AVX2 or portable kernels.
 //
 // One 32-element activation block is one zmm of int16. Weights are widened to int16 (with their
 // offsets applied: Q4_0 -8, Q5_0 -16, Q6_K -32, so every weight is signed and |w| <= 128) and
@@ -409,39 +409,6 @@ void prepare_q16(const float* x, void* act_row, int64_t cols) {
   }
 }
 
-// The grid i-quants: per 32 weights, the chunk's grid points read from the table (256 to 2048
-// points of 4-8 bytes: too many for registers; one 64-bit load per 8 weights is what a gather
-// would do) and its sign bits, built into bytes by iq_chunk_bytes, widened to int16, then as
-// IQ4_XS. Groups of 16 take their two scales in the low and high halves of the lanes (lanes 0-7
-// hold the pair sums of weights 0-15).
-template <class Block>
-float dot_iq_grid(const void* w, const void* a, int64_t cols) {
-  constexpr int kGroup = kIqGroup<Block>;
-  const auto* wb = static_cast<const Block*>(w);
-  const Q16Row x = q16_row(a, cols);
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  float scale[kQK_K / 16];
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const Block& block = wb[b];
-    prefetch_ahead(&block, sizeof(block));
-    iq_scales(block, scale);
-    for (int k = 0; k < 8; ++k) {
-      const __m512i weights = _mm512_cvtepi8_epi16(iq_chunk_bytes<Block>(iq_chunk(block, k)));
-      const __m512i dot = _mm512_madd_epi16(weights, load_x(x, 8 * b + k));
-      const float dx = x.d[8 * b + k];
-      __m512 chunk_scale;
-      if constexpr (kGroup == 32) {
-        chunk_scale = _mm512_set1_ps(scale[k] * dx);
-      } else {
-        chunk_scale = _mm512_insertf32x8(_mm512_set1_ps(scale[2 * k] * dx),
-                                         _mm256_set1_ps(scale[2 * k + 1] * dx), 1);
-      }
-      acc[k & 1] = _mm512_fmadd_ps(chunk_scale, _mm512_cvtepi32_ps(dot), acc[k & 1]);
-    }
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
-}
-
 // IQ2_XXS and IQ3_XXS, 64 weights at a time (their grids in registers, iq_xxs_avx512.h): the
 // grid values widened to int16 against the activations with the weights' signs moved onto them
 // (masked negates; |q| <= 32767), then as the other formats, each chunk's scale times the
@@ -497,8 +464,7 @@ void fill_avx512_q16_kernels(KernelTable& table) {
   set(DType::IQ4_XS, dot_iq4_xs);
   set(DType::TQ1_0, dot_ternary<BlockTQ1_0, tq1_0_group>);
   set(DType::TQ2_0, dot_ternary<BlockTQ2_0, tq2_0_group>);
-  for (DType type : kIqGridFormats)
-    visit_iq_grid(type, [&](auto f) { set(type, dot_iq_grid<typename decltype(f)::Block>); });
+  // The other grid i-quants keep the AVX2 kernels (filled first; an AVX-512 copy measured the same).
   set(DType::IQ2_XXS, dot_xxs<BlockIQ2_XXS>);  // their grids in registers
   set(DType::IQ3_XXS, dot_xxs<BlockIQ3_XXS>);
   table.prepare[size_t(ActKind::Q16)] = prepare_q16;
