@@ -457,7 +457,8 @@ TEST(MatmulLanes, Avx512GivesThePortableBits) {
     for (DType type : kLanesFormats) {
       const int64_t cols = is_k_quant(type) ? 2048 : 1408;
       const std::vector<uint8_t> weights = make_weights(type, rows, cols, 21);
-      for (int64_t n_tokens : {kLanesMinTokens, int64_t(16), int64_t(33)}) {
+      // one tile, a pair of tiles with a partial second, two pairs and a last tile alone
+      for (int64_t n_tokens : {kLanesMinTokens, int64_t(16), int64_t(21), int64_t(65)}) {
         const std::vector<float> x = gaussian(size_t(n_tokens * cols), 22);
         const std::vector<float> portable =
             run(CpuIsa::Portable, type, weights, rows, cols, x, n_tokens, pool, precision);
@@ -466,6 +467,28 @@ TEST(MatmulLanes, Avx512GivesThePortableBits) {
         EXPECT_TRUE(same_bits(portable, avx512))
             << dtype_name(type) << " " << precision_name(precision) << " n_tokens " << n_tokens;
       }
+    }
+  }
+}
+
+// The 8-bit tiles are built by each level's own builder (AVX-512: a transpose in registers); the
+// bytes must be the portable builder's, for full and partial tiles (missing tokens zero).
+TEST(MatmulLanes, Avx512TileBuilderGivesThePortableBytes) {
+  if (!cpu_supports(CpuIsa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const KernelTable& portable = kernel_table(CpuIsa::Portable);
+  const KernelTable& avx512 = kernel_table(CpuIsa::Avx512);
+  const int64_t cols = 256, tokens = 19;
+  const size_t row_bytes = act_row_bytes(ActKind::Q8, cols);
+  const std::vector<float> x = gaussian(size_t(tokens * cols), 23);
+  std::vector<uint8_t> act(row_bytes * size_t(tokens));
+  for (int64_t t = 0; t < tokens; ++t)
+    portable.prepare[size_t(ActKind::Q8)](x.data() + t * cols, act.data() + size_t(t) * row_bytes, cols);
+  for (int64_t first : {int64_t(0), int64_t(3)}) {
+    for (int64_t n = 1; n <= 16; ++n) {
+      std::vector<uint8_t> expected(lanes8_tile_bytes(cols), 0x5a), actual(lanes8_tile_bytes(cols), 0xa5);
+      portable.build_tile8(act.data(), row_bytes, first, n, cols, expected.data());
+      avx512.build_tile8(act.data(), row_bytes, first, n, cols, actual.data());
+      EXPECT_EQ(expected, actual) << "first " << first << " n " << n;
     }
   }
 }

@@ -204,50 +204,74 @@ UnpackRowFn avx512_unpacker(DType type) {
 
 // ---- the token-lanes product ----
 
-// kRows unpacked rows (row r at w[r]) against one tile; lane t of out[r] is token t's result.
-// kStride 1: each row unpacked on its own (pair p at w[r].w + 2p, group g's scale at
-// w[r].scale[g]); kStride 16: a group of 16 interleaved rows unpacked together, pairs and scales
-// of the 16 rows side by side (pair p at w[r].w + 32p, scale at w[r].scale[16g]).
-template <int kGroup, bool kMins, int kRows, int kStride>
-inline void tile_rows(const UnpackedRow* w, const Q16Tile& x, int64_t cols, __m512* out) {
-  for (int r = 0; r < kRows; ++r) out[r] = _mm512_setzero_ps();
+// kRows unpacked rows (row r at w[r]) against kTiles consecutive tiles; lane t of out[r][k] is
+// token t of tile k's result. kStride 1: each row unpacked on its own (pair p at w[r].w + 2p,
+// group g's scale at w[r].scale[g]); kStride 16: a group of 16 interleaved rows unpacked
+// together, pairs and scales of the 16 rows side by side (pair p at w[r].w + 32p, scale at
+// w[r].scale[16g]). Two tiles keep eight sums in flight and reuse each broadcast weight pair, as
+// gemm_q8_avx512.cpp's; the float steps per lane do not depend on kTiles.
+template <int kGroup, bool kMins, int kRows, int kStride, int kTiles>
+inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m512 (*out)[kTiles]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int k = 0; k < kTiles; ++k) out[r][k] = _mm512_setzero_ps();
   const int64_t n_groups = cols / kGroup;
   for (int64_t g = 0; g < n_groups; ++g) {
-    __m512i acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i acc[kRows][kTiles];
+    for (int r = 0; r < kRows; ++r)
+      for (int k = 0; k < kTiles; ++k) acc[r][k] = _mm512_setzero_si512();
     const int64_t first_pair = g * kGroup / 2;
+    // Unrolled, so that the sums stay in their registers (GCC otherwise copied every one in and
+    // out of a second register each step).
+#pragma GCC unroll 16
     for (int i = 0; i < kGroup / 2; ++i) {
-      const __m512i xv = _mm512_loadu_si512(x.pairs + (first_pair + i) * kLanes);
-      for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm512_dpwssd_epi32(acc[r], broadcast_4_bytes(w[r].w + 2 * kStride * (first_pair + i)), xv);
+      __m512i xv[kTiles];
+      for (int k = 0; k < kTiles; ++k) xv[k] = _mm512_loadu_si512(x[k].pairs + (first_pair + i) * kLanes);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512i wp = broadcast_4_bytes(w[r].w + 2 * kStride * (first_pair + i));
+        for (int k = 0; k < kTiles; ++k) acc[r][k] = _mm512_dpwssd_epi32(acc[r][k], wp, xv[k]);
+      }
     }
     const int64_t block = g * kGroup / 32;
-    const __m512 dx = _mm512_loadu_ps(x.d + block * kLanes);
-    for (int r = 0; r < kRows; ++r)
-      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]),
-                               _mm512_mul_ps(_mm512_set1_ps(w[r].scale[kStride * g]), dx), out[r]);
-    if constexpr (kMins) {
-      const __m512 sums = _mm512_loadu_ps(x.sum32 + block * kLanes);
+    for (int k = 0; k < kTiles; ++k) {
+      const __m512 dx = _mm512_loadu_ps(x[k].d + block * kLanes);
       for (int r = 0; r < kRows; ++r)
-        out[r] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[kStride * g]), sums, out[r]);
+        out[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]),
+                                    _mm512_mul_ps(_mm512_set1_ps(w[r].scale[kStride * g]), dx), out[r][k]);
+      if constexpr (kMins) {
+        const __m512 sums = _mm512_loadu_ps(x[k].sum32 + block * kLanes);
+        for (int r = 0; r < kRows; ++r)
+          out[r][k] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[kStride * g]), sums, out[r][k]);
+      }
     }
   }
 }
 
-// Unpacked rows `row` .. `row + kRows - 1` of `m` against every tile.
+// kTiles tiles from the one at token `first` against unpacked rows `row` .. `row + kRows - 1`.
+template <int kGroup, bool kMins, int kRows, int kStride, int kTiles>
+void unpacked_against(const LanesMatmul& m, int64_t row, const UnpackedRow* w, int64_t first) {
+  const size_t tile_bytes = q16_tile_bytes(m.cols);
+  Q16Tile x[kTiles];
+  for (int k = 0; k < kTiles; ++k) x[k] = q16_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
+  __m512 out[kRows][kTiles];
+  tile_rows<kGroup, kMins, kRows, kStride, kTiles>(w, x, m.cols, out);
+  for (int k = 0; k < kTiles; ++k) {
+    alignas(64) float lanes[kRows][kLanes];
+    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r][k]);
+    const int64_t tile_first = first + k * kLanes;
+    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - tile_first);
+    for (int64_t t = 0; t < n; ++t)
+      for (int r = 0; r < kRows; ++r) m.output[(tile_first + t) * m.rows + row + r] = lanes[r][t];
+  }
+}
+
+// Unpacked rows `row` .. `row + kRows - 1` of `m` against every tile: two at a time, then the
+// last one alone.
 template <int kGroup, bool kMins, int kRows, int kStride>
 void unpacked_against_tiles(const LanesMatmul& m, int64_t row, const UnpackedRow* w) {
-  const size_t tile_bytes = q16_tile_bytes(m.cols);
-  for (int64_t first = 0; first < m.n_tokens; first += kLanes) {
-    const Q16Tile x = q16_tile(m.tiles + size_t(first / kLanes) * tile_bytes, m.cols);
-    __m512 out[kRows];
-    tile_rows<kGroup, kMins, kRows, kStride>(w, x, m.cols, out);
-    alignas(64) float lanes[kRows][kLanes];
-    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r]);
-    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - first);
-    for (int64_t t = 0; t < n; ++t)
-      for (int r = 0; r < kRows; ++r) m.output[(first + t) * m.rows + row + r] = lanes[r][t];
-  }
+  int64_t first = 0;
+  for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
+    unpacked_against<kGroup, kMins, kRows, kStride, 2>(m, row, w, first);
+  if (first < m.n_tokens) unpacked_against<kGroup, kMins, kRows, kStride, 1>(m, row, w, first);
 }
 
 template <int kGroup, bool kMins, int kRows>

@@ -63,11 +63,7 @@ void fill_portable_lanes8_kernels(KernelTable& table) {
       using V = decltype(v);
       return lanes8_rows<V::group, V::mins, V::offset_shift>;
     });
-}
-
-void build_lanes8_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
-                       int64_t cols, uint8_t* tile) {
-  build_q8_tile(act, act_stride, first, n, cols, tile);
+  table.build_tile8 = build_q8_tile;
 }
 
 size_t lanes8_tile_bytes(int64_t cols) {

@@ -63,6 +63,9 @@ struct LanesMatmul {
   float* output;  // [n_tokens, rows]
 };
 using LanesRowsFn = void (*)(const LanesMatmul& m, int64_t first_row, int64_t last_row);
+// The tile of prepared tokens [first, first + n) (n <= 16) from rows `act_stride` bytes apart.
+using BuildTileFn = void (*)(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
+                             int64_t cols, uint8_t* tile);
 
 // One 16-row group of an interleaved format (core/blocks.h, DType::*_R16) against one token's
 // prepared activations: out[r] = row r · x for r < 16.
@@ -85,6 +88,8 @@ struct KernelTable {
   // The Int8 token-lanes path (gemm_q8.h; ActKind::Q8 activations in its own tiles); nullptr where
   // a format (or the level) has none.
   LanesRowsFn lanes8[kDTypeSlots] = {};
+  // Builds one of its tiles (gemm_q8.h's layout) from ActKind::Q8 rows; set with lanes8.
+  BuildTileFn build_tile8 = nullptr;
   // Int16 only, indexed by the base format of an interleaved one (Q8_0 for Q8_0_R16); nullptr
   // where the level has none: matmul then takes each group apart into plain rows.
   GroupDotFn group_dots[kDTypeSlots] = {};
@@ -129,9 +134,7 @@ void fill_avx512_few_query_attention(KernelTable& table);
 void build_lanes_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
                       int64_t cols, uint8_t* tile);
 size_t lanes_tile_bytes(int64_t cols);
-// The same for the Int8 path (gemm_q8.h's layout), from ActKind::Q8 rows.
-void build_lanes8_tile(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
-                       int64_t cols, uint8_t* tile);
+// The Int8 path's tile size (gemm_q8.h's layout; KernelTable::build_tile8 builds them).
 size_t lanes8_tile_bytes(int64_t cols);
 
 }  // namespace tandem::cpu

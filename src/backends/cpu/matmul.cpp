@@ -135,8 +135,7 @@ ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
 struct LanesPath {
   LanesRowsFn rows = nullptr;  // nullptr: row dots
   ActKind act = ActKind::Q16;
-  void (*build_tile)(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
-                     int64_t cols, uint8_t* tile) = nullptr;
+  BuildTileFn build_tile = nullptr;
   size_t tile_bytes = 0;
 };
 
@@ -154,7 +153,7 @@ LanesPath lanes_path(const KernelTable& table, const MatmulArgs& args) {
   const size_t base = size_t(dtype_info(args.weight_type).base);
   if (int8) {
     if (!table.lanes8[base]) return {};
-    return {table.lanes8[base], ActKind::Q8, build_lanes8_tile, lanes8_tile_bytes(args.cols)};
+    return {table.lanes8[base], ActKind::Q8, table.build_tile8, lanes8_tile_bytes(args.cols)};
   }
   if (!table.lanes[base]) return {};
   return {table.lanes[base], ActKind::Q16, build_lanes_tile, lanes_tile_bytes(args.cols)};
