@@ -282,6 +282,7 @@ void rows_against_tiles(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
     w[r] = unpacked_row(scratch, kRows, m.cols, r);
     unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
   }
+  prefetch_rows(m.weights + size_t(row + kRows) * m.weight_stride, size_t(kRows) * m.weight_stride);
   unpacked_against_tiles<kGroup, kMins, kRows, 1>(m, row, w);
 }
 

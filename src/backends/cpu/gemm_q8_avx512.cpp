@@ -330,6 +330,7 @@ void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
     w[r] = unpacked_row8(scratch, kRows, m.cols, r);
     unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
   }
+  prefetch_rows(m.weights + size_t(row + kRows) * m.weight_stride, size_t(kRows) * m.weight_stride);
   int64_t first = 0;
   for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
     rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 2>(m, w, row, first);
