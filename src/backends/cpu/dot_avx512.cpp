@@ -173,65 +173,44 @@ float dot_q5_0(const void* w, const void* a, int64_t cols) {
 // As in the AVX2 file: maddubs gives int16 pair sums (no saturation for <= 6-bit weights), and
 // vpdpwssd multiplies them by the sub-block scale and accumulates in int32.
 
-// Scales and mins of a Q4_K / Q5_K super-block as int16 vectors: `scales` holds the 8 scales in
-// both 128-bit lanes (for in-lane broadcasts), `mins` each min twice, matching bsums per 16.
-struct KScaleVectors {
-  __m256i scales;
-  __m256i mins;
-};
-
-inline KScaleVectors k_scale_vectors(const uint8_t packed[kKScaleBytes]) {
-  alignas(16) uint32_t words[4];
-  unpack_k_scales_words(packed, words);
-  const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(words));
-  return {_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes)),
-          _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(bytes, bytes))};
-}
-
-// Scale of sub-block k in every int16 lane.
-inline __m256i broadcast_scale(__m256i scales, int k) {
-  return _mm256_shuffle_epi8(scales, _mm256_set1_epi16(short((2 * k + 1) << 8 | 2 * k)));
-}
-
-// Q4_K and Q5_K share everything but the fifth bit; kFifthBit selects it at compile time.
+// 64 weights a step in 512-bit registers: chunk c's 32 bytes in both halves, the low nibbles
+// (sub-block 2c) taken in the low half and the high ones (2c + 1) in the high half, each half
+// against its own 32 activations and scale. Per lane the integer sums are the 256-bit version's
+// (the two halves are added before the float step), so the result is too, in about 60% of the
+// instructions: a 256-bit step was the decode kernel's limit on this CPU's two 512-bit pipes.
 template <bool kFifthBit, class Block>
 inline float dot_q4_q5_k(const Block* wb, const BlockQ8_K* xb, int64_t cols) {
-  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
   __m256 acc = _mm256_setzero_ps();
   __m256 mins_acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const Block& block = wb[b];
-    const KScaleVectors s = k_scale_vectors(block.scales);
+    alignas(16) uint32_t words[4];
+    unpack_k_scales_words(block.scales, words);
+    const __m128i scale_bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(words));
+    const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scale_bytes));  // 8 x int16
     const int8_t* x = xb[b].qs;
-    __m256i qh = _mm256_setzero_si256();
-    if constexpr (kFifthBit) qh = load256(block.qh);
-    // Four accumulators: vpdpwssd has a latency of several cycles, and one chain of eight would
-    // set the pace of the whole loop.
-    __m256i dot[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                      _mm256_setzero_si256()};
+    __m512i qh = _mm512_setzero_si512();
+    if constexpr (kFifthBit) qh = _mm512_broadcast_i64x4(load256(block.qh));
+    // Two accumulators: vpdpwssd's latency would otherwise set the pace.
+    __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int c = 0; c < 4; ++c) {
-      const __m256i q = load256(block.qs + 32 * c);
-      __m256i lo = _mm256_and_si256(q, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load256(block.qs + 32 * c)), nibble_shift), low4);
       if constexpr (kFifthBit) {
-        // Bit 2c of qh[i] belongs to the low-nibble sub-block, bit 2c+1 to the high one;
-        // moved to bit 4 and merged with one ternary-logic op each ((A & B) | C = 0xEA).
-        const __m256i bit4 = _mm256_set1_epi8(16);
-        lo = _mm256_ternarylogic_epi32(_mm256_slli_epi16(qh, 4), bit4, lo, 0xEA);
-        hi = _mm256_ternarylogic_epi32(_mm256_slli_epi16(qh, 3), bit4, hi, 0xEA);
-        qh = _mm256_srli_epi16(qh, 2);
+        // Bit 2c of qh[i] belongs to the low nibbles' sub-block, bit 2c + 1 to the high ones'.
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * c))), _mm256_set1_epi8(char(2 << (2 * c))), 1);
+        q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, sixteen);
       }
-      const __m256i p_lo = _mm256_maddubs_epi16(lo, load256(x + 64 * c));
-      const __m256i p_hi = _mm256_maddubs_epi16(hi, load256(x + 64 * c + 32));
-      __m256i& dot_lo = dot[(2 * c) % 4];
-      __m256i& dot_hi = dot[(2 * c + 1) % 4];
-      dot_lo = _mm256_dpwssd_epi32(dot_lo, p_lo, broadcast_scale(s.scales, 2 * c));
-      dot_hi = _mm256_dpwssd_epi32(dot_hi, p_hi, broadcast_scale(s.scales, 2 * c + 1));
+      const __m512i products = _mm512_maddubs_epi16(q, _mm512_loadu_si512(x + 64 * c));
+      const __m512i scale_pair = _mm512_permutexvar_epi16(
+          _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)), 1), scales);
+      dot[c % 2] = _mm512_dpwssd_epi32(dot[c % 2], products, scale_pair);
     }
-    const __m256i total =
-        _mm256_add_epi32(_mm256_add_epi32(dot[0], dot[1]), _mm256_add_epi32(dot[2], dot[3]));
+    const __m512i both = _mm512_add_epi32(dot[0], dot[1]);
+    const __m256i total = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
     acc = block_product(total, xb[b].d * f16(block.d), acc);
-    const __m256i mins = _mm256_madd_epi16(s.mins, load256(xb[b].bsums));
+    const __m256i mins = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scale_bytes, scale_bytes)), load256(xb[b].bsums));
     mins_acc = block_product(mins, xb[b].d * f16(block.dmin), mins_acc);
   }
   return hsum(_mm256_sub_ps(acc, mins_acc));
