@@ -47,10 +47,11 @@ void sums(const float* const* p, const float* rows, int64_t row_stride, int64_t 
   if constexpr (kQueries > 3) store(3, a30, a31, a32, a33);
 }
 
-// Up to 16 queries (transposed: column c's 16 floats at x_t + 16c) against n_keys keys: eight
-// keys at a time in eight accumulators whose lanes are the queries, then each key's 16 scores
-// scattered to their rows. A key's lanes get the same arithmetic in the eight-key loop and in
-// the one-key tail (one fma per column, in column order).
+// Up to 16 queries (transposed: column c's 16 floats at x_t + 16c) against n_keys keys: sixteen
+// keys at a time in sixteen accumulators whose lanes are the queries (eight left this CPU's two
+// FMA pipes waiting on their latency: 4096 keys 0.96 -> 0.72 ms a layer on 2 threads), then
+// eight, then one; each key's 16 scores scattered to their rows. A key's lanes get the same
+// arithmetic in every loop (one fma per column, in column order).
 void key_scores_16_avx512(const float* x_t, int n_queries, const float* keys, int64_t key_stride,
                           int64_t n_keys, int64_t cols, float* scores, int64_t score_stride) {
   const __mmask16 lanes = __mmask16((uint32_t(1) << n_queries) - 1);
@@ -58,6 +59,36 @@ void key_scores_16_avx512(const float* x_t, int n_queries, const float* keys, in
                                           _mm512_set1_epi32(int32_t(score_stride)));
   auto scatter = [&](int64_t j, __m512 acc) { _mm512_mask_i32scatter_ps(scores + j, lanes, rows, acc, 4); };
   int64_t j = 0;
+  for (; j + 16 <= n_keys; j += 16) {
+    const float* k = keys + j * key_stride;
+    const int64_t s = key_stride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+    const float* l = k + 8 * s;
+    for (int64_t c = 0; c < cols; ++c) {
+      const __m512 x = _mm512_loadu_ps(x_t + 16 * c);
+      a0 = _mm512_fmadd_ps(_mm512_set1_ps(k[c]), x, a0);
+      a1 = _mm512_fmadd_ps(_mm512_set1_ps(k[s + c]), x, a1);
+      a2 = _mm512_fmadd_ps(_mm512_set1_ps(k[2 * s + c]), x, a2);
+      a3 = _mm512_fmadd_ps(_mm512_set1_ps(k[3 * s + c]), x, a3);
+      a4 = _mm512_fmadd_ps(_mm512_set1_ps(k[4 * s + c]), x, a4);
+      a5 = _mm512_fmadd_ps(_mm512_set1_ps(k[5 * s + c]), x, a5);
+      a6 = _mm512_fmadd_ps(_mm512_set1_ps(k[6 * s + c]), x, a6);
+      a7 = _mm512_fmadd_ps(_mm512_set1_ps(k[7 * s + c]), x, a7);
+      b0 = _mm512_fmadd_ps(_mm512_set1_ps(l[c]), x, b0);
+      b1 = _mm512_fmadd_ps(_mm512_set1_ps(l[s + c]), x, b1);
+      b2 = _mm512_fmadd_ps(_mm512_set1_ps(l[2 * s + c]), x, b2);
+      b3 = _mm512_fmadd_ps(_mm512_set1_ps(l[3 * s + c]), x, b3);
+      b4 = _mm512_fmadd_ps(_mm512_set1_ps(l[4 * s + c]), x, b4);
+      b5 = _mm512_fmadd_ps(_mm512_set1_ps(l[5 * s + c]), x, b5);
+      b6 = _mm512_fmadd_ps(_mm512_set1_ps(l[6 * s + c]), x, b6);
+      b7 = _mm512_fmadd_ps(_mm512_set1_ps(l[7 * s + c]), x, b7);
+    }
+    scatter(j, a0), scatter(j + 1, a1), scatter(j + 2, a2), scatter(j + 3, a3);
+    scatter(j + 4, a4), scatter(j + 5, a5), scatter(j + 6, a6), scatter(j + 7, a7);
+    scatter(j + 8, b0), scatter(j + 9, b1), scatter(j + 10, b2), scatter(j + 11, b3);
+    scatter(j + 12, b4), scatter(j + 13, b5), scatter(j + 14, b6), scatter(j + 15, b7);
+  }
   for (; j + 8 <= n_keys; j += 8) {
     const float* k = keys + j * key_stride;
     const int64_t s = key_stride;
