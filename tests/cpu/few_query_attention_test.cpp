@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/kernels.h"
+
 namespace tandem::cpu {
 namespace {
 
@@ -208,6 +210,37 @@ TEST(FewQueryAttention, AttendGivesATokenTheSameBitsAloneAndAmongOthers) {
                       pool);
       for (size_t i = 0; i < alone.size(); ++i)
         ASSERT_EQ(alone[i], all[t * alone.size() + i]) << cpu_isa_name(isa) << " token " << t << " value " << i;
+    }
+  }
+}
+
+// The softmax terms of one block (attend's inner step) on every level against double exp: the
+// running top exact (a max of the same products), each term within a few float roundings (the
+// AVX-512 level has its own exp) of exp of the rounded difference, the sum within the rounding
+// of adding the terms. Scores reach far below the top, down to where the terms become denormal.
+TEST(FewQueryAttention, SoftmaxBlockMatchesDoubleExp) {
+  std::mt19937 rng(11);
+  for (CpuIsa isa : supported_cpu_isas()) {
+    const KernelTable& table = kernel_table(isa);
+    for (int64_t n : {1, 5, 16, 17, 128}) {
+      for (float top_before : {-INFINITY, 3.0f, 40.0f}) {
+        std::vector<float> s = random_floats(size_t(n), rng, -60, 10);
+        const std::vector<float> raw = s;
+        float top = top_before;
+        const float sum = table.softmax_block(s.data(), n, 0.75f, &top);
+        float expected_top = top_before;
+        for (float v : raw) expected_top = std::max(expected_top, v * 0.75f);
+        const std::string where = std::string(cpu_isa_name(isa)) + " n " + std::to_string(n);
+        ASSERT_EQ(top, expected_top) << where;
+        double exact_sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const float argument = raw[size_t(j)] * 0.75f - expected_top;  // as the kernels round it
+          const double e = std::exp(double(argument));
+          exact_sum += e;
+          EXPECT_NEAR(s[size_t(j)], e, 4e-7 * e + 1e-40) << where << " j " << j;
+        }
+        EXPECT_NEAR(sum, exact_sum, double(n + 4) * 1.2e-7 * exact_sum + 1e-40) << where;
+      }
     }
   }
 }

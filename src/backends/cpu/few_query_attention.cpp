@@ -122,10 +122,8 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
       // Exponentials against the largest score so far; what the earlier blocks summed is scaled
       // down when this block raised it (by exactly 1 when it did not).
       for (int64_t h = 0; h < H; ++h) {
-        float* s = scores.data() + h * kAttendBlock;
-        float top = first_block ? -INFINITY : out.max[h], sum = 0;
-        for (int64_t j = 0; j < n_keys; ++j) top = std::max(top, s[j] *= a.scale);
-        for (int64_t j = 0; j < n_keys; ++j) sum += s[j] = std::exp(s[j] - top);
+        float top = first_block ? -INFINITY : out.max[h];
+        const float sum = table.softmax_block(scores.data() + h * kAttendBlock, n_keys, a.scale, &top);
         old_scale[h] = first_block ? 0.0f : std::exp(out.max[h] - top);
         out.sum[h] = first_block ? sum : out.sum[h] * old_scale[h] + sum;
         out.max[h] = top;
@@ -190,6 +188,14 @@ void weighted_sums_64_portable(const float* const* p, int n_queries, const float
       for (int c = 0; c < cols; ++c) out[q][c] += w * row[c];
     }
   }
+}
+
+float softmax_block_portable(float* s, int64_t n, float scale, float* top) {
+  float t = *top, sum = 0;
+  for (int64_t j = 0; j < n; ++j) t = std::max(t, s[j] *= scale);
+  for (int64_t j = 0; j < n; ++j) sum += s[j] = std::exp(s[j] - t);
+  *top = t;
+  return sum;
 }
 
 void attend(const AttendArgs& args, ThreadPool& pool) {

@@ -79,6 +79,9 @@ using KeyScores16Fn = void (*)(const float* x_t, int n_queries, const float* key
                                int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);
 using WeightedSums64Fn = void (*)(const float* const* p, int n_queries, const float* rows,
                                   int64_t row_stride, int64_t keys, int cols, float* const* out);
+// One block of a query's scores turned into softmax terms: s[j] *= scale, *top = the larger of
+// *top and every s[j], then s[j] = exp(s[j] - *top); returns Σ_j s[j] (n >= 1).
+using SoftmaxBlockFn = float (*)(float* s, int64_t n, float scale, float* top);
 
 struct KernelTable {
   FormatKernel formats[kActPrecisions][kDTypeSlots];  // [ActPrecision][DType]
@@ -98,6 +101,7 @@ struct KernelTable {
   LanesRowsFn group_lanes[kDTypeSlots] = {};
   KeyScores16Fn key_scores_16 = nullptr;        // every level has these two
   WeightedSums64Fn weighted_sums_64 = nullptr;
+  SoftmaxBlockFn softmax_block = nullptr;
 };
 
 // Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
@@ -128,6 +132,7 @@ void key_scores_16_portable(const float* x_t, int n_queries, const float* keys, 
                             int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);
 void weighted_sums_64_portable(const float* const* p, int n_queries, const float* rows,
                                int64_t row_stride, int64_t keys, int cols, float* const* out);
+float softmax_block_portable(float* s, int64_t n, float scale, float* top);
 void fill_avx512_few_query_attention(KernelTable& table);
 
 // The tile of prepared tokens [first, first + n) (n <= 16), in gemm_q16.h's layout.

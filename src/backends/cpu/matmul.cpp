@@ -20,6 +20,7 @@ KernelTable build_table(CpuIsa isa) {
   fill_portable_q16_kernels(table);
   table.key_scores_16 = key_scores_16_portable;
   table.weighted_sums_64 = weighted_sums_64_portable;
+  table.softmax_block = softmax_block_portable;
   if (int(isa) >= int(CpuIsa::Avx2)) {
     fill_avx2_kernels(table);
     fill_avx2_q16_kernels(table);
