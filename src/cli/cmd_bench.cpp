@@ -101,7 +101,8 @@ const std::vector<size_t> kColdPromptTokens = {1, 16};
 void register_bench(CLI::App& app) {
   struct Options {
     EngineOptions engine;
-    int64_t prompt = 512, generate = 128, depth = 0;
+    int64_t prompt = 512, generate = 128;
+    std::vector<int64_t> depths = {0};
     int repetitions = 3;
     bool json = false;
     bool cold = false;
@@ -113,9 +114,12 @@ void register_bench(CLI::App& app) {
   cmd->add_option("model", o->engine.model_path, "GGUF model")->required();
   cmd->add_option("-p,--n-prompt", o->prompt, "prompt tokens per prefill test (0 = skip)")->capture_default_str();
   cmd->add_option("-n,--n-gen", o->generate, "tokens per decode test (0 = skip)")->capture_default_str();
-  cmd->add_option("-d,--n-depth", o->depth,
+  cmd->add_option("-d,--n-depth", o->depths,
                   "tokens already in the context before each prefill and decode test (as llama-bench's -d); "
-                  "decode then also reads a KV cache that long")
+                  "decode then also reads a KV cache that long. A list (-d 0,4096) runs each test at every "
+                  "depth, repetitions alternating between them, and prints each depth's decode against the "
+                  "first's; the roofline and model lines are for the first depth")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", o->engine.n_threads, "CPU threads (default: physical cores)");
@@ -130,10 +134,13 @@ void register_bench(CLI::App& app) {
   add_precision_option(cmd, o->engine);
   cmd->callback([o] {
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
-    if (o->depth < 0) fail("--n-depth must be 0 or more");
+    if (o->depths.empty()) o->depths = {0};
+    for (int64_t d : o->depths)
+      if (d < 0) fail("--n-depth must be 0 or more (got {})", d);
+    const int64_t depth = o->depths.front(), deepest = *std::max_element(o->depths.begin(), o->depths.end());
     const int threads = o->engine.n_threads > 0 ? o->engine.n_threads : physical_core_count();
     o->engine.n_threads = threads;
-    o->engine.n_ctx = std::max<int64_t>({o->prompt, o->generate, int64_t(kColdPromptTokens.back())}) + o->depth + 1;
+    o->engine.n_ctx = std::max<int64_t>({o->prompt, o->generate, int64_t(kColdPromptTokens.back())}) + deepest + 1;
 
     std::vector<ColdStart> cold;
     for (size_t n_tokens : o->cold ? kColdPromptTokens : std::vector<size_t>{}) {
@@ -164,27 +171,35 @@ void register_bench(CLI::App& app) {
       return tokens;
     };
     // --n-depth: the context before each test, not timed.
-    auto fill_context = [&] {
-      if (o->depth > 0) engine.evaluate(random_tokens(o->depth), 0, 0, false, logits);
+    auto fill_context = [&](int64_t d) {
+      if (d > 0) engine.evaluate(random_tokens(d), 0, 0, false, logits);
     };
-    const int32_t depth = int32_t(o->depth);
-    std::vector<double> prefill_tps, decode_tps;
+    // Per depth, in -d's order. Each repetition runs every depth, so a slow spell of a noisy
+    // machine falls on all of them alike.
+    const size_t n_depths = o->depths.size();
+    std::vector<std::vector<double>> prefill_at(n_depths), decode_at(n_depths);
     for (int rep = 0; rep < o->repetitions && o->prompt > 0; ++rep) {
-      fill_context();
-      const std::vector<int32_t> tokens = random_tokens(o->prompt);
-      const auto start = std::chrono::steady_clock::now();
-      engine.evaluate(tokens, depth, 0, false, logits);
-      prefill_tps.push_back(double(o->prompt) / seconds_since(start));
+      for (size_t k = 0; k < n_depths; ++k) {
+        fill_context(o->depths[k]);
+        const std::vector<int32_t> tokens = random_tokens(o->prompt);
+        const auto start = std::chrono::steady_clock::now();
+        engine.evaluate(tokens, int32_t(o->depths[k]), 0, false, logits);
+        prefill_at[k].push_back(double(o->prompt) / seconds_since(start));
+      }
     }
     for (int rep = 0; rep < o->repetitions && o->generate > 0; ++rep) {
-      fill_context();
-      const auto start = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < o->generate; ++i) {
-        const int32_t t = token(rng);
-        engine.evaluate(std::span<const int32_t>(&t, 1), depth + int32_t(i), 0, false, logits);
+      for (size_t k = 0; k < n_depths; ++k) {
+        fill_context(o->depths[k]);
+        const auto start = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < o->generate; ++i) {
+          const int32_t t = token(rng);
+          engine.evaluate(std::span<const int32_t>(&t, 1), int32_t(o->depths[k] + i), 0, false, logits);
+        }
+        decode_at[k].push_back(double(o->generate) / seconds_since(start));
       }
-      decode_tps.push_back(double(o->generate) / seconds_since(start));
     }
+    const std::vector<double>& prefill_tps = prefill_at.front();
+    const std::vector<double>& decode_tps = decode_at.front();
     const double bandwidth_after = plan::measure_memory_bandwidth(threads);
 
     const double bandwidth = (bandwidth_before + bandwidth_after) / 2;
@@ -193,7 +208,7 @@ void register_bench(CLI::App& app) {
     const Deepseek2Hparams& hp = engine.hparams();
     const uint64_t cache_per_token =
         o->generate > 0 ? KvCache::bytes_per_token(hp.n_layer - hp.n_nextn_layers, hp.kv_lora_rank, hp.qk_rope_dim) *
-                              uint64_t(o->depth + (o->generate - 1) / 2)
+                              uint64_t(depth + (o->generate - 1) / 2)
                         : 0;
     const double roofline = bandwidth / double(bytes_per_token + cache_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads, o->engine.precision);
@@ -290,7 +305,7 @@ void register_bench(CLI::App& app) {
       nlohmann::ordered_json out = {
           {"model", name}, {"threads", threads}, {"devices", o->engine.devices},
           {"precision", precision_policy_name(o->engine.precision)},
-          {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"n_depth", o->depth}, {"repetitions", o->repetitions},
+          {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"n_depth", depth}, {"repetitions", o->repetitions},
           {"prefill_tokens_per_s", pp.mean}, {"prefill_tokens_per_s_sd", pp.sd},
           {"decode_tokens_per_s", tg.mean}, {"decode_tokens_per_s_sd", tg.sd},
           {"bandwidth_gb_per_s", bandwidth / 1e9}, {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
@@ -307,6 +322,15 @@ void register_bench(CLI::App& app) {
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s},
           {"placement", layout},
           {"engine_devices", device_names}, {"gpus", gpu_json}};
+      if (n_depths > 1)
+        for (size_t k = 0; k < n_depths; ++k) {
+          const Stat p = prefill_at[k].empty() ? Stat{} : stats(prefill_at[k]);
+          const Stat d = decode_at[k].empty() ? Stat{} : stats(decode_at[k]);
+          out["depths"].push_back({{"n_depth", o->depths[k]}, {"prefill_tokens_per_s", p.mean},
+                                   {"prefill_tokens_per_s_sd", p.sd}, {"decode_tokens_per_s", d.mean},
+                                   {"decode_tokens_per_s_sd", d.sd},
+                                   {"decode_fraction_of_first_depth", tg.mean > 0 ? d.mean / tg.mean : 0.0}});
+        }
       for (const ColdStart& c : cold) {
         const Stat first = stats(c.first_token_seconds), load = stats(c.load_seconds), read = stats(c.read_seconds);
         out["cold_start"].push_back({{"prompt_tokens", c.prompt_tokens}, {"first_token_s", first.mean},
@@ -319,16 +343,20 @@ void register_bench(CLI::App& app) {
       return;
     }
     // Test names as llama-bench writes them: pp512, tg128, tg128 @ d4096.
-    const std::string at_depth = o->depth > 0 ? fmt::format(" @ d{}", o->depth) : "";
     fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", "model", "size", "threads", "test", "t/s (measured)");
     fmt::print("|{:-<30}|{:-<12}|{:-<9}|{:-<16}|{:-<18}|\n", "", "", "", "", "");
     const std::string size = format_bytes(inventory.total_weight_bytes());
-    if (!prefill_tps.empty())
+    auto row = [&](const std::string& test, int64_t d, const std::vector<double>& tps) {
+      if (tps.empty()) return;
+      const Stat st = stats(tps);
       fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", name, size, threads,
-                 fmt::format("pp{}{}", o->prompt, at_depth), fmt::format("{:.2f} ± {:.2f}", pp.mean, pp.sd));
-    if (!decode_tps.empty())
-      fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", name, size, threads,
-                 fmt::format("tg{}{}", o->generate, at_depth), fmt::format("{:.2f} ± {:.2f}", tg.mean, tg.sd));
+                 d > 0 ? fmt::format("{} @ d{}", test, d) : test, fmt::format("{:.2f} ± {:.2f}", st.mean, st.sd));
+    };
+    for (size_t k = 0; k < n_depths; ++k) row(fmt::format("pp{}", o->prompt), o->depths[k], prefill_at[k]);
+    for (size_t k = 0; k < n_depths; ++k) row(fmt::format("tg{}", o->generate), o->depths[k], decode_at[k]);
+    for (size_t k = 1; k < n_depths && tg.mean > 0; ++k)
+      fmt::print("decode at depth {}: {:.0f}% of decode at depth {} (repetitions alternating between depths)\n",
+                 o->depths[k], 100.0 * stats(decode_at[k]).mean / tg.mean, depth);
     fmt::print("\nmemory bandwidth (measured, triad on {} threads): {:.1f} GB/s before, {:.1f} GB/s after\n", threads,
                bandwidth_before / 1e9, bandwidth_after / 1e9);
     const std::string cache_read = cache_per_token > 0 ? fmt::format(" + {} of KV cache", format_bytes(cache_per_token)) : "";

@@ -49,6 +49,26 @@ TEST(Bench, DepthPutsContextBeforeEachTest) {
       << none.output;
 }
 
+// -d 0,40 (a list, as llama-bench takes it): every test at each depth, a row each, and each
+// depth's decode against the first's; the JSON's top-level figures are the first depth's.
+TEST(Bench, DepthListRunsEveryTestAtEachDepth) {
+  const std::string model = test::fixture("micro-v3-F32.gguf").string();
+  const CliResult table = run_tandem("bench " + model + " -p 8 -n 4 -d 0,40 -r 2 -t 2");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  for (const char* test : {"pp8 ", "pp8 @ d40", "tg4 ", "tg4 @ d40", "decode at depth 40: "})
+    EXPECT_NE(table.output.find(test), std::string::npos) << test << " in " << table.output;
+  const CliResult r = run_tandem("bench " + model + " -p 8 -n 4 -d 40,0 -r 1 -t 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = json_in(r.output);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  EXPECT_EQ(j["n_depth"], 40);
+  ASSERT_EQ(j["depths"].size(), 2u) << r.output;
+  EXPECT_EQ(j["depths"][1]["n_depth"], 0);
+  EXPECT_EQ(j["depths"][0]["decode_tokens_per_s"], j["decode_tokens_per_s"]);
+  EXPECT_GT(j["depths"][1]["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_NE(run_tandem("bench " + model + " -d 0,-3").exit_code, 0);
+}
+
 // A cold start needs the model's pages dropped from the page cache; where the filesystem keeps
 // them (tmpfs, another process mapping the file) the command must say so, not report nonsense.
 TEST(Bench, ColdStartsReportTheBytesTheyNeeded) {
