@@ -67,6 +67,23 @@ inline void prefetch_rows(const void* p, size_t bytes) {
   for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(p) + line, _MM_HINT_T1);
 }
 
+// e^x, 16 at a time: 2^n e^r with n = round(x / ln 2) and |r| <= ln 2 / 2 (ln 2 in two parts, so
+// r is exact to a float), e^r by its Taylor series to r^7 (truncation below 6e-9 relative:
+// within a float's rounding). x is clamped to [-104, 89]: below, the result is 0 or a denormal
+// either way; above, infinity either way (scalef overflows); the clamp keeps infinities out of
+// the reduction (inf - inf). Within a few float roundings of exp (tested against double).
+inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2, high bits
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);  // ln 2, the rest
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
 // ---- the ternary formats: group k (32 weights) of a 256-block as 32 int16 quants q (0..2) ----
 
 // TQ2_0: group k of a half is bits 2k, 2k + 1 of its 32 bytes.

@@ -1,7 +1,7 @@
 // Expert routing (backends/moe_routing.h, per token) and the mixture-of-experts FFN on the CPU.
 #include <algorithm>
-#include <cmath>
 
+#include "backends/cpu/activations.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/matmul.h"
 #include "backends/moe_routing.h"
@@ -9,13 +9,6 @@
 #include "core/replica_choice.h"
 
 namespace tandem::cpu {
-namespace {
-
-float silu(float x) {
-  return x / (1.0f + std::exp(-x));
-}
-
-}  // namespace
 
 void CpuBackend::moe_route(const MoeRouteOp& op) {
   const RouteParams p = route_params(op);
@@ -79,7 +72,7 @@ void CpuBackend::moe(const MoeOp& op) {
   });
   cpu::matmul_many(matmul_args_, pool_);
   const int64_t n_slots = offsets[held];
-  for (int64_t i = 0; i < n_slots * F; ++i) gate[i] = silu(gate[i]) * up[i];
+  silu_mul(gate, up, n_slots * F, pool_);
   matmul_args_.clear();
   for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
     matmul_args_.push_back(args_of(op.down.matrix(m), gate + first * F, n, down + first * D));

@@ -115,23 +115,6 @@ void key_scores_16_avx512(const float* x_t, int n_queries, const float* keys, in
   }
 }
 
-// e^x for x <= 0 (larger x are not asked for): 2^n e^r with n = round(x / ln 2) and |r| <=
-// ln 2 / 2 (ln 2 in two parts, so r is exact to a float), e^r by its Taylor series to r^7
-// (truncation below 6e-9 relative: within a float's rounding). Below -104 the result is 0 or a
-// denormal either way; clamping there keeps -inf out of the reduction. A scalar expf per score
-// was a sixth of a long-context attention step.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2, high bits
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);  // ln 2, the rest
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-
 float softmax_block_avx512(float* s, int64_t n, float scale, float* top) {
   const __m512 scale_v = _mm512_set1_ps(scale);
   auto mask = [&](int64_t j) { return __mmask16((uint32_t(1) << std::min<int64_t>(16, n - j)) - 1); };
@@ -147,7 +130,7 @@ float softmax_block_avx512(float* s, int64_t n, float scale, float* top) {
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = mask(j);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top_v));
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top_v));
     _mm512_mask_storeu_ps(s + j, m, e);
     sum = _mm512_mask_add_ps(sum, m, sum, e);
   }

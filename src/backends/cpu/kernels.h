@@ -82,6 +82,8 @@ using WeightedSums64Fn = void (*)(const float* const* p, int n_queries, const fl
 // One block of a query's scores turned into softmax terms: s[j] *= scale, *top = the larger of
 // *top and every s[j], then s[j] = exp(s[j] - *top); returns Σ_j s[j] (n >= 1).
 using SoftmaxBlockFn = float (*)(float* s, int64_t n, float scale, float* top);
+// The gated FFN's activation: gate[i] = silu(gate[i]) * up[i] for i < n (activations.h).
+using SiluMulFn = void (*)(float* gate, const float* up, int64_t n);
 
 struct KernelTable {
   FormatKernel formats[kActPrecisions][kDTypeSlots];  // [ActPrecision][DType]
@@ -102,6 +104,7 @@ struct KernelTable {
   KeyScores16Fn key_scores_16 = nullptr;        // every level has these two
   WeightedSums64Fn weighted_sums_64 = nullptr;
   SoftmaxBlockFn softmax_block = nullptr;
+  SiluMulFn silu_mul = nullptr;
 };
 
 // Bytes one token's prepared activations take in the scratch buffer (a multiple of 64).
@@ -133,6 +136,9 @@ void key_scores_16_portable(const float* x_t, int n_queries, const float* keys, 
 void weighted_sums_64_portable(const float* const* p, int n_queries, const float* rows,
                                int64_t row_stride, int64_t keys, int cols, float* const* out);
 float softmax_block_portable(float* s, int64_t n, float scale, float* top);
+// activations.cpp and its _avx512 file.
+void silu_mul_portable(float* gate, const float* up, int64_t n);
+void fill_avx512_activations(KernelTable& table);
 void fill_avx512_few_query_attention(KernelTable& table);
 
 // The tile of prepared tokens [first, first + n) (n <= 16), in gemm_q16.h's layout.

@@ -21,6 +21,7 @@ KernelTable build_table(CpuIsa isa) {
   table.key_scores_16 = key_scores_16_portable;
   table.weighted_sums_64 = weighted_sums_64_portable;
   table.softmax_block = softmax_block_portable;
+  table.silu_mul = silu_mul_portable;
   if (int(isa) >= int(CpuIsa::Avx2)) {
     fill_avx2_kernels(table);
     fill_avx2_q16_kernels(table);
@@ -30,6 +31,7 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_q16_kernels(table);
     fill_avx512_group_kernels(table);
     fill_avx512_few_query_attention(table);
+    fill_avx512_activations(table);
   }
   // The token-lanes path where it beats the row dots: AVX-512 VNNI, and the portable level (its
   // only other kernels are scalar too). AVX2 keeps its row dots.
