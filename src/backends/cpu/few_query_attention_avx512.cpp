@@ -51,7 +51,8 @@ void sums(const float* const* p, const float* rows, int64_t row_stride, int64_t 
 // keys at a time in sixteen accumulators whose lanes are the queries (eight left this CPU's two
 // FMA pipes waiting on their latency: 4096 keys 0.96 -> 0.72 ms a layer on 2 threads), then
 // eight, then one; each key's 16 scores scattered to their rows. A key's lanes get the same
-// arithmetic in every loop (one fma per column, in column order).
+// arithmetic in every loop (one fma per column, in column order). The loops are written out: a
+// template over an array of kKeys accumulators, fully unrolled, measured 15-20% slower.
 void key_scores_16_avx512(const float* x_t, int n_queries, const float* keys, int64_t key_stride,
                           int64_t n_keys, int64_t cols, float* scores, int64_t score_stride) {
   const __mmask16 lanes = __mmask16((uint32_t(1) << n_queries) - 1);

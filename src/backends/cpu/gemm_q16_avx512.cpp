@@ -9,6 +9,7 @@
 
 #include "backends/cpu/gemm_q16.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/lanes_avx512.h"
 #include "core/aligned_buffer.h"
 
 namespace tandem::cpu {
@@ -254,14 +255,7 @@ void unpacked_against(const LanesMatmul& m, int64_t row, const UnpackedRow* w, i
   for (int k = 0; k < kTiles; ++k) x[k] = q16_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
   __m512 out[kRows][kTiles];
   tile_rows<kGroup, kMins, kRows, kStride, kTiles>(w, x, m.cols, out);
-  for (int k = 0; k < kTiles; ++k) {
-    alignas(64) float lanes[kRows][kLanes];
-    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r][k]);
-    const int64_t tile_first = first + k * kLanes;
-    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - tile_first);
-    for (int64_t t = 0; t < n; ++t)
-      for (int r = 0; r < kRows; ++r) m.output[(tile_first + t) * m.rows + row + r] = lanes[r][t];
-  }
+  store_lanes<kRows, kTiles>(m, out, row, first);
 }
 
 // Unpacked rows `row` .. `row + kRows - 1` of `m` against every tile: two at a time, then the

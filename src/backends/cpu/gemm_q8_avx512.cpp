@@ -9,6 +9,7 @@
 
 #include "backends/cpu/gemm_q8.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/lanes_avx512.h"
 #include "core/aligned_buffer.h"
 
 namespace tandem::cpu {
@@ -310,14 +311,7 @@ void rows_against_tiles(const LanesMatmul& m, const UnpackedRow8* w, int64_t row
   for (int k = 0; k < kTiles; ++k) x[k] = q8_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
   __m512 out[kRows][kTiles];
   tile_rows8<kGroup, kMins, kOffsetShift, kRows, kTiles>(w, x, m.cols, out);
-  for (int k = 0; k < kTiles; ++k) {
-    alignas(64) float lanes[kRows][kLanes];
-    for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r][k]);
-    const int64_t tile_first = first + k * kLanes;
-    const int64_t n = std::min<int64_t>(kLanes, m.n_tokens - tile_first);
-    for (int64_t t = 0; t < n; ++t)
-      for (int r = 0; r < kRows; ++r) m.output[(tile_first + t) * m.rows + row + r] = lanes[r][t];
-  }
+  store_lanes<kRows, kTiles>(m, out, row, first);
 }
 
 // Rows `row` .. `row + kRows - 1` of `m`, unpacked into `scratch`, against every tile: two at a
