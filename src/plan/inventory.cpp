@@ -262,7 +262,7 @@ uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
 
 double host_kernel_cost_per_byte(DType type) {
   // matmul_bench, 1408x2048, 2 threads, weights from DRAM, 8-bit activations, on the 2-core
-  // Zen 4 development host, one run (2026-12-05): Q4_K 35.1 GB/s; IQ2_XXS 15.2 and IQ3_XXS
+  // Zen 5 development host, one run (2026-12-05): Q4_K 35.1 GB/s; IQ2_XXS 15.2 and IQ3_XXS
   // 21.0 (grids in registers), IQ2_S 8.9, IQ3_S 8.0, IQ2_XS 5.5, IQ1_S 4.6, IQ1_M 2.9 (grid
   // words loaded 8 weights at a time). Other formats are within ~25% of Q4_K and count as it.
   switch (type) {

@@ -1,8 +1,9 @@
 // AVX-512 kernels (F, BW, VL, DQ, VNNI, BF16, and BMI2's pdep). Float formats use 512-bit vectors with masked
-// tails. Integer formats use 256-bit vectors with the VNNI forms: vpdpbusd (u8 x s8 summed in
+// tails. Integer formats mostly use 256-bit vectors with the VNNI forms: vpdpbusd (u8 x s8 summed in
 // 4s into int32, no saturation) and vpdpwssd (the madd + add of AVX2 in one instruction).
 // On Zen 4 a 512-bit op costs two 256-bit ones, so the narrower form loses nothing there and
-// keeps the block layouts (32 or 64 elements per step) simple.
+// keeps the block layouts (32 or 64 elements per step) simple; Zen 5 and Intel run 512-bit ops
+// at full width, which the Q4_K/Q5_K row dots (the experts' decode kernel) now use.
 #include "backends/cpu/avx512_intrinsics.h"
 
 #include <cstring>
