@@ -482,10 +482,12 @@ TEST(MatmulLanes, Avx512TileBuilderGivesThePortableBytes) {
   const std::vector<float> x = gaussian(size_t(tokens * cols), 23);
   std::vector<uint8_t> act(row_bytes * size_t(tokens));
   for (int64_t t = 0; t < tokens; ++t)
-    portable.prepare[size_t(ActKind::Q8)](x.data() + t * cols, act.data() + size_t(t) * row_bytes, cols);
+    portable.prepare[size_t(ActKind::Q8)](x.data() + t * cols, act.data() + size_t(t) * row_bytes,
+                                          cols);
   for (int64_t first : {int64_t(0), int64_t(3)}) {
     for (int64_t n = 1; n <= 16; ++n) {
-      std::vector<uint8_t> expected(lanes8_tile_bytes(cols), 0x5a), actual(lanes8_tile_bytes(cols), 0xa5);
+      std::vector<uint8_t> expected(lanes8_tile_bytes(cols), 0x5a),
+          actual(lanes8_tile_bytes(cols), 0xa5);
       portable.build_tile8(act.data(), row_bytes, first, n, cols, expected.data());
       avx512.build_tile8(act.data(), row_bytes, first, n, cols, actual.data());
       EXPECT_EQ(expected, actual) << "first " << first << " n " << n;

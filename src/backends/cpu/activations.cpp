@@ -13,7 +13,8 @@ namespace {
 // elements still stay on the calling thread.
 constexpr int64_t kElementsPerTask = 16384;
 
-void run_silu_mul(const KernelTable& table, float* gate, const float* up, int64_t n, ThreadPool& pool) {
+void run_silu_mul(const KernelTable& table, float* gate, const float* up, int64_t n,
+                  ThreadPool& pool) {
   const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
   if (tasks <= 1) {
     if (n > 0) table.silu_mul(gate, up, n);

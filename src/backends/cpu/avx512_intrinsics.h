@@ -64,7 +64,8 @@ inline void prefetch_ahead(const void* p, int bytes) {
 // stalls were most of its time, 8% of a 512-token prompt), while the tiles that follow run long
 // enough to hide the next block's reads.
 inline void prefetch_rows(const void* p, size_t bytes) {
-  for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(p) + line, _MM_HINT_T1);
+  for (size_t line = 0; line < bytes; line += 64)
+    _mm_prefetch(static_cast<const char*>(p) + line, _MM_HINT_T1);
 }
 
 // e^x, 16 at a time: 2^n e^r with n = round(x / ln 2) and |r| <= ln 2 / 2 (ln 2 in two parts, so
@@ -76,7 +77,7 @@ inline __m512 exp_avx512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2, high bits
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);   // ln 2, high bits
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);  // ln 2, the rest
   __m512 p = _mm512_set1_ps(1.0f / 5040);
   for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})

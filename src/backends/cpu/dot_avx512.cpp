@@ -1,9 +1,9 @@
-// AVX-512 kernels (F, BW, VL, DQ, VNNI, BF16, and BMI2's pdep). Float formats use 512-bit vectors with masked
-// tails. Integer formats mostly use 256-bit vectors with the VNNI forms: vpdpbusd (u8 x s8 summed in
-// 4s into int32, no saturation) and vpdpwssd (the madd + add of AVX2 in one instruction).
-// On Zen 4 a 512-bit op costs two 256-bit ones, so the narrower form loses nothing there and
-// keeps the block layouts (32 or 64 elements per step) simple; Zen 5 and Intel run 512-bit ops
-// at full width, which the Q4_K/Q5_K row dots (the experts' decode kernel) now use.
+// AVX-512 kernels (F, BW, VL, DQ, VNNI, BF16, and BMI2's pdep). Float formats use 512-bit vectors
+// with masked tails. Integer formats mostly use 256-bit vectors with the VNNI forms: vpdpbusd (u8 x
+// s8 summed in 4s into int32, no saturation) and vpdpwssd (the madd + add of AVX2 in one
+// instruction). On Zen 4 a 512-bit op costs two 256-bit ones, so the narrower form loses nothing
+// there and keeps the block layouts (32 or 64 elements per step) simple; Zen 5 and Intel run
+// 512-bit ops at full width, which the Q4_K/Q5_K row dots (the experts' decode kernel) now use.
 #include "backends/cpu/avx512_intrinsics.h"
 
 #include <cstring>
@@ -197,21 +197,28 @@ inline float dot_q4_q5_k(const Block* wb, const BlockQ8_K* xb, int64_t cols) {
     // Two accumulators: vpdpwssd's latency would otherwise set the pace.
     __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int c = 0; c < 4; ++c) {
-      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load256(block.qs + 32 * c)), nibble_shift), low4);
+      __m512i q = _mm512_and_si512(
+          _mm512_srlv_epi16(_mm512_broadcast_i64x4(load256(block.qs + 32 * c)), nibble_shift),
+          low4);
       if constexpr (kFifthBit) {
         // Bit 2c of qh[i] belongs to the low nibbles' sub-block, bit 2c + 1 to the high ones'.
-        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * c))), _mm256_set1_epi8(char(2 << (2 * c))), 1);
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * c))),
+                                               _mm256_set1_epi8(char(2 << (2 * c))), 1);
         q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, sixteen);
       }
       const __m512i products = _mm512_maddubs_epi16(q, _mm512_loadu_si512(x + 64 * c));
-      const __m512i scale_pair = _mm512_permutexvar_epi16(
-          _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)), 1), scales);
+      const __m512i scale_pair =
+          _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)),
+                                                      _mm256_set1_epi16(short(2 * c + 1)), 1),
+                                   scales);
       dot[c % 2] = _mm512_dpwssd_epi32(dot[c % 2], products, scale_pair);
     }
     const __m512i both = _mm512_add_epi32(dot[0], dot[1]);
-    const __m256i total = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
+    const __m256i total =
+        _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
     acc = block_product(total, xb[b].d * f16(block.d), acc);
-    const __m256i mins = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scale_bytes, scale_bytes)), load256(xb[b].bsums));
+    const __m256i mins = _mm256_madd_epi16(
+        _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scale_bytes, scale_bytes)), load256(xb[b].bsums));
     mins_acc = block_product(mins, xb[b].d * f16(block.dmin), mins_acc);
   }
   return hsum(_mm256_sub_ps(acc, mins_acc));

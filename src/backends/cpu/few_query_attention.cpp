@@ -123,7 +123,8 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
       // down when this block raised it (by exactly 1 when it did not).
       for (int64_t h = 0; h < H; ++h) {
         float top = first_block ? -INFINITY : out.max[h];
-        const float sum = table.softmax_block(scores.data() + h * kAttendBlock, n_keys, a.scale, &top);
+        const float sum =
+            table.softmax_block(scores.data() + h * kAttendBlock, n_keys, a.scale, &top);
         old_scale[h] = first_block ? 0.0f : std::exp(out.max[h] - top);
         out.sum[h] = first_block ? sum : out.sum[h] * old_scale[h] + sum;
         out.max[h] = top;

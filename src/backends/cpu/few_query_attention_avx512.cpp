@@ -118,7 +118,9 @@ void key_scores_16_avx512(const float* x_t, int n_queries, const float* keys, in
 
 float softmax_block_avx512(float* s, int64_t n, float scale, float* top) {
   const __m512 scale_v = _mm512_set1_ps(scale);
-  auto mask = [&](int64_t j) { return __mmask16((uint32_t(1) << std::min<int64_t>(16, n - j)) - 1); };
+  auto mask = [&](int64_t j) {
+    return __mmask16((uint32_t(1) << std::min<int64_t>(16, n - j)) - 1);
+  };
   __m512 t = _mm512_set1_ps(*top);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = mask(j);

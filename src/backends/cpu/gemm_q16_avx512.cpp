@@ -226,7 +226,8 @@ inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m5
 #pragma GCC unroll 16
     for (int i = 0; i < kGroup / 2; ++i) {
       __m512i xv[kTiles];
-      for (int k = 0; k < kTiles; ++k) xv[k] = _mm512_loadu_si512(x[k].pairs + (first_pair + i) * kLanes);
+      for (int k = 0; k < kTiles; ++k)
+        xv[k] = _mm512_loadu_si512(x[k].pairs + (first_pair + i) * kLanes);
       for (int r = 0; r < kRows; ++r) {
         const __m512i wp = broadcast_4_bytes(w[r].w + 2 * kStride * (first_pair + i));
         for (int k = 0; k < kTiles; ++k) acc[r][k] = _mm512_dpwssd_epi32(acc[r][k], wp, xv[k]);
@@ -236,8 +237,9 @@ inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m5
     for (int k = 0; k < kTiles; ++k) {
       const __m512 dx = _mm512_loadu_ps(x[k].d + block * kLanes);
       for (int r = 0; r < kRows; ++r)
-        out[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]),
-                                    _mm512_mul_ps(_mm512_set1_ps(w[r].scale[kStride * g]), dx), out[r][k]);
+        out[r][k] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]),
+                            _mm512_mul_ps(_mm512_set1_ps(w[r].scale[kStride * g]), dx), out[r][k]);
       if constexpr (kMins) {
         const __m512 sums = _mm512_loadu_ps(x[k].sum32 + block * kLanes);
         for (int r = 0; r < kRows; ++r)
@@ -252,7 +254,8 @@ template <int kGroup, bool kMins, int kRows, int kStride, int kTiles>
 void unpacked_against(const LanesMatmul& m, int64_t row, const UnpackedRow* w, int64_t first) {
   const size_t tile_bytes = q16_tile_bytes(m.cols);
   Q16Tile x[kTiles];
-  for (int k = 0; k < kTiles; ++k) x[k] = q16_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
+  for (int k = 0; k < kTiles; ++k)
+    x[k] = q16_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
   __m512 out[kRows][kTiles];
   tile_rows<kGroup, kMins, kRows, kStride, kTiles>(w, x, m.cols, out);
   store_lanes<kRows, kTiles>(m, out, row, first);

@@ -204,27 +204,33 @@ UnpackRow8Fn avx512_unpacker8(DType type) {
 // 32-bit words in each half leaves quad i of all 16 tokens in order. The half sums come from the
 // transposed quads (vpdpbusd against ones: exact), so every byte is the portable builder's; it
 // took a fifth of a 64-token product's time as a scalar loop.
-void build_q8_tile_avx512(const uint8_t* act, size_t act_stride, int64_t first, int64_t n, int64_t cols,
-                          uint8_t* tile) {
+void build_q8_tile_avx512(const uint8_t* act, size_t act_stride, int64_t first, int64_t n,
+                          int64_t cols, uint8_t* tile) {
   const Q8Tile view = q8_tile(tile, cols);
   auto* quads = const_cast<int32_t*>(view.quads);
   auto* d = const_cast<float*>(view.d);
   auto* sum32 = const_cast<float*>(view.sum32);
   auto* isum16 = const_cast<int32_t*>(view.isum16);
   const ActBlockQ8* rows[kLanes] = {};
-  for (int64_t t = 0; t < n; ++t) rows[t] = reinterpret_cast<const ActBlockQ8*>(act + size_t(first + t) * act_stride);
-  auto block_qs = [&](int t, int64_t b) { return rows[t] ? load256(rows[t][b].qs) : _mm256_setzero_si256(); };
+  for (int64_t t = 0; t < n; ++t)
+    rows[t] = reinterpret_cast<const ActBlockQ8*>(act + size_t(first + t) * act_stride);
+  auto block_qs = [&](int t, int64_t b) {
+    return rows[t] ? load256(rows[t][b].qs) : _mm256_setzero_si256();
+  };
   const __m512i ones = _mm512_set1_epi8(1);
   // 64-bit pieces of (u, v): the first 128 bits of each half of u and v, or the second ones.
   const __m512i first_halves = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
   const __m512i second_halves = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
   for (int64_t b = 0; b < cols / 32; ++b) {
     __m512i r[8];
-    for (int t = 0; t < 8; ++t) r[t] = _mm512_inserti64x4(_mm512_castsi256_si512(block_qs(t, b)), block_qs(t + 8, b), 1);
+    for (int t = 0; t < 8; ++t)
+      r[t] = _mm512_inserti64x4(_mm512_castsi256_si512(block_qs(t, b)), block_qs(t + 8, b), 1);
     __m512i u[8];
     for (int p = 0; p < 8; p += 4) {  // tokens p .. p + 3 (and 8 more)
-      const __m512i t0 = _mm512_unpacklo_epi32(r[p], r[p + 1]), t1 = _mm512_unpackhi_epi32(r[p], r[p + 1]);
-      const __m512i t2 = _mm512_unpacklo_epi32(r[p + 2], r[p + 3]), t3 = _mm512_unpackhi_epi32(r[p + 2], r[p + 3]);
+      const __m512i t0 = _mm512_unpacklo_epi32(r[p], r[p + 1]),
+                    t1 = _mm512_unpackhi_epi32(r[p], r[p + 1]);
+      const __m512i t2 = _mm512_unpacklo_epi32(r[p + 2], r[p + 3]),
+                    t3 = _mm512_unpackhi_epi32(r[p + 2], r[p + 3]);
       // u[p + j], 128-bit lane l: quad j + 4 (l % 2) of tokens p .. p + 3 (+ 8 in lanes 2 and 3)
       u[p] = _mm512_unpacklo_epi64(t0, t2);
       u[p + 1] = _mm512_unpackhi_epi64(t0, t2);
@@ -258,7 +264,8 @@ void build_q8_tile_avx512(const uint8_t* act, size_t act_stride, int64_t first, 
 // 64-token Q4_K product, one thread: 938 -> 620 us with two tiles). The float steps per lane are
 // unchanged, so the bits do not depend on how many tiles go together.
 template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles>
-inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols, __m512 (*out)[kTiles]) {
+inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
+                       __m512 (*out)[kTiles]) {
   for (int r = 0; r < kRows; ++r)
     for (int k = 0; k < kTiles; ++k) out[r][k] = _mm512_setzero_ps();
   const int64_t n_groups = cols / kGroup;
@@ -283,7 +290,8 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols, __m
 #pragma GCC unroll 8
     for (int i = 0; i < kGroup / 4; ++i) {
       __m512i xv[kTiles];
-      for (int k = 0; k < kTiles; ++k) xv[k] = _mm512_loadu_si512(x[k].quads + (first_quad + i) * kLanes);
+      for (int k = 0; k < kTiles; ++k)
+        xv[k] = _mm512_loadu_si512(x[k].quads + (first_quad + i) * kLanes);
       for (int r = 0; r < kRows; ++r) {
         const __m512i wq = broadcast_4_bytes(w[r].w + 4 * (first_quad + i));
         for (int k = 0; k < kTiles; ++k) acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], wq, xv[k]);
@@ -293,11 +301,12 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols, __m
     for (int k = 0; k < kTiles; ++k) {
       const __m512 dx = _mm512_loadu_ps(x[k].d + block * kLanes);
       for (int r = 0; r < kRows; ++r)
-        out[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]), _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g]), dx),
-                                    out[r][k]);
+        out[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]),
+                                    _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g]), dx), out[r][k]);
       if constexpr (kMins) {
         const __m512 sums = _mm512_loadu_ps(x[k].sum32 + block * kLanes);
-        for (int r = 0; r < kRows; ++r) out[r][k] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g]), sums, out[r][k]);
+        for (int r = 0; r < kRows; ++r)
+          out[r][k] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g]), sums, out[r][k]);
       }
     }
   }
@@ -308,7 +317,8 @@ template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles>
 void rows_against_tiles(const LanesMatmul& m, const UnpackedRow8* w, int64_t row, int64_t first) {
   const size_t tile_bytes = q8_tile_bytes(m.cols);
   Q8Tile x[kTiles];
-  for (int k = 0; k < kTiles; ++k) x[k] = q8_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
+  for (int k = 0; k < kTiles; ++k)
+    x[k] = q8_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
   __m512 out[kRows][kTiles];
   tile_rows8<kGroup, kMins, kOffsetShift, kRows, kTiles>(w, x, m.cols, out);
   store_lanes<kRows, kTiles>(m, out, row, first);
@@ -328,7 +338,8 @@ void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
   int64_t first = 0;
   for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
     rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 2>(m, w, row, first);
-  if (first < m.n_tokens) rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 1>(m, w, row, first);
+  if (first < m.n_tokens)
+    rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 1>(m, w, row, first);
 }
 
 template <int kGroup, bool kMins, int kOffsetShift>

@@ -15,7 +15,8 @@ namespace {  // NOLINT(google-build-namespaces): each including file gets its ow
 // out[r][k], lane t: the result of row `row + r` for token `first + 16 k + t`; stored to
 // m.output for the tokens that exist (the last tile's missing lanes are dropped).
 template <int kRows, int kTiles>
-inline void store_lanes(const LanesMatmul& m, const __m512 (*out)[kTiles], int64_t row, int64_t first) {
+inline void store_lanes(const LanesMatmul& m, const __m512 (*out)[kTiles], int64_t row,
+                        int64_t first) {
   for (int k = 0; k < kTiles; ++k) {
     alignas(64) float lanes[kRows][kLanes];
     for (int r = 0; r < kRows; ++r) _mm512_store_ps(lanes[r], out[r][k]);
