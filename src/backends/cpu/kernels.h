@@ -101,7 +101,8 @@ struct KernelTable {
   // Int16 only, indexed like group_dots: the token-lanes path reading interleaved groups (rows a
   // multiple of 16); nullptr: groups are taken apart for the plain lanes path.
   LanesRowsFn group_lanes[kDTypeSlots] = {};
-  KeyScores16Fn key_scores_16 = nullptr;        // every level has these two
+  // Every level has these four.
+  KeyScores16Fn key_scores_16 = nullptr;
   WeightedSums64Fn weighted_sums_64 = nullptr;
   SoftmaxBlockFn softmax_block = nullptr;
   SiluMulFn silu_mul = nullptr;
