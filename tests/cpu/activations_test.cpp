@@ -34,6 +34,20 @@ TEST(Activations, SiluMulMatchesDoubleOnEveryIsa) {
   }
 }
 
+// A NaN gate (a broken model or input) comes out NaN, as with the C library's exp, so that it is
+// seen downstream instead of turning into a plausible number; a NaN up likewise. An infinite
+// gate gives infinity (silu(x) -> x), as the C library's exp does.
+TEST(Activations, SiluMulKeepsNan) {
+  ThreadPool pool(1);
+  for (CpuIsa isa : supported_cpu_isas()) {
+    std::vector<float> gate = {NAN, INFINITY, 1.0f}, up = {1.0f, 2.0f, NAN};
+    silu_mul_with_isa(isa, gate.data(), up.data(), int64_t(gate.size()), pool);
+    EXPECT_TRUE(std::isnan(gate[0])) << cpu_isa_name(isa);
+    EXPECT_EQ(gate[1], INFINITY) << cpu_isa_name(isa);
+    EXPECT_TRUE(std::isnan(gate[2])) << cpu_isa_name(isa);
+  }
+}
+
 // Past one task's worth of elements the pool splits the work; each element's result is its own.
 TEST(Activations, SiluMulSplitOverThreadsGivesTheSameBits) {
   std::mt19937 rng(6);

@@ -245,5 +245,17 @@ TEST(FewQueryAttention, SoftmaxBlockMatchesDoubleExp) {
   }
 }
 
+// A NaN score (a broken model or input) makes the block's terms and sum NaN on every level, as
+// the C library's exp does, so it shows in the output instead of becoming a zero weight.
+TEST(FewQueryAttention, SoftmaxBlockKeepsNan) {
+  for (CpuIsa isa : supported_cpu_isas()) {
+    std::vector<float> s = {1.0f, 2.0f, NAN, 0.5f, 3.0f};
+    float top = -INFINITY;
+    const float sum = kernel_table(isa).softmax_block(s.data(), int64_t(s.size()), 1.0f, &top);
+    EXPECT_TRUE(std::isnan(sum)) << cpu_isa_name(isa);
+    EXPECT_TRUE(std::isnan(s[2])) << cpu_isa_name(isa);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cpu

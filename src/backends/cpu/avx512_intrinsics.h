@@ -72,9 +72,10 @@ inline void prefetch_rows(const void* p, size_t bytes) {
 // r is exact to a float), e^r by its Taylor series to r^7 (truncation below 6e-9 relative:
 // within a float's rounding). x is clamped to [-104, 89]: below, the result is 0 or a denormal
 // either way; above, infinity either way (scalef overflows); the clamp keeps infinities out of
-// the reduction (inf - inf). Within a few float roundings of exp (tested against double).
+// the reduction (inf - inf). A NaN stays NaN (max and min return their second operand when one
+// is NaN, so x goes second). Within a few float roundings of exp (tested against double).
 inline __m512 exp_avx512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);   // ln 2, high bits
