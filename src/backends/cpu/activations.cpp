@@ -15,11 +15,9 @@ constexpr int64_t kElementsPerTask = 16384;
 
 void run_silu_mul(const KernelTable& table, float* gate, const float* up, int64_t n,
                   ThreadPool& pool) {
+  // One task (a decode step's few thousand elements) runs on the calling thread: the pool does
+  // that itself.
   const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
-  if (tasks <= 1) {
-    if (n > 0) table.silu_mul(gate, up, n);
-    return;
-  }
   pool.parallel_for(tasks, [&](int64_t task, int) {
     const int64_t first = task * kElementsPerTask, count = std::min(kElementsPerTask, n - first);
     table.silu_mul(gate + first, up + first, count);
