@@ -53,8 +53,10 @@ TANDEM_HD bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
 // The pieces of route_token below, shared with the GPU's warp-per-token kernel
 // (backends/cuda/cuda_moe.cu), which runs the per-expert steps on 32 lanes.
 
-// An expert's gate probability before softmax's division by the sum (sigmoid: final).
+// An expert's gate probability before softmax's division by the sum (sigmoid: final;
+// SoftmaxOfTopK: the logit itself, which both selects and, through route_weights, weighs).
 TANDEM_HD float gate_probability(MoeGating gating, float logit, float max_logit) {
+  if (gating == MoeGating::SoftmaxOfTopK) return logit;
   return gating == MoeGating::Softmax ? hd::exp_f(logit - max_logit)
                                       : 1.0f / (1.0f + hd::exp_f(-logit));
 }
@@ -96,9 +98,17 @@ TANDEM_HD void keep_better(float& score, int32_t& index, float other_score, int3
 }
 
 // The chosen weights from the unbiased probabilities, summed in k order, then normalized and
-// scaled.
+// scaled. SoftmaxOfTopK: `probs` holds the logits, and the weights are their softmax over the k
+// chosen (the first pick has the largest logit).
 TANDEM_HD void route_weights(const RouteParams& p, const float* probs, const int32_t* ids,
                              float* weights) {
+  if (p.gating == MoeGating::SoftmaxOfTopK) {
+    const float top = probs[ids[0]];
+    float total = 0;
+    for (int64_t k = 0; k < p.top_k; ++k) total += weights[k] = hd::exp_f(probs[ids[k]] - top);
+    for (int64_t k = 0; k < p.top_k; ++k) weights[k] = weights[k] / total * p.scale;
+    return;
+  }
   float sum = 0;
   for (int64_t k = 0; k < p.top_k; ++k) sum += weights[k] = probs[ids[k]];
   for (int64_t k = 0; k < p.top_k; ++k)

@@ -204,12 +204,16 @@ void register_bench(CLI::App& app) {
 
     const double bandwidth = (bandwidth_before + bandwidth_after) / 2;
     const uint64_t bytes_per_token = inventory.bytes_read_per_token();
-    // A decode step also reads its sequence's KV cache: on average depth + (n_gen - 1) / 2 rows.
-    const Deepseek2Hparams& hp = engine.hparams();
-    const uint64_t cache_per_token =
-        o->generate > 0 ? KvCache::bytes_per_token(hp.n_layer - hp.n_nextn_layers, hp.kv_lora_rank, hp.qk_rope_dim) *
-                              uint64_t(depth + (o->generate - 1) / 2)
-                        : 0;
+    // A decode step also reads its sequence's KV cache: on average depth + (n_gen - 1) / 2 rows,
+    // a sliding-window layer at most its window.
+    const ModelInfo& info = engine.info();
+    uint64_t cache_per_token = 0;
+    const int64_t rows = o->generate > 0 ? depth + (o->generate - 1) / 2 : 0;
+    for (uint32_t il = 0; il < info.kv.size(); ++il) {
+      const int64_t window = info.kv[il].window;
+      cache_per_token +=
+          info.kv_bytes_per_token(il) * uint64_t(window > 0 ? std::min(rows, window) : rows);
+    }
     const double roofline = bandwidth / double(bytes_per_token + cache_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads, o->engine.precision);
     const double decode_kernel = plan::measure_decode_kernel_bytes_per_s(threads, 0);
@@ -220,9 +224,10 @@ void register_bench(CLI::App& app) {
     // Active parameters per token: the weights a token reads, counted in elements.
     double active_params = 0;
     for (const gguf::TensorInfo& t : engine.file().tensors()) {
-      const double share = t.name.find("_exps.") != std::string::npos
-                               ? double(inventory.hparams.n_expert_used) / double(inventory.hparams.n_expert)
-                               : 1.0;
+      const double share =
+          t.name.find("_exps.") != std::string::npos
+              ? double(inventory.info.n_expert_used) / double(inventory.info.n_expert)
+              : 1.0;
       if (t.name.rfind("blk.", 0) == 0 || t.name.rfind("output.", 0) == 0) active_params += share * double(t.n_elements);
     }
     const Stat pp = prefill_tps.empty() ? Stat{} : stats(prefill_tps);

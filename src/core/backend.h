@@ -1,13 +1,13 @@
 #pragma once
 // The Backend interface every device implements (DESIGN.md "The Backend interface").
 //
-// Operations are coarse — matmul, rms_norm, rope, MLA attention, MoE, add — so the executor stays
-// simple and each backend can fuse inside an op. Every pointer an op takes lives in memory the
-// backend can reach: host memory for `cpu`, device memory for `cuda:N` and `sim:N` — the small
-// index arrays too (positions, sequence ids, expert ids and weights), so that no op needs the host
-// mid-step and a decode step can be captured once and replayed (CUDA graphs). Ops are submitted
-// in order to one stream per backend and may run asynchronously (a CUDA stream, a sim worker
-// thread); events order work across backends, `synchronize()` waits for all of it, and
+// Operations are coarse — matmul, rms_norm, rope, MLA and grouped-query attention, MoE, add — so
+// the executor stays simple and each backend can fuse inside an op. Every pointer an op takes
+// lives in memory the backend can reach: host memory for `cpu`, device memory for `cuda:N` and
+// `sim:N` — the small index arrays too (positions, sequence ids, expert ids and weights), so that
+// no op needs the host mid-step and a decode step can be captured once and replayed (CUDA graphs).
+// Ops are submitted in order to one stream per backend and may run asynchronously (a CUDA stream, a
+// sim worker thread); events order work across backends, `synchronize()` waits for all of it, and
 // `copy_to_host` / `copy_to_host_async` are the ways results come back. The CPU backend executes
 // each op before returning.
 //
@@ -52,11 +52,14 @@ class DeviceBuffer {
   float* floats() { return static_cast<float*>(data()); }
 };
 
-// RoPE on `rope_dims` dimensions starting at `offset` inside each head, adjacent pairs rotated
-// ("normal" GGUF rope), with optional YaRN interpolation.
+// RoPE on `rope_dims` dimensions starting at `offset` inside each head, with optional YaRN
+// interpolation. Rotated pair i (i < rope_dims / 2) turns by pos * freq_base^(-2i / rope_dims): the
+// dims 2i and 2i + 1 ("normal" GGUF rope: DeepSeek), or i and i + rope_dims / 2 with `neox` (Qwen,
+// gpt-oss, GLM).
 struct RopeParams {
   int64_t rope_dims = 0;
   float freq_base = 10000.0f;
+  bool neox = false;
   // YaRN: 1/factor (1 = no scaling); ext_factor 1 blends interpolation and extrapolation per
   // dimension between the correction dims computed from beta_fast/beta_slow.
   float freq_scale = 1.0f;
@@ -92,6 +95,9 @@ struct MatmulOp {
   float* output;             // [n_tokens, rows]
   int64_t n_tokens;
   KernelChoice kernels = KernelChoice::ByTokenCount;
+  // [rows] F32 added to every token's output, or null: the bits of the product and then an add
+  // (gpt-oss and GLM have biases on their attention projections, gpt-oss on its router).
+  const float* bias = nullptr;
 };
 
 struct RmsNormOp {
@@ -113,13 +119,18 @@ struct RopeOp {
   RopeParams params;
 };
 
-// The latent KV cache of one layer for several sequences: per (sequence, position) one row of
-// kv_lora_rank latent values followed by the rope dims of the shared key.
+// The KV cache of one layer for several sequences: per (sequence, position) one row, either
+// latent (MLA: kv_lora_rank latent values, then the rope dims of the shared key) or keys and values
+// (grouped-query attention: every kv head's key, then every kv head's value). A sliding-window
+// layer keeps only its last n_ctx positions, as a ring: position p lives in row p % n_ctx.
 struct KvLayerView {
   float* data;               // [n_seq, n_ctx, row]
   int64_t n_seq, n_ctx;
-  int64_t kv_lora_rank, rope_dims;
-  int64_t row() const { return kv_lora_rank + rope_dims; }
+  int64_t kv_lora_rank = 0, rope_dims = 0;  // latent rows
+  int64_t k_dims = 0, v_dims = 0;           // key/value rows: n_kv_heads * head_dim each
+  bool ring = false;                        // rows hold positions modulo n_ctx
+  int64_t row() const { return kv_lora_rank + rope_dims + k_dims + v_dims; }
+  int64_t slot(int64_t position) const { return ring ? position % n_ctx : position; }
 };
 
 // Multi-head latent attention in absorbed form. For each token t, head h:
@@ -140,17 +151,43 @@ struct MlaAttentionOp {
   KernelChoice kernels = KernelChoice::ByTokenCount;  // of the per-head projections
 };
 
-// Writes each token's latent row (already normalized and rotated) into the cache.
+// Writes each token's row into the cache at its position (its ring slot for a window layer):
+// the latent row (already normalized and rotated), or the keys (rotated) and values.
 struct KvStoreOp {
-  const float* rows;         // [n_tokens, kv_lora + rope]
+  const float* rows;  // [n_tokens, kv_lora + rope] latent rows, or [n_tokens, k_dims] keys
   KvLayerView cache;
   const int32_t* positions;  // [n_tokens]
   const int32_t* seq_ids;    // [n_tokens]
   int64_t n_tokens;
+  const float* values = nullptr;  // [n_tokens, v_dims] for key/value caches
 };
 
-// How a MoE layer picks experts from router logits (DeepSeek V2 / V3 variants).
-enum class MoeGating { Softmax, Sigmoid };
+// Grouped-query attention over a key/value cache. For each token t and head h, with kv head
+// g = h / (n_heads / n_kv_heads):
+//   z_j = (q[t, h] · key_j[g]) * scale over the cached positions j of the token's sequence with
+//         pos[t] - window < j <= pos[t] (every j <= pos[t] when window is 0);
+//   P_j = exp(z_j) / (Σ_j' exp(z_j') + exp(sinks[h]))   (no sink term when sinks is null: the
+//         sink takes probability mass and has no value, as gpt-oss's attention sinks);
+//   out[t, h] = Σ_j P_j value_j[g].
+// The tokens' own keys and values must already be in the cache (kv_store). Each result is summed
+// in a fixed order that depends only on its own token, as for MLA.
+struct AttentionOp {
+  const float* q;            // [n_tokens, n_heads, head_dim], rotated
+  KvLayerView cache;         // key/value rows: k_dims = n_kv_heads * head_dim, v_dims likewise
+  const int32_t* positions;  // [n_tokens]
+  const int32_t* seq_ids;    // [n_tokens]
+  int64_t n_tokens, n_heads, n_kv_heads, head_dim, v_head_dim;
+  float scale;
+  float* output;                 // [n_tokens, n_heads, v_head_dim]
+  int64_t window = 0;            // keys per query (a sliding-window layer), or 0: every earlier key
+  const float* sinks = nullptr;  // [n_heads] sink logits, or null
+};
+
+// How a MoE layer picks experts from router logits: the k best by probability after a softmax
+// over all experts (DeepSeek-V2, Qwen3) or a sigmoid (DeepSeek-V3, GLM-4.5; the selection bias
+// steers the choice only); or the k largest logits, weighted by a softmax over those k alone
+// (gpt-oss).
+enum class MoeGating { Softmax, Sigmoid, SoftmaxOfTopK };
 struct MoeRouteOp {
   const float* logits;       // [n_tokens, n_expert]
   const float* bias;         // [n_expert] selection-only bias (exp_probs_b) or nullptr
@@ -163,6 +200,10 @@ struct MoeRouteOp {
   float* expert_weights;     // [n_tokens, top_k]
   uint64_t* counts = nullptr;  // [n_expert]: += 1 per choice (the routing profile), or null
 };
+
+// The expert FFN's activation of gate and up: silu(g) * u, or gpt-oss's clamped form
+// g' * sigmoid(1.702 g') * (u' + 1) with g' = min(g, 7) and u' = clamp(u, -7, 7).
+enum class FfnActivation : uint8_t { SwiGlu, SwiGluClamped };
 
 // down_k(silu(gate_k·x) ⊙ up_k·x) for each (token, k) slot whose expert this device holds,
 // written unweighted to slots[token * top_k + k]; other slots are left alone. Experts of one
@@ -180,6 +221,12 @@ struct MoeOp {
   float* slots;                 // [n_tokens, top_k, dim]
   KernelChoice kernels = KernelChoice::ByTokenCount;
   ActivationBits activations = ActivationBits::Sixteen;  // of all three products
+  FfnActivation activation = FfnActivation::SwiGlu;
+  // Per-expert biases (gpt-oss), by matrix in the stacks like the weights, or null: added to the
+  // gate and up products before the activation and to the down product.
+  const float* gate_bias = nullptr;  // [held experts, ffn_dims]
+  const float* up_bias = nullptr;    // [held experts, ffn_dims]
+  const float* down_bias = nullptr;  // [held experts, dim]
 };
 
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.
@@ -292,6 +339,7 @@ class Backend {
   virtual void rope(const RopeOp& op) = 0;
   virtual void kv_store(const KvStoreOp& op) = 0;
   virtual void mla_attention(const MlaAttentionOp& op) = 0;
+  virtual void attention(const AttentionOp& op) = 0;
   virtual void moe_route(const MoeRouteOp& op) = 0;
   virtual void moe(const MoeOp& op) = 0;
   virtual void moe_reduce(const MoeReduceOp& op) = 0;

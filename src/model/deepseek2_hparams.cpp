@@ -132,6 +132,49 @@ Deepseek2Hparams read_deepseek2_hparams(const gguf::GgufFile& file) {
   return hp;
 }
 
+ModelInfo deepseek2_model_info(const Deepseek2Hparams& hp) {
+  ModelInfo info;
+  info.arch = kArch;
+  info.n_layer = hp.n_layer - hp.n_nextn_layers;
+  info.n_ctx_train = hp.n_ctx_train;
+  info.n_embd = hp.n_embd;
+  info.n_vocab = hp.n_vocab;
+  info.n_head = hp.n_head;
+  info.n_leading_dense = hp.n_leading_dense;
+  info.n_ff_dense = hp.n_ff_dense;
+  info.n_expert = hp.n_expert;
+  info.n_expert_used = hp.n_expert_used;
+  info.n_expert_shared = hp.n_expert_shared;
+  info.n_ff_expert = hp.n_ff_expert;
+  info.kv.assign(info.n_layer,
+                 KvLayerShape{.latent_dims = hp.kv_lora_rank, .rope_dims = hp.qk_rope_dim});
+  // Per token: the query (through q LoRA or not), the latent and rope key, the absorbed key and
+  // value projections of every head, the output projection.
+  const double d = hp.n_embd, heads = hp.n_head;
+  const double q_b = hp.q_lora_rank ? double(hp.q_lora_rank) * heads * hp.qk_head_dim()
+                                    : d * heads * hp.qk_head_dim();
+  const double q_a = hp.q_lora_rank ? d * hp.q_lora_rank : 0.0;
+  const double kv_a = d * (hp.kv_lora_rank + hp.qk_rope_dim);
+  const double kv_b = double(hp.kv_lora_rank) * heads * (hp.qk_nope_dim + hp.v_head_dim);
+  const double out = heads * hp.v_head_dim * d;
+  info.attention_flops_per_token = 2 * (q_a + q_b + kv_a + kv_b + out);
+  // Scores over [latent | rope] and weighted sums of the latent, per head.
+  info.attention_flops_per_key = 2.0 * heads * (2.0 * hp.kv_lora_rank + hp.qk_rope_dim);
+  // q LoRA, queries, the latent row, queries absorbed into latent space, scores of a tile of 256
+  // keys, the output in latent space and per head.
+  const uint64_t kv_row = hp.kv_cache_dims();
+  info.attention_buffer_floats =
+      hp.q_lora_rank + uint64_t(hp.n_head) * hp.qk_head_dim() + kv_row +
+      uint64_t(hp.n_head) * (kv_row + 256 + hp.kv_lora_rank + hp.v_head_dim);
+  info.attention_output_dims = hp.n_head * hp.v_head_dim;
+  const double all = q_a + q_b + kv_a + kv_b + out;
+  info.head_split = {.v_head_dim = hp.v_head_dim,
+                     .query_input_dims = hp.q_lora_rank ? hp.q_lora_rank : hp.n_embd,
+                     .latent_dims = hp.kv_cache_dims(),
+                     .head_fraction = all > 0 ? (q_b + kv_b + out) / all : 0.0};
+  return info;
+}
+
 void write_deepseek2_hparams(const Deepseek2Hparams& hp, gguf::GgufWriter& writer) {
   auto u32 = [&](const char* name, uint32_t value) { writer.add_metadata(key(name), gguf::Value::u32(value)); };
   auto f32 = [&](const char* name, float value) { writer.add_metadata(key(name), gguf::Value::f32(value)); };

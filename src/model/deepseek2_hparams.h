@@ -4,6 +4,8 @@
 // keys have their default written next to the field.
 #include <cstdint>
 
+#include "model/model.h"
+
 namespace tandem {
 namespace gguf {
 class GgufFile;
@@ -54,6 +56,10 @@ struct Deepseek2Hparams {
   uint32_t kv_cache_dims() const { return kv_lora_rank + qk_rope_dim; }  // latent + shared rope key
   bool is_moe_layer(uint32_t layer) const { return layer >= n_leading_dense && n_expert > 0; }
 };
+
+// What the rest of tandem needs to know (model/model.h): sizes, the latent KV cache per layer,
+// attention's work, and what head-split attention moves.
+ModelInfo deepseek2_model_info(const Deepseek2Hparams& hp);
 
 // Reads and checks the deepseek2 hyperparameters; throws tandem::Error naming the file and key.
 Deepseek2Hparams read_deepseek2_hparams(const gguf::GgufFile& file);

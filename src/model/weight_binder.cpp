@@ -308,6 +308,27 @@ const float* WeightBinder::f32(std::string_view name, std::initializer_list<int6
       device_pointer(values.data(), values.size() * sizeof(float), std::string(name), on));
 }
 
+const float* WeightBinder::f32_rows(std::string_view name, std::initializer_list<int64_t> shape,
+                                    std::span<const int32_t> indices, Backend& on) {
+  const gguf::TensorInfo& t = checked(name, shape);
+  if (is_interleaved(t.type))
+    fail(
+        "{}: tensor '{}' is stored as {} (16 rows interleaved), but tandem reads its rows as "
+        "vectors; repack the original file again",
+        file_.name(), name, dtype_name(t.type));
+  note_bound(t, /*in_place=*/false);
+  const int64_t cols = int64_t(t.shape[0]), n_rows = int64_t(t.n_elements) / cols;
+  std::vector<float> all(t.n_elements);
+  dequantize_row(t.type, t.data, all.data(), int64_t(t.n_elements));
+  std::vector<float>& values = converted_.emplace_back(indices.size() * size_t(cols));
+  for (size_t i = 0; i < indices.size(); ++i) {
+    TANDEM_CHECK(indices[i] >= 0 && indices[i] < n_rows);
+    std::copy_n(all.begin() + indices[i] * cols, cols, values.begin() + int64_t(i) * cols);
+  }
+  return static_cast<const float*>(
+      device_pointer(values.data(), values.size() * sizeof(float), std::string(name), on));
+}
+
 WeightView WeightBinder::owned(const std::vector<float>& values, DType type, int64_t cols,
                               int64_t rows, int64_t n_mats, const std::string& what, Backend& on) {
   TANDEM_CHECK(int64_t(values.size()) == cols * rows * n_mats);

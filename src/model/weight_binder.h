@@ -45,6 +45,10 @@ class WeightBinder {
   // converted to F32 once if stored otherwise.
   const float* f32(std::string_view name, std::initializer_list<int64_t> shape);
   const float* f32(std::string_view name, std::initializer_list<int64_t> shape, Backend& on);
+  // Some rows of a matrix as F32 values, packed in the order of `indices` (the per-expert biases
+  // of the experts that live on `on`): row i of the result is row indices[i] of the tensor.
+  const float* f32_rows(std::string_view name, std::initializer_list<int64_t> shape,
+                        std::span<const int32_t> indices, Backend& on);
   // A weight built at load time (e.g. a transposed projection), stored as `type` (F32 or a
   // format quantize_row writes), kept alive by the binder.
   WeightView owned(const std::vector<float>& values, DType type, int64_t cols, int64_t rows,

@@ -66,7 +66,7 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
   for (uint32_t l = 0; l < inv_.n_layers; ++l) {
     any_experts = any_experts || unplaced_expert_bytes(l) > 0;
     full_total += unplaced_expert_bytes(l) +
-                  (p_.layer_device[l] == kUnplaced ? unplaced_hot_bytes(l) + kv_per_layer_ : 0);
+                  (p_.layer_device[l] == kUnplaced ? unplaced_hot_bytes(l) + kv_per_layer_[l] : 0);
   }
   if (gpus_.empty() || !any_experts) return specs;
   const int64_t output = top_group(WeightGroup::OutputHead);
@@ -224,10 +224,12 @@ void Planner::copy_hot_experts(const std::vector<int32_t>& gpus) {
 // (attention_head_fraction); the owner keeps the rest. A GPU without room for its share is left
 // out of that layer.
 void Planner::split_heads(const std::vector<int32_t>& gpus) {
-  const Deepseek2Hparams& hp = inv_.hparams;
-  if (gpus.size() < 2 || hp.n_head == 0 || hp.v_head_dim == 0) return;
+  // Only MLA splits by heads (ModelInfo::head_split).
+  const ModelInfo& hp = inv_.info;
+  const uint32_t v_head_dim = hp.head_split.v_head_dim;
+  if (gpus.size() < 2 || hp.n_head == 0 || v_head_dim == 0) return;
   int32_t quantum = 1;
-  while ((int64_t(quantum) * hp.v_head_dim) % 256 != 0) ++quantum;
+  while ((int64_t(quantum) * v_head_dim) % 256 != 0) ++quantum;
   const int32_t units = int32_t(hp.n_head) / quantum;
   if (units < 2 || int32_t(hp.n_head) % quantum != 0) return;
   size_t split = 0;
@@ -256,7 +258,7 @@ void Planner::split_heads(const std::vector<int32_t>& gpus) {
     for (size_t j = 1; j < order.size(); ++j) {
       const int32_t n = int32_t(count[j]) * quantum;
       const uint64_t share_bytes = head_share_bytes(hp, attention, n);
-      if (n > 0 && room(order[j]) >= share_bytes + kv_per_layer_)  // else its heads stay home
+      if (n > 0 && room(order[j]) >= share_bytes + kv_per_layer_[l])  // else its heads stay home
         shares.push_back({.device = order[j], .first_head = 0, .n_heads = n});
     }
     if (shares.size() < 2) continue;
@@ -264,7 +266,7 @@ void Planner::split_heads(const std::vector<int32_t>& gpus) {
     for (size_t j = 1; j < shares.size(); ++j) {
       const uint64_t share_bytes = head_share_bytes(hp, attention, shares[j].n_heads);
       p_.devices[size_t(shares[j].device)].weight_bytes += share_bytes;
-      p_.devices[size_t(shares[j].device)].kv_bytes += kv_per_layer_;
+      p_.devices[size_t(shares[j].device)].kv_bytes += kv_per_layer_[l];
       moved += share_bytes;
     }
     // Heads of shares left out stay with the owner.
@@ -283,7 +285,7 @@ void Planner::split_heads(const std::vector<int32_t>& gpus) {
         "computes its heads' queries, attention and share of the output projection from its own "
         "copy of the layer's latent KV cache ({} a layer); the layer's GPU adds the partial "
         "outputs in a fixed order",
-        split, gpus.size(), format_bytes(kv_per_layer_)));
+        split, gpus.size(), format_bytes(kv_per_layer_.front())));
 }
 
 // Layers whose attention a rule pinned keep their hot groups beside it; the others, in order.
@@ -311,7 +313,7 @@ void Planner::place_hot_path_over(const std::vector<int32_t>& gpus, bool spread)
   uint64_t room_sum = 0, hot_total = 0;
   for (int32_t g : gpus) room_sum += room(g);
   for (uint32_t l = 0; l < inv_.n_layers; ++l)
-    if (p_.layer_device[l] == kUnplaced) hot_total += unplaced_hot_bytes(l) + kv_per_layer_;
+    if (p_.layer_device[l] == kUnplaced) hot_total += unplaced_hot_bytes(l) + kv_per_layer_[l];
   if (gpus.empty() || double(hot_total + output_bytes) > 0.95 * double(room_sum)) {
     place_hot_path();
     return;
@@ -320,7 +322,7 @@ void Planner::place_hot_path_over(const std::vector<int32_t>& gpus, bool spread)
   std::vector<double> hot(layers.size()), weight;
   double total = 0, weight_sum = 0;
   for (size_t i = 0; i < layers.size(); ++i)
-    total += hot[i] = double(unplaced_hot_bytes(layers[i]) + kv_per_layer_);
+    total += hot[i] = double(unplaced_hot_bytes(layers[i]) + kv_per_layer_[layers[i]]);
   for (int32_t g : gpus) weight_sum += weight.emplace_back(double(room(g)) * bandwidth(g));
   std::vector<std::string> ranges;
   size_t begin = 0;
@@ -531,8 +533,8 @@ void Planner::place_hot_path() {
       continue;
     }
     free_layers.push_back(l);
-    hot_total += unplaced_hot_bytes(l) + kv_per_layer_;
-    full_total += unplaced_hot_bytes(l) + kv_per_layer_ + unplaced_expert_bytes(l);
+    hot_total += unplaced_hot_bytes(l) + kv_per_layer_[l];
+    full_total += unplaced_hot_bytes(l) + kv_per_layer_[l] + unplaced_expert_bytes(l);
   }
   const int64_t output = top_group(WeightGroup::OutputHead);
   const uint64_t output_bytes =
@@ -619,8 +621,8 @@ void Planner::split_layers(const std::vector<uint32_t>& layers, const std::vecto
   std::vector<double> full(layers.size());
   double total = 0;
   for (size_t i = 0; i < layers.size(); ++i)
-    total += full[i] =
-        double(unplaced_hot_bytes(layers[i]) + kv_per_layer_ + unplaced_expert_bytes(layers[i]));
+    total += full[i] = double(unplaced_hot_bytes(layers[i]) + kv_per_layer_[layers[i]] +
+                              unplaced_expert_bytes(layers[i]));
   const double weight_sum = std::accumulate(weight.begin(), weight.end(), 0.0);
   std::vector<size_t> end(gpus.size(), layers.size());  // layers [begin, end) per GPU
   size_t begin = 0;

@@ -52,7 +52,7 @@ double expected_distinct_experts(const std::vector<double>& choice_probability, 
 
 std::vector<double> expert_choice_probabilities(const ModelInventory& inventory,
                                                 const RoutingProfile* profile, uint32_t layer) {
-  const Deepseek2Hparams& hp = inventory.hparams;
+  const ModelInfo& hp = inventory.info;
   const double uniform = hp.n_expert ? double(hp.n_expert_used) / double(hp.n_expert) : 0.0;
   std::vector<double> p(hp.n_expert, uniform);
   if (!profile || layer >= profile->counts.size()) return p;
@@ -67,49 +67,30 @@ std::vector<double> expert_choice_probabilities(const ModelInventory& inventory,
   return p;
 }
 
-double group_flops_per_token(const Deepseek2Hparams& hp, const InventoryGroup& group) {
-  const double d = hp.n_embd;
+double group_flops_per_token(const ModelInfo& info, const InventoryGroup& group) {
+  const double d = info.n_embd;
   switch (group.kind) {
-    case WeightGroup::Attention: {
-      const double q = hp.q_lora_rank ? d * hp.q_lora_rank +
-                                            double(hp.q_lora_rank) * hp.n_head * hp.qk_head_dim()
-                                      : d * hp.n_head * hp.qk_head_dim();
-      const double kv_a = d * (hp.kv_lora_rank + hp.qk_rope_dim);
-      const double kv_b = double(hp.kv_lora_rank) * hp.n_head * (hp.qk_nope_dim + hp.v_head_dim);
-      const double out = double(hp.n_head) * hp.v_head_dim * d;
-      return 2 * (q + kv_a + kv_b + out);
-    }
+    case WeightGroup::Attention:
+      return info.attention_flops_per_token;
     case WeightGroup::Router:
-      return 2 * d * hp.n_expert;
+      return 2 * d * info.n_expert;
     case WeightGroup::SharedExperts:
-      return 2 * 3 * d * hp.n_ff_expert * hp.n_expert_shared;
+      return 2 * 3 * d * info.n_ff_expert * info.n_expert_shared;
     case WeightGroup::DenseFfn:
-      return 2 * 3 * d * hp.n_ff_dense;
+      return 2 * 3 * d * info.n_ff_dense;
     case WeightGroup::RoutedExperts:
-      return 2 * 3 * d * hp.n_ff_expert;
+      return 2 * 3 * d * info.n_ff_expert;
     case WeightGroup::OutputHead:
-      return 2 * d * hp.n_vocab;
+      return 2 * d * info.n_vocab;
     default:
       return 0;  // embeddings are a row copy; norms are negligible
   }
 }
 
-double attention_head_fraction(const Deepseek2Hparams& hp) {
-  const double d = hp.n_embd, heads = hp.n_head;
-  const double q = hp.q_lora_rank ? double(hp.q_lora_rank) * heads * hp.qk_head_dim()
-                                  : d * heads * hp.qk_head_dim();
-  const double q_a = hp.q_lora_rank ? d * hp.q_lora_rank : 0.0;
-  const double kv_a = d * (hp.kv_lora_rank + hp.qk_rope_dim);
-  const double kv_b = double(hp.kv_lora_rank) * heads * (hp.qk_nope_dim + hp.v_head_dim);
-  const double out = heads * hp.v_head_dim * d;
-  const double all = q + q_a + kv_a + kv_b + out;
-  return all > 0 ? (q + kv_b + out) / all : 0.0;
-}
-
-uint64_t head_share_bytes(const Deepseek2Hparams& hp, uint64_t attention_bytes, int32_t n_heads) {
-  if (hp.n_head == 0) return 0;
-  return uint64_t(attention_head_fraction(hp) * double(attention_bytes) * double(n_heads) /
-                  double(hp.n_head));
+uint64_t head_share_bytes(const ModelInfo& info, uint64_t attention_bytes, int32_t n_heads) {
+  if (info.n_head == 0) return 0;
+  return uint64_t(info.head_split.head_fraction * double(attention_bytes) * double(n_heads) /
+                  double(info.n_head));
 }
 
 namespace {
@@ -133,6 +114,8 @@ struct StepShape {
   int64_t batch = 1;          // tokens in the step
   double context = 0;         // tokens each of them attends to
   double kv_tokens_read = 0;  // KV rows read from the cache in the whole step
+  double kv_sequences =
+      1;  // the sequences they belong to (a window layer reads its window of each)
   int64_t logit_rows = 1;     // rows the output head computes
 };
 
@@ -218,11 +201,11 @@ class StepModel {
     for (uint32_t l = 0; l < inv.n_layers; ++l) {
       LayerHolders& h = holders_[l];
       if (h.max_holders == 0) continue;
-      h.table.assign(size_t(inv.hparams.n_expert) * size_t(h.max_holders), -1);
+      h.table.assign(size_t(inv.info.n_expert) * size_t(h.max_holders), -1);
       for (size_t i : layers_[l]) {
         const InventoryGroup& g = inv.groups[i];
         if (g.kind != WeightGroup::RoutedExperts || g.expert < 0 ||
-            uint32_t(g.expert) >= inv.hparams.n_expert)
+            uint32_t(g.expert) >= inv.info.n_expert)
           continue;
         int32_t* row = &h.table[size_t(g.expert) * size_t(h.max_holders)];
         row[0] = compute_device(placement.group_device[i]);
@@ -236,7 +219,7 @@ class StepModel {
   // Seconds for one step, split by where the critical path spends them.
   Prediction step_seconds(const StepShape& s) const {
     Prediction t;
-    const Deepseek2Hparams& hp = inv_.hparams;
+    const ModelInfo& hp = inv_.info;
     const double activation_bytes = double(s.batch) * hp.n_embd * 4;  // F32 hidden state
     // What a MoE layer sends to a device holding some of its experts (input rows and routing)
     // and takes back (one output row per token and chosen expert: k times the input).
@@ -258,11 +241,15 @@ class StepModel {
               ? &placement_.layer_heads[l]
               : nullptr;
       Part attn, head_part;  // head_part: all heads' work, before it is divided
-      head_part.bytes += double(inv_.kv_bytes_per_token_per_layer) * s.kv_tokens_read;
-      head_part.flops +=
-          2.0 * hp.n_head * (2.0 * hp.kv_lora_rank + hp.qk_rope_dim) * s.context * double(s.batch);
+      // A sliding-window layer's queries see at most its window.
+      const double window = double(hp.kv[l].window);
+      const double keys = window > 0 ? std::min(s.context, window) : s.context;
+      const double rows_read =
+          window > 0 ? std::min(s.kv_tokens_read, window * s.kv_sequences) : s.kv_tokens_read;
+      head_part.bytes += double(hp.kv_bytes_per_token(l)) * rows_read;
+      head_part.flops += hp.attention_flops_per_key * keys * double(s.batch);
       attn.ops = params_.attention_ops - (heads ? params_.head_ops : 0);
-      const double head_fraction = heads ? attention_head_fraction(hp) : 0.0;
+      const double head_fraction = heads ? hp.head_split.head_fraction : 0.0;
       InventoryGroup head_weights{};  // the divided attention weights, all heads' bytes
       // The FFN block, per device that holds a part of it (index into placement_.devices).
       std::vector<Part> ffn(placement_.devices.size());
@@ -363,7 +350,7 @@ class StepModel {
   // Steps with fewer slots than the layer has experts (decode) use the copies; a prompt chunk
   // chooses nearly every expert anyway and reads each at home (as the executor does).
   bool uses_copies(uint32_t layer, int64_t batch) const {
-    const Deepseek2Hparams& hp = inv_.hparams;
+    const ModelInfo& hp = inv_.info;
     return !holders_[layer].table.empty() &&
            batch * int64_t(hp.n_expert_used) < int64_t(hp.n_expert);
   }
@@ -527,7 +514,7 @@ class StepModel {
   // the experts' homes (negligible beside the bytes at these batch sizes).
   double sampled_slowest_s(uint32_t layer, int64_t batch, int32_t owner,
                            const std::vector<Branch>& branches) const {
-    const Deepseek2Hparams& hp = inv_.hparams;
+    const ModelInfo& hp = inv_.info;
     const LayerHolders& h = holders_[layer];
     const std::vector<double>& p = choice_[layer];
     const int64_t n_expert = int64_t(hp.n_expert);
@@ -624,9 +611,9 @@ class StepModel {
   Prediction heads_seconds(int32_t owner, const std::vector<HeadShare>& shares,
                            const Part& all_heads, const InventoryGroup& weights,
                            int64_t batch) const {
-    const Deepseek2Hparams& hp = inv_.hparams;
-    const double in_bytes = double(batch) * 4 *
-                            double((hp.q_lora_rank ? hp.q_lora_rank : hp.n_embd) + hp.kv_cache_dims());
+    const ModelInfo& hp = inv_.info;
+    const double in_bytes =
+        double(batch) * 4 * double(hp.head_split.query_input_dims + hp.head_split.latent_dims);
     const double partial_bytes = double(batch) * hp.n_embd * 4;
     int remote = 0;
     for (const HeadShare& share : shares) remote += share.device != owner;
@@ -730,6 +717,7 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
   Prediction decode = model.step_seconds({.batch = n_seq,
                                           .context = context,
                                           .kv_tokens_read = context * double(n_seq),
+                                          .kv_sequences = double(n_seq),
                                           .logit_rows = n_seq});
   // Prefill: one sequence's batch; its tokens share the KV rows they read, and only the last
   // token's logits are needed.
@@ -737,6 +725,7 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
   const Prediction prefill = model.step_seconds({.batch = batch,
                                                  .context = context,
                                                  .kv_tokens_read = context + double(batch),
+                                                 .kv_sequences = 1,
                                                  .logit_rows = 1});
   decode.decode_tokens_per_s = double(n_seq) / std::max(total(decode), 1e-12);
   decode.prefill_tokens_per_s = double(batch) / std::max(total(prefill), 1e-12);

@@ -153,16 +153,13 @@ std::vector<double> expert_choice_probabilities(const ModelInventory& inventory,
                                                 const RoutingProfile* profile, uint32_t layer);
 
 // FLOPs one token spends in a weight group's matmuls (2 per weight; embeddings are a row copy).
-double group_flops_per_token(const Deepseek2Hparams& hp, const InventoryGroup& group);
+double group_flops_per_token(const ModelInfo& info, const InventoryGroup& group);
 
-// The share of a layer's attention weights that head-split attention divides among devices by
-// head (q_b or q, k_b and v_b, the output projection), counted in weights; q_a and kv_a stay
-// whole on the layer's device. Weights stand in for bytes: the quant mixes give a layer's
-// attention matrices close to one type.
-double attention_head_fraction(const Deepseek2Hparams& hp);
 // The bytes of a layer's attention group (`attention_bytes`) that `n_heads` of its heads take to
-// another device when it is split by heads: what the planner moves and its budgets count.
-uint64_t head_share_bytes(const Deepseek2Hparams& hp, uint64_t attention_bytes, int32_t n_heads);
+// another device when it is split by heads (ModelInfo::head_split: q_b or q, k_b and v_b and the
+// output projection go by head; q_a and kv_a stay whole on the layer's device): what the planner
+// moves and its budgets count.
+uint64_t head_share_bytes(const ModelInfo& info, uint64_t attention_bytes, int32_t n_heads);
 
 // Prefill tokens/s (one sequence, Workload::prefill_batch tokens per step) and decode tokens/s
 // (Workload::n_parallel sequences, one token each per step; the total over sequences).

@@ -35,10 +35,12 @@ bool starts_with(std::string_view s, std::string_view prefix) {
 // and every routed expert all read the normed input, and the router always exists and lives with
 // the layer (placement puts it on the layer's device), so the norm is computed where the
 // activations already are. In a dense layer it is the dense FFN's.
-WeightGroup norm_owner(std::string_view name, uint32_t layer, const Deepseek2Hparams& hp) {
+WeightGroup norm_owner(std::string_view name, uint32_t layer, const ModelInfo& info) {
   const std::string_view leaf = name.substr(name.find('.', 4) + 1);  // after "blk.N."
-  if (starts_with(leaf, "ffn_norm"))
-    return hp.is_moe_layer(layer) ? WeightGroup::Router : WeightGroup::DenseFfn;
+  // The pre-FFN norm: ffn_norm, or post_attention_norm (gpt-oss, GLM: after the attention's
+  // residual add, before the FFN).
+  if (starts_with(leaf, "ffn_norm") || starts_with(leaf, "post_attention_norm"))
+    return info.is_moe_layer(layer) ? WeightGroup::Router : WeightGroup::DenseFfn;
   return WeightGroup::Attention;
 }
 
@@ -57,14 +59,13 @@ int rank_in_layer(WeightGroup kind) {
   }
 }
 
-ModelInventory build_inventory(std::string name, std::string quant_mix, const Deepseek2Hparams& hp,
+ModelInventory build_inventory(std::string name, std::string quant_mix, const ModelInfo& info,
                                const std::vector<TensorBytes>& tensors) {
   ModelInventory inv;
   inv.name = std::move(name);
   inv.quant_mix = std::move(quant_mix);
-  inv.hparams = hp;
-  inv.n_layers = hp.n_layer - std::min(hp.n_nextn_layers, hp.n_layer);
-  inv.kv_bytes_per_token_per_layer = uint64_t(hp.kv_cache_dims()) * sizeof(float);
+  inv.info = info;
+  inv.n_layers = info.n_layer;
 
   // (sort position, rank in layer, expert) -> group; the embeddings sort first, the head last.
   std::map<std::tuple<int64_t, int, int32_t>, InventoryGroup> groups;
@@ -96,7 +97,7 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
         if (layer < 0)
           add(WeightGroup::OutputHead, -1, -1, t.bytes);  // output_norm
         else
-          add(norm_owner(t.name, uint32_t(layer), hp), layer, -1, t.bytes);
+          add(norm_owner(t.name, uint32_t(layer), info), layer, -1, t.bytes);
         break;
       case WeightGroup::Attention:
       case WeightGroup::Router:
@@ -105,15 +106,18 @@ ModelInventory build_inventory(std::string name, std::string quant_mix, const De
         add(role.group, layer, -1, t.bytes);
         break;
       case WeightGroup::RoutedExperts: {
-        // [row, rows per expert, n_expert]: expert e is the e-th equal slab of the tensor.
+        // [row, rows per expert, n_expert] (or [row, n_expert] for per-expert biases): expert e
+        // is the e-th equal slab of the tensor.
         const auto& shape = *t.shape;
-        if (shape.size() != 3 || shape[2] != hp.n_expert || t.bytes % hp.n_expert != 0)
+        const uint32_t n_exp = info.n_expert;
+        if (shape.size() < 2 || shape.back() != n_exp || t.bytes % n_exp != 0)
           fail(
-              "{}: expected a 3-D tensor of {} experts, found shape [{}]; the file does not match "
-              "its deepseek2.expert_count",
-              t.name, hp.n_expert, fmt::join(shape, ", "));
-        for (uint32_t e = 0; e < hp.n_expert; ++e)
-          add(WeightGroup::RoutedExperts, layer, int32_t(e), t.bytes / hp.n_expert);
+              "{}: expected a tensor of {} experts (its last dimension), found shape [{}]; the "
+              "file "
+              "does not match its {}.expert_count",
+              t.name, n_exp, fmt::join(shape, ", "), info.arch);
+        for (uint32_t e = 0; e < n_exp; ++e)
+          add(WeightGroup::RoutedExperts, layer, int32_t(e), t.bytes / n_exp);
         break;
       }
       case WeightGroup::NextN:
@@ -208,13 +212,13 @@ uint64_t read_per_token(const ModelInventory& inv, uint64_t InventoryGroup::*fie
       experts[group.layer].first += group.*field;
       experts[group.layer].second += 1;
     } else if (group.kind == WeightGroup::Embedding) {
-      bytes += inv.hparams.n_vocab > 0 ? group.*field / inv.hparams.n_vocab : group.*field;
+      bytes += inv.info.n_vocab > 0 ? group.*field / inv.info.n_vocab : group.*field;
     } else {
       bytes += group.*field;
     }
   }
   for (const auto& [layer, sum] : experts)
-    bytes += sum.first / sum.second * std::min<uint64_t>(inv.hparams.n_expert_used, sum.second);
+    bytes += sum.first / sum.second * std::min<uint64_t>(inv.info.n_expert_used, sum.second);
   return bytes;
 }
 
@@ -235,29 +239,30 @@ uint64_t ModelInventory::host_kernel_extra_bytes_read_per_token() const {
 // F32 activations of one layer for `n_tokens` tokens, all alive at once (an upper bound: the
 // executor reuses them from layer to layer), plus the logits rows. Per token, in values:
 //   residual + normed input                         2 * n_embd
-//   query latent, query, new latent KV row          q_lora + n_head * (nope + rope) + kv_lora +
-//   rope absorbed query (per head, in latent space)      n_head * (kv_lora + rope) attention
-//   scores, one tile of 256 keys          n_head * 256   (scores are computed in tiles,
-//                                                    so context length does not enter)
-//   attention output in latent and per-head value   n_head * (kv_lora + v_head)
+//   attention's buffers                             ModelInfo::attention_buffer_floats (scores
+//                                                   in tiles: context length does not enter)
 //   router logits                                   n_expert
 //   FFN gate and up                                 2 * max(n_ff_dense, used * n_ff_expert +
 //   shared) FFN output                                      n_embd logits n_vocab
 // times 4 bytes, plus an int8-quantized copy of the widest matmul input (34 bytes per 32 values).
 uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
-  constexpr uint64_t kScoreTile = 256;
-  const Deepseek2Hparams& hp = hparams;
-  const uint64_t heads = hp.n_head;
+  const ModelInfo& m = info;
   const uint64_t moe_ff =
-      uint64_t(hp.n_expert_used) * hp.n_ff_expert + uint64_t(hp.n_expert_shared) * hp.n_ff_expert;
-  const uint64_t ff = std::max<uint64_t>(hp.n_ff_dense, moe_ff);
-  const uint64_t values = 2 * uint64_t(hp.n_embd) + hp.q_lora_rank + heads * hp.qk_head_dim() +
-                          hp.kv_cache_dims() + heads * hp.kv_cache_dims() + heads * kScoreTile +
-                          heads * (hp.kv_lora_rank + hp.v_head_dim) + hp.n_expert + 2 * ff +
-                          hp.n_embd + hp.n_vocab;
-  const uint64_t widest_input = std::max<uint64_t>({hp.n_embd, heads * hp.v_head_dim, ff});
+      uint64_t(m.n_expert_used) * m.n_ff_expert + uint64_t(m.n_expert_shared) * m.n_ff_expert;
+  const uint64_t ff = std::max<uint64_t>(m.n_ff_dense, moe_ff);
+  const uint64_t values = 2 * uint64_t(m.n_embd) + m.attention_buffer_floats + m.n_expert + 2 * ff +
+                          m.n_embd + m.n_vocab;
+  const uint64_t widest_input = std::max<uint64_t>({m.n_embd, m.attention_output_dims, ff});
   const uint64_t per_token = values * sizeof(float) + widest_input * 34 / 32;
   return uint64_t(std::max<int64_t>(n_tokens, 0)) * per_token;
+}
+
+uint64_t ModelInventory::kv_layer_bytes(uint32_t layer, int64_t n_ctx) const {
+  const KvLayerShape& shape = info.kv[layer];
+  // A window layer holds its window and one step (runtime/kv_cache.h: 512 tokens).
+  constexpr int64_t kStepTokens = 512;
+  const int64_t rows = shape.window > 0 ? std::min(n_ctx, shape.window + kStepTokens) : n_ctx;
+  return uint64_t(std::max<int64_t>(rows, 0) * shape.row_floats()) * sizeof(float);
 }
 
 double host_kernel_cost_per_byte(DType type) {
@@ -290,13 +295,13 @@ bool cuda_reads(DType type) {
 }
 
 ModelInventory inventory_from_file(const gguf::GgufFile& file) {
-  const Deepseek2Hparams hp = read_deepseek2_hparams(file);
+  const ModelInfo info = read_model_info(file);
   std::vector<TensorBytes> tensors;
   tensors.reserve(file.tensors().size());
   for (const gguf::TensorInfo& t : file.tensors())
     tensors.push_back({t.name, &t.shape, t.n_bytes, t.type});
   return build_inventory(std::filesystem::path(file.name()).filename().string(), quant_mix_of(file),
-                         hp, tensors);
+                         info, tensors);
 }
 
 ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& hp,
@@ -305,7 +310,8 @@ ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& 
   std::vector<TensorBytes> tensors;
   tensors.reserve(layout.size());
   for (const TensorLayout& t : layout) tensors.push_back({t.name, &t.shape, t.n_bytes(), t.type});
-  return build_inventory(std::move(name), std::string(quant_mix), hp, tensors);
+  return build_inventory(std::move(name), std::string(quant_mix), deepseek2_model_info(hp),
+                         tensors);
 }
 
 ModelInventory inventory_from_preset(std::string_view preset, std::string_view quant_mix) {

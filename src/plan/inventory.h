@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "model/deepseek2_hparams.h"
+#include "model/model.h"
 #include "model/weight_groups.h"
 
 namespace tandem {
@@ -43,14 +44,15 @@ struct InventoryGroup {
 struct ModelInventory {
   std::string name;        // file name or preset name
   std::string quant_mix;   // "Q4_K_M", "Q8_0", ... (from general.file_type or the preset)
-  Deepseek2Hparams hparams;
+  ModelInfo info;          // the architecture's numbers (model/model.h)
   uint32_t n_layers = 0;  // layers that run (MTP excluded)
   std::vector<InventoryGroup> groups;
   // Tensors no group holds because inference never reads them (MTP layers, unknown names).
   uint64_t skipped_bytes = 0;
 
-  // Latent KV cache: (kv_lora_rank + rope dims) F32 values per token per layer.
-  uint64_t kv_bytes_per_token_per_layer = 0;
+  // KV cache bytes of layer l for `n_ctx` positions of one sequence: F32 rows as the architecture
+  // shapes them (latent or keys and values); a sliding-window layer keeps its ring only.
+  uint64_t kv_layer_bytes(uint32_t layer, int64_t n_ctx) const;
 
   uint64_t total_weight_bytes() const;
   // Bytes every decode token reads: everything but the routed experts, plus the experts a token

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <regex>
@@ -69,8 +70,9 @@ Planner::Planner(const ModelInventory& inv, const Hardware& hw, const Workload& 
     else
       top_.push_back(i);
   }
-  kv_per_layer_ = inv.kv_bytes_per_token_per_layer * uint64_t(std::max<int64_t>(wl.n_ctx, 0)) *
-                  uint64_t(std::max<int64_t>(wl.n_parallel, 1));
+  for (uint32_t l = 0; l < inv.n_layers; ++l)
+    kv_per_layer_.push_back(inv.kv_layer_bytes(l, wl.n_ctx) *
+                            uint64_t(std::max<int64_t>(wl.n_parallel, 1)));
   buffer_ = inv.work_buffer_bytes(std::max(wl.prefill_batch, wl.n_parallel));
   for (uint32_t l = 0; l < inv.n_layers; ++l)
     choice_.push_back(expert_choice_probabilities(inv, profile, l));
@@ -142,13 +144,13 @@ bool Planner::can_hold(size_t g, int32_t d) const {
 
 // A layer's attention side (its unplaced non-expert groups and its KV cache) onto `d`.
 bool Planner::put_layer(uint32_t l, int32_t d) {
-  if (room(d) < unplaced_hot_bytes(l) + kv_per_layer_) return false;
+  if (room(d) < unplaced_hot_bytes(l) + kv_per_layer_[l]) return false;
   for (size_t g : layer_hot_[l])
     if (p_.group_device[g] == kUnplaced && !can_hold(g, d)) return false;
   for (size_t g : layer_hot_[l])
     if (p_.group_device[g] == kUnplaced) put(g, d);
   p_.layer_device[l] = d;
-  p_.devices[size_t(d)].kv_bytes += kv_per_layer_;
+  p_.devices[size_t(d)].kv_bytes += kv_per_layer_[l];
   return true;
 }
 
@@ -164,12 +166,12 @@ void Planner::put_layer_on_host_anyway(uint32_t l) {
   for (size_t g : layer_hot_[l])
     if (p_.group_device[g] == kUnplaced) put_on_host(g);
   p_.layer_device[l] = 0;
-  if (room(0) >= kv_per_layer_)
-    p_.devices[0].kv_bytes += kv_per_layer_;
+  if (room(0) >= kv_per_layer_[l])
+    p_.devices[0].kv_bytes += kv_per_layer_[l];
   else
     p_.problems.push_back(
         fmt::format("the KV cache of layer {} ({}) fits nowhere: lower --ctx or --parallel", l,
-                    format_bytes(kv_per_layer_)));
+                    format_bytes(kv_per_layer_[l])));
 }
 
 int64_t Planner::top_group(WeightGroup kind) const {
@@ -217,10 +219,15 @@ void Planner::reserve_buffers() {
   }
   p_.reasons.push_back(fmt::format(
       "work buffers: {} on each device for steps of {} tokens; KV cache: {} per "
-      "layer ({} tokens x "
+      "layer{} ({} tokens x "
       "{} sequence{}), on the device of the layer's attention",
       format_bytes(buffer_), std::max(wl_.prefill_batch, wl_.n_parallel),
-      format_bytes(kv_per_layer_), wl_.n_ctx, wl_.n_parallel, wl_.n_parallel == 1 ? "" : "s"));
+      format_bytes(*std::max_element(kv_per_layer_.begin(), kv_per_layer_.end())),
+      std::adjacent_find(kv_per_layer_.begin(), kv_per_layer_.end(), std::not_equal_to<>()) ==
+              kv_per_layer_.end()
+          ? ""
+          : " at most (sliding-window layers keep less)",
+      wl_.n_ctx, wl_.n_parallel, wl_.n_parallel == 1 ? "" : "s"));
   // RAM is a budget like VRAM: a share stays free, as the CUDA context's share of each GPU does.
   if (hw_.ram_reserve_bytes > 0)
     p_.reasons.push_back(fmt::format(
@@ -301,7 +308,7 @@ void Planner::apply_pins(const Rules& rules) {
       if (g.kind == WeightGroup::Attention && g.layer >= 0) {
         const int32_t layer_dev = target[r] == kOnDisk ? 0 : target[r];
         p_.layer_device[size_t(g.layer)] = layer_dev;
-        p_.devices[size_t(layer_dev)].kv_bytes += kv_per_layer_;
+        p_.devices[size_t(layer_dev)].kv_bytes += kv_per_layer_[size_t(g.layer)];
       }
       ++pinned_groups[r];
       pinned_bytes[r] += g.bytes;

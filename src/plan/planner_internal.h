@@ -100,7 +100,8 @@ class Planner {
   std::vector<std::vector<double>> choice_;                     // P(token chooses expert)
   std::vector<int32_t> gpus_;                                   // usable GPU device indices
   std::vector<uint32_t> overflow_;
-  uint64_t kv_per_layer_ = 0, buffer_ = 0;
+  std::vector<uint64_t> kv_per_layer_;  // [layer] KV cache bytes for the workload
+  uint64_t buffer_ = 0;
   size_t disk_experts_ = 0;
   uint64_t disk_expert_bytes_ = 0;
   // The candidates weighed, with their placements, and the one chosen.

@@ -82,18 +82,18 @@ void check_routing_profile(const RoutingProfile& profile, const ModelInventory& 
       profile.model.empty() ? "the profile" : "profile of " + profile.model;
   for (size_t l = 0; l < profile.counts.size(); ++l) {
     if (profile.counts[l].empty()) continue;
-    if (l >= inventory.n_layers || !inventory.hparams.is_moe_layer(uint32_t(l)))
+    if (l >= inventory.n_layers || !inventory.info.is_moe_layer(uint32_t(l)))
       fail(
           "routing profile ({}) has counts for layer {}, which is not a MoE layer of {} ({} "
           "layers, "
           "the first {} dense)",
-          recorded, l, inventory.name, inventory.n_layers, inventory.hparams.n_leading_dense);
-    if (profile.counts[l].size() != inventory.hparams.n_expert)
+          recorded, l, inventory.name, inventory.n_layers, inventory.info.n_leading_dense);
+    if (profile.counts[l].size() != inventory.info.n_expert)
       fail(
           "routing profile ({}) has {} experts in layer {}, but {} has {} routed experts per "
           "layer: "
           "it was recorded with another model",
-          recorded, profile.counts[l].size(), l, inventory.name, inventory.hparams.n_expert);
+          recorded, profile.counts[l].size(), l, inventory.name, inventory.info.n_expert);
   }
 }
 

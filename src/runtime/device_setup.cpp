@@ -174,7 +174,7 @@ DevicePlan device_plan_for(const plan::Placement& p, const plan::ModelInventory&
     return backends[device == plan::kOnDisk ? 0 : size_t(device)].get();  // disk = mmap on the host
   };
   const uint32_t n_layers = inventory.n_layers;
-  DevicePlan dp = DevicePlan::single(*backends[0], n_layers, inventory.hparams.n_expert);
+  DevicePlan dp = DevicePlan::single(*backends[0], n_layers, inventory.info.n_expert);
   for (uint32_t il = 0; il < n_layers; ++il) {
     dp.layers[il] = backend(p.layer_device[il]);
     if (il < p.layer_heads.size())
@@ -192,7 +192,7 @@ DevicePlan device_plan_for(const plan::Placement& p, const plan::ModelInventory&
       auto& copies = dp.expert_copies;
       if (copies.empty()) copies.assign(n_layers, {});
       auto& layer = copies[size_t(group.layer)];
-      if (layer.empty()) layer.assign(inventory.hparams.n_expert, {});
+      if (layer.empty()) layer.assign(inventory.info.n_expert, {});
       for (int32_t d : p.group_copies[g]) layer[size_t(group.expert)].push_back(backend(d));
     }
   }

@@ -2,9 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -15,7 +16,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
-#include "model/deepseek2.h"
+#include "model/model.h"
 #include "runtime/device_setup.h"
 #include "runtime/kv_cache.h"
 #include "text/tokenizer.h"
@@ -36,25 +37,19 @@ uint64_t available_memory_bytes() {
 
 }  // namespace
 
-std::string supported_architectures() { return "deepseek2"; }
-
 Engine::Engine(const EngineOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
-  const std::string arch = file_->get_string_or("general.architecture", "(none)");
-  if (arch != "deepseek2")
-    fail("{}: architecture '{}' is not supported; tandem runs: {}", file_->name(), arch,
-         supported_architectures());
+  const ModelInfo file_info = read_model_info(*file_);  // refuses an unknown architecture
 
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
-  const Deepseek2Hparams file_hp = read_deepseek2_hparams(*file_);
-  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_hp.n_ctx_train);
+  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_info.n_ctx_train);
   DevicePlan devices;
   // "auto" on a machine without GPUs is a CPU run, without planning.
   const std::string device_spec = options.devices == "auto" && cuda::count_gpus() == 0 ? "cpu" : options.devices;
   if (device_spec.empty() || device_spec == "cpu") {
     backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_, "cpu", options.pin_threads));
-    devices = DevicePlan::single(*backends_[0], file_hp.n_layer - file_hp.n_nextn_layers, file_hp.n_expert);
+    devices = DevicePlan::single(*backends_[0], file_info.n_layer, file_info.n_expert);
   } else {
     // Devices with budgets need a real context length to plan the KV cache.
     if (options.n_ctx <= 0 && n_ctx > 4096) {
@@ -69,7 +64,7 @@ Engine::Engine(const EngineOptions& options) {
     placement_ = std::move(setup.placement);
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(), setup.summary.c_str());
   }
-  model_ = std::make_unique<Deepseek2Model>(*file_, devices);
+  model_ = load_model(*file_, devices);
   model_->set_graphs_enabled(options.graphs);
   model_->set_precision(options.precision);
   // The interleaved formats of `tandem repack` have fast kernels on AVX-512 only; elsewhere each
@@ -111,20 +106,33 @@ Engine::Engine(const EngineOptions& options) {
   }
   model_->finish_loading(/*show_progress=*/true);  // GPUs fill while the disk reads ahead for the CPU
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
-  const Deepseek2Hparams& hp = model_->hparams();
+  const ModelInfo& info = model_->info();
 
-  const uint64_t per_token = KvCache::bytes_per_token(model_->n_layers(), hp.kv_lora_rank, hp.qk_rope_dim);
+  const std::span<const KvLayerShape> kv_layers = info.kv;
   if (options.n_ctx <= 0 && devices.layers.front() == backends_[0].get()) {
     // Default: the model's context, but never more cache than half the free memory.
     const uint64_t budget = available_memory_bytes() / 2;
-    const int64_t fits = budget ? int64_t(budget / (per_token * uint64_t(options.n_seq))) : n_ctx;
-    if (fits < n_ctx) {
-      n_ctx = std::max<int64_t>(fits, 256);
-      std::fprintf(stderr, "tandem: context capped at %lld tokens (of %u) to keep the KV cache "
-                   "within half of free memory; set --ctx to choose\n", (long long)n_ctx, hp.n_ctx_train);
+    auto bytes = [&](int64_t ctx) {
+      return KvCache::bytes_per_sequence(kv_layers, ctx, kMaxStepTokens) * uint64_t(options.n_seq);
+    };
+    if (budget && bytes(n_ctx) > budget) {
+      int64_t fits = 256;  // window layers make the cost per token uneven: halve until it fits
+      for (int64_t ctx = n_ctx; ctx >= 256; ctx /= 2)
+        if (bytes(ctx) <= budget) {
+          fits = ctx;
+          break;
+        }
+      n_ctx = fits;
+      std::fprintf(stderr,
+                   "tandem: context capped at %lld tokens (of %u) to keep the KV cache "
+                   "within half of free memory; set --ctx to choose\n",
+                   (long long)n_ctx, info.n_ctx_train);
     }
   }
-  cache_ = std::make_unique<KvCache>(devices.layers, hp.kv_lora_rank, hp.qk_rope_dim, n_ctx, options.n_seq);
+  cache_ =
+      std::make_unique<KvCache>(devices.layers, kv_layers, n_ctx, options.n_seq, kMaxStepTokens);
+  const uint64_t per_token =
+      KvCache::bytes_per_sequence(kv_layers, n_ctx, kMaxStepTokens) / uint64_t(n_ctx);
   load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (options.verbose)
     std::fprintf(stderr, "tandem: loaded %s: %s of weights, %u layers, KV cache %s for %lld tokens "
@@ -137,7 +145,9 @@ Engine::Engine(const EngineOptions& options) {
 // The model first: it waits for work still queued on the devices, which writes the KV cache.
 Engine::~Engine() { model_.reset(); }
 
-const Deepseek2Hparams& Engine::hparams() const { return model_->hparams(); }
+const ModelInfo& Engine::info() const {
+  return model_->info();
+}
 
 plan::RoutingProfile Engine::routing_profile() const {
   return {.model = std::filesystem::path(file_->name()).filename().string(), .counts = model_->routing_counts()};
@@ -162,7 +172,9 @@ std::vector<std::string> Engine::device_names() const {
 
 std::vector<gguf::FileRange> Engine::touched_file_ranges() const { return model_->touched_file_ranges(); }
 
-int64_t Engine::n_vocab() const { return model_->hparams().n_vocab; }
+int64_t Engine::n_vocab() const {
+  return model_->info().n_vocab;
+}
 int64_t Engine::n_ctx() const { return cache_->n_ctx(); }
 uint64_t Engine::kv_cache_bytes() const { return cache_->bytes(); }
 uint64_t Engine::weight_bytes() const { return model_->weight_bytes(); }
@@ -177,8 +189,25 @@ void Engine::evaluate(std::span<const int32_t> tokens, int32_t start, int32_t se
   seq_ids_.assign(size_t(n), seq);
   for (int64_t i = 0; i < n; ++i) positions_[size_t(i)] = start + int32_t(i);
   logit_rows_.clear();
-  for (int64_t i = all_logits ? 0 : n - 1; i < n; ++i) logit_rows_.push_back(int32_t(i));
-  evaluate_batch(tokens, positions_, seq_ids_, logit_rows_, KernelChoice::ByTokenCount, logits);
+  if (!cache_->has_rings() || n <= kMaxStepTokens) {
+    for (int64_t i = all_logits ? 0 : n - 1; i < n; ++i) logit_rows_.push_back(int32_t(i));
+    evaluate_batch(tokens, positions_, seq_ids_, logit_rows_, KernelChoice::ByTokenCount, logits);
+    return;
+  }
+  // A window layer's ring holds the window and one step's tokens: longer inputs go in steps.
+  std::vector<float> step_logits;
+  logits.clear();
+  for (int64_t first = 0; first < n; first += kMaxStepTokens) {
+    const int64_t count = std::min(kMaxStepTokens, n - first);
+    logit_rows_.clear();
+    for (int64_t i = all_logits ? 0 : count - 1; i < count; ++i) logit_rows_.push_back(int32_t(i));
+    if (!all_logits && first + count < n) logit_rows_.clear();
+    evaluate_batch(tokens.subspan(size_t(first), size_t(count)),
+                   std::span<const int32_t>(positions_).subspan(size_t(first), size_t(count)),
+                   std::span<const int32_t>(seq_ids_).subspan(size_t(first), size_t(count)),
+                   logit_rows_, KernelChoice::ByTokenCount, step_logits);
+    logits.insert(logits.end(), step_logits.begin(), step_logits.end());
+  }
 }
 
 void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
@@ -193,6 +222,21 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
       fail("sequence {} is outside 0..{}", seq_ids[i], cache_->n_seq() - 1);
   }
   for (int32_t row : logit_rows) TANDEM_CHECK(row >= 0 && size_t(row) < tokens.size());
+  if (cache_->has_rings()) {
+    // Each sequence's tokens in this step, at most kMaxStepTokens (a ring's slack).
+    std::vector<std::pair<int32_t, int64_t>> per_seq;
+    for (int32_t seq : seq_ids) {
+      auto it = std::find_if(per_seq.begin(), per_seq.end(),
+                             [&](const auto& e) { return e.first == seq; });
+      if (it == per_seq.end())
+        per_seq.emplace_back(seq, 1);
+      else if (++it->second > kMaxStepTokens)
+        fail(
+            "a step holds more than {} tokens of sequence {}; this model's sliding-window layers "
+            "keep only that many beside their window: evaluate in smaller steps",
+            kMaxStepTokens, seq);
+    }
+  }
   logits.resize(logit_rows.size() * size_t(n_vocab()));
   model_->forward({.tokens = tokens, .positions = positions, .seq_ids = seq_ids, .logit_rows = logit_rows,
                    .kernels = kernels},
@@ -200,5 +244,9 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
 }
 
 int64_t Engine::n_seq() const { return cache_->n_seq(); }
+
+int64_t Engine::earliest_rewind(int64_t length) const {
+  return cache_->earliest_rewind(length);
+}
 
 }  // namespace tandem

@@ -1,7 +1,7 @@
 #pragma once
 // The public entry of the engine: load a model file onto the devices and evaluate tokens.
-// The CPU, with GPUs (CUDA builds) or simulated devices placed by the planner; one architecture
-// (deepseek2). Sessions (runtime/session.h) generate text on top of it.
+// The CPU, with GPUs (CUDA builds) or simulated devices placed by the planner; every
+// architecture of model/model.h. Sessions (runtime/session.h) generate text on top of it.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -11,8 +11,7 @@
 
 #include "core/backend.h"
 #include "gguf/gguf_file.h"
-#include "model/deepseek2.h"
-#include "model/deepseek2_hparams.h"
+#include "model/model.h"
 #include "plan/placement.h"
 
 namespace tandem {
@@ -45,7 +44,7 @@ class Engine {
 
   const gguf::GgufFile& file() const { return *file_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const Deepseek2Hparams& hparams() const;
+  const ModelInfo& info() const;
   int64_t n_vocab() const;
   int64_t n_ctx() const;
   uint64_t kv_cache_bytes() const;
@@ -62,12 +61,13 @@ class Engine {
   // Not safe to call while another thread evaluates.
   std::vector<std::pair<std::string, uint64_t>> routing_counts_by_device() const;
   // The parts of the model files that loading and evaluating so far have needed (see
-  // Deepseek2Model::touched_file_ranges): what a cold start must read from disk.
+  // Model::touched_file_ranges): what a cold start must read from disk.
   std::vector<gguf::FileRange> touched_file_ranges() const;
 
-  // Evaluates `tokens` of sequence `seq` at positions start, start+1, ...; the cache keeps them.
-  // Writes the logits of every token (all_logits) or of the last one into `logits`
-  // ([rows, n_vocab]). Throws tandem::Error if the tokens would pass the context.
+  // Evaluates `tokens` of sequence `seq` at positions start, start+1, ...; the cache keeps them
+  // (in steps of at most max_step_tokens() when a layer's cache is a window's ring). Writes the
+  // logits of every token (all_logits) or of the last one into `logits` ([rows, n_vocab]).
+  // Throws tandem::Error if the tokens would pass the context.
   void evaluate(std::span<const int32_t> tokens, int32_t start, int32_t seq, bool all_logits,
                 std::vector<float>& logits);
 
@@ -75,25 +75,28 @@ class Engine {
   // position positions[i] of sequence seq_ids[i]. Writes the logits of the tokens listed in
   // `logit_rows`, in that order ([rows, n_vocab]). `kernels` as in core/backend.h: prompt steps
   // Tiled and decode steps PerToken make each sequence's logits independent of the batch.
-  // Throws tandem::Error for a position outside the context or a sequence out of range.
+  // Throws tandem::Error for a position outside the context, a sequence out of range, or more
+  // than max_step_tokens() tokens of one sequence in a step of a model with window layers.
   void evaluate_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                       std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
                       KernelChoice kernels, std::vector<float>& logits);
   int64_t n_seq() const;
+  // The most tokens of one sequence one forward pass stores (sizes the rings of window layers).
+  static constexpr int64_t kMaxStepTokens = 512;
+  // The furthest back a sequence holding `length` positions may be cut to and continued (0 but
+  // for models with sliding-window layers, whose caches keep only their last rows).
+  int64_t earliest_rewind(int64_t length) const;
 
  private:
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<Backend>> backends_;  // [0] = cpu
-  std::unique_ptr<Deepseek2Model> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> cache_;
   int n_threads_ = 1;
   double load_seconds_ = 0;
   std::vector<int32_t> positions_, seq_ids_, logit_rows_;
   std::optional<plan::Placement> placement_;
 };
-
-// Architectures this build runs, for error messages ("deepseek2").
-std::string supported_architectures();
 
 }  // namespace tandem

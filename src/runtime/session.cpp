@@ -34,6 +34,9 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   size_t reuse = 0;
   while (reuse < cached_.size() && reuse < prompt.size() && cached_[reuse] == prompt[reuse]) ++reuse;
   reuse = std::min(reuse, prompt.size() - 1);
+  // A sliding-window layer's cache keeps only its last rows: going back further than it still
+  // holds means evaluating the prompt again from the start.
+  if (int64_t(reuse) < engine_.earliest_rewind(int64_t(cached_.size()))) reuse = 0;
   cached_.assign(prompt.begin(), prompt.begin() + std::ptrdiff_t(reuse));
   const std::span<const int32_t> fresh = prompt.subspan(reuse);
   result.prompt_tokens_evaluated = int32_t(fresh.size());

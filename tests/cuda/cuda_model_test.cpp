@@ -52,7 +52,7 @@ ModelRun run_model(const gguf::GgufFile& file, const DevicePlan& plan, bool grap
   // policy) sit ~0.1-0.6 logits from the GPU's F32 products, beyond what this test resolves.
   model.set_precision(PrecisionPolicy::Int16);
   const Deepseek2Hparams& hp = model.hparams();
-  KvCache cache(plan.layers, hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
+  KvCache cache(plan.layers, model.info().kv, 64, 1, 64);
   ModelRun run{.inputs = kPrompt, .captured = model.captures_steps()};
   const int64_t n_prompt = int64_t(kPrompt.size());
   std::vector<int32_t> positions(kPrompt.size()), seq_ids(kPrompt.size(), 0);

@@ -20,7 +20,7 @@ std::vector<float> logits_for(const gguf::GgufFile& file, std::span<const int32_
   cpu::CpuBackend backend(2);
   Deepseek2Model model(file, backend);
   const auto& hp = model.hparams();
-  KvCache cache(backend, model.n_layers(), hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
+  KvCache cache(backend, model.info().kv, 64, 1, 64);
   std::vector<int32_t> positions, seq_ids(tokens.size(), 0), rows;
   for (size_t i = 0; i < tokens.size(); ++i) positions.push_back(int32_t(i)), rows.push_back(int32_t(i));
   std::vector<float> logits(tokens.size() * hp.n_vocab);
@@ -79,7 +79,7 @@ TEST(Deepseek2Forward, PrefillInOneBatchEqualsTokenByToken) {
   cpu::CpuBackend backend(2);
   Deepseek2Model model(file, backend);
   const auto& hp = model.hparams();
-  KvCache cache(backend, model.n_layers(), hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
+  KvCache cache(backend, model.info().kv, 64, 1, 64);
   std::vector<float> logits(hp.n_vocab);
   float max_diff = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {

@@ -50,7 +50,7 @@ std::vector<int32_t> gpus_in_every_moe_layer(const Placement& p, const ModelInve
   for (int32_t d = 1; d < int32_t(p.devices.size()); ++d) {
     bool all = true;
     for (uint32_t l = 0; l < inv.n_layers && all; ++l) {
-      if (!inv.hparams.is_moe_layer(l)) continue;
+      if (!inv.info.is_moe_layer(l)) continue;
       bool here = false;
       for (size_t i = 0; i < inv.groups.size() && !here; ++i)
         here = inv.groups[i].kind == WeightGroup::RoutedExperts &&
@@ -107,7 +107,7 @@ TEST(Candidates, v3_on_eight_a100s_with_nvlink_spreads_the_experts_and_beats_the
   for (uint32_t l = 0; l < inv.n_layers; ++l) {
     ASSERT_EQ(p.layer_heads[l].size(), 8u) << l;
     for (const HeadShare& share : p.layer_heads[l])
-      EXPECT_EQ(share.n_heads * int64_t(inv.hparams.v_head_dim) % 256, 0) << l;
+      EXPECT_EQ(share.n_heads * int64_t(inv.info.head_split.v_head_dim) % 256, 0) << l;
   }
   // The same split of experts without the heads split predicts less.
   const std::string split_name = "expert parallel + heads split";

@@ -76,8 +76,8 @@ TEST(CostModel, profile_probabilities_sum_to_experts_used) {
 TEST(CostModel, expert_flops_count_three_matrices) {
   const ModelInventory inv = tiny_inventory();
   InventoryGroup expert{.kind = WeightGroup::RoutedExperts, .layer = 1, .expert = 0};
-  EXPECT_DOUBLE_EQ(group_flops_per_token(inv.hparams, expert), 2.0 * 3 * 1024 * 512);
-  EXPECT_DOUBLE_EQ(group_flops_per_token(inv.hparams, {.kind = WeightGroup::Embedding}), 0.0);
+  EXPECT_DOUBLE_EQ(group_flops_per_token(inv.info, expert), 2.0 * 3 * 1024 * 512);
+  EXPECT_DOUBLE_EQ(group_flops_per_token(inv.info, {.kind = WeightGroup::Embedding}), 0.0);
 }
 
 TEST(CostModel, gpu_is_faster_than_cpu_and_split_experts_overlap) {
@@ -140,12 +140,12 @@ TEST(CostModel, each_cut_between_devices_costs_a_transfer) {
 TEST(CostModel, head_split_divides_the_head_projections_by_weights) {
   // DeepSeek-V3: q_b 1536 x 128 x 192, kv_b 512 x 128 x (128 + 128), output 128 x 128 x 7168
   // divide by head; q_a 7168 x 1536 and kv_a 7168 x (512 + 64) stay whole.
-  const Deepseek2Hparams hp = inventory_from_preset("deepseek-v3", "Q4_K_M").hparams;
+  const ModelInfo hp = inventory_from_preset("deepseek-v3", "Q4_K_M").info;
   const double by_head = 1536.0 * 128 * 192 + 512.0 * 128 * 256 + 128.0 * 128 * 7168;
   const double whole = 7168.0 * 1536 + 7168.0 * 576;
-  EXPECT_NEAR(attention_head_fraction(hp), by_head / (by_head + whole), 1e-12);
+  EXPECT_NEAR(hp.head_split.head_fraction, by_head / (by_head + whole), 1e-12);
   EXPECT_EQ(head_share_bytes(hp, 1000000, int32_t(hp.n_head)),
-            uint64_t(attention_head_fraction(hp) * 1000000));
+            uint64_t(hp.head_split.head_fraction * 1000000));
   EXPECT_EQ(head_share_bytes(hp, 1000000, 0), 0u);
 }
 

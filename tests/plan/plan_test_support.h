@@ -58,7 +58,7 @@ inline ModelInventory tiny_inventory() {
   ModelInventory inv;
   inv.name = "tiny";
   inv.quant_mix = "Q4_K_M";
-  Deepseek2Hparams& hp = inv.hparams;
+  Deepseek2Hparams hp;
   hp.n_layer = 8;
   hp.n_embd = 1024;
   hp.n_ff_dense = 2048;
@@ -73,8 +73,8 @@ inline ModelInventory tiny_inventory() {
   hp.n_expert_used = 4;
   hp.n_expert_shared = 1;
   hp.n_ff_expert = 512;
+  inv.info = deepseek2_model_info(hp);
   inv.n_layers = 8;
-  inv.kv_bytes_per_token_per_layer = hp.kv_cache_dims() * 4;
   inv.groups.push_back({.kind = WeightGroup::Embedding, .bytes = 64 * kMiB});
   for (int32_t l = 0; l < 8; ++l) {
     inv.groups.push_back({.kind = WeightGroup::Attention, .layer = l, .bytes = 32 * kMiB});
@@ -107,7 +107,7 @@ inline void expect_valid(const Placement& p, const ModelInventory& inv) {
     if (g.kind == WeightGroup::Attention && g.layer >= 0 && size_t(g.layer) < p.layer_heads.size())
       for (size_t s = 1; s < p.layer_heads[size_t(g.layer)].size(); ++s) {
         const HeadShare& share = p.layer_heads[size_t(g.layer)][s];
-        const uint64_t moved = head_share_bytes(inv.hparams, g.bytes, share.n_heads);
+        const uint64_t moved = head_share_bytes(inv.info, g.bytes, share.n_heads);
         weights[size_t(d)] -= moved;
         weights[size_t(share.device)] += moved;
       }
@@ -134,7 +134,7 @@ inline void expect_valid(const Placement& p, const ModelInventory& inv) {
       next += share.n_heads;
     }
     if (!p.layer_heads[l].empty()) {
-      EXPECT_EQ(next, int32_t(inv.hparams.n_head)) << "layer " << l;
+      EXPECT_EQ(next, int32_t(inv.info.n_head)) << "layer " << l;
       EXPECT_EQ(p.layer_heads[l].front().device, p.layer_device[l]) << "layer " << l;
     }
   }

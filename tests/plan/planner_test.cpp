@@ -275,8 +275,8 @@ RoutingProfile skewed_profile(const ModelInventory& inv, uint64_t seed) {
   profile.model = inv.name;
   profile.counts.resize(inv.n_layers);
   for (uint32_t l = 0; l < inv.n_layers; ++l) {
-    if (!inv.hparams.is_moe_layer(l)) continue;
-    for (uint32_t e = 0; e < inv.hparams.n_expert; ++e) {
+    if (!inv.info.is_moe_layer(l)) continue;
+    for (uint32_t e = 0; e < inv.info.n_expert; ++e) {
       seed = seed * 6364136223846793005ull + 1442695040888963407ull;
       profile.counts[l].push_back((seed >> 33) % 1000 * ((seed >> 20) % 7 == 0 ? 50 : 1));
     }

@@ -33,9 +33,7 @@ std::vector<int32_t> prompt_of(int seq) {
 class Stepper {
  public:
   Stepper(const gguf::GgufFile& file, Backend& backend)
-      : model_(file, backend),
-        cache_(backend, model_.n_layers(), model_.hparams().kv_lora_rank, model_.hparams().qk_rope_dim, 64,
-               kSequences) {}
+      : model_(file, backend), cache_(backend, model_.info().kv, 64, kSequences, 64) {}
 
   void prompts(const std::vector<int>& seqs) {
     std::vector<int32_t> tokens, positions, seq_ids, rows;

@@ -20,7 +20,7 @@ inline std::vector<float> prompt_then_greedy(
     Deepseek2Model& model, std::span<Backend* const> layer_devices, int n_decode,
     const std::function<void(bool after)>& around_step = {}) {
   const auto& hp = model.hparams();
-  KvCache cache(layer_devices, hp.kv_lora_rank, hp.qk_rope_dim, 64, 1);
+  KvCache cache(layer_devices, model.info().kv, 64, 1, 64);
   std::vector<int32_t> tokens = kPromptTokens, positions, seq(tokens.size(), 0), rows;
   for (size_t i = 0; i < tokens.size(); ++i)
     positions.push_back(int32_t(i)), rows.push_back(int32_t(i));

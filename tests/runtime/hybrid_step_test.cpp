@@ -110,6 +110,7 @@ class Recording final : public Backend {
   void mla_attention(const MlaAttentionOp& op) override {
     note("mla_attention"), inner_.mla_attention(op);
   }
+  void attention(const AttentionOp& op) override { note("attention"), inner_.attention(op); }
   void moe_route(const MoeRouteOp& op) override { note("moe_route"), inner_.moe_route(op); }
   void moe(const MoeOp& op) override {
     note(op.n_expert == 1 ? "moe(shared)" : "moe(routed)"), inner_.moe(op);

@@ -30,6 +30,14 @@ void silu_mul_portable(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void swiglu_clamped(float* gate, const float* up, int64_t n, ThreadPool& pool) {
+  const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
+  pool.parallel_for(tasks, [&](int64_t task, int) {
+    const int64_t first = task * kElementsPerTask, last = std::min(n, first + kElementsPerTask);
+    for (int64_t i = first; i < last; ++i) gate[i] = swiglu_clamped_one(gate[i], up[i]);
+  });
+}
+
 void silu_mul(float* gate, const float* up, int64_t n, ThreadPool& pool) {
   run_silu_mul(best_kernel_table(), gate, up, n, pool);
 }

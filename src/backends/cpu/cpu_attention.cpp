@@ -1,4 +1,5 @@
-// RoPE (angles from backends/rope_angles.h) and multi-head latent attention on the CPU.
+// RoPE (angles from backends/rope_angles.h), multi-head latent attention and grouped-query
+// attention on the CPU.
 #include <algorithm>
 #include <cmath>
 
@@ -20,13 +21,17 @@ void CpuBackend::rope(const RopeOp& op) {
     const float pos = float(op.positions[t]);
     for (int64_t i = 0; i < half; ++i)
       rope_cos_sin(p, ramp.low, ramp.high, pos, i, &cos_sin[2 * i], &cos_sin[2 * i + 1]);
+    // Pair i is dims (2i, 2i + 1), or (i, i + half) in the NeoX layout.
+    const int64_t first_stride = p.neox ? 1 : 2, second_offset = p.neox ? half : 1;
     for (int64_t h = 0; h < op.n_heads; ++h) {
       float* x = op.data + t * op.token_stride + h * op.head_stride + op.offset;
       for (int64_t i = 0; i < half; ++i) {
-        const float x0 = x[2 * i], x1 = x[2 * i + 1];
+        float& a = x[first_stride * i];
+        float& b = x[first_stride * i + second_offset];
+        const float x0 = a, x1 = b;
         const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-        x[2 * i] = x0 * c - x1 * s;
-        x[2 * i + 1] = x0 * s + x1 * c;
+        a = x0 * c - x1 * s;
+        b = x0 * s + x1 * c;
       }
     }
   }
@@ -104,6 +109,60 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
   for (int64_t h = 0; h < H; ++h)
     copy_rows(op.output + h * op.v_head_dims, H * op.v_head_dims, v_out + h * T * op.v_head_dims,
               op.v_head_dims, T, op.v_head_dims);
+}
+
+}  // namespace tandem::cpu
+
+namespace tandem::cpu {
+
+// Grouped-query attention: the few-query kernels over each sequence's key/value rows, the query
+// heads of one kv head scoring its keys and summing its values (AttendArgs' kv groups).
+void CpuBackend::attention(const AttentionOp& op) {
+  const KvLayerView& c = op.cache;
+  const int64_t H = op.n_heads, kv = op.n_kv_heads, row = c.row();
+  TANDEM_CHECK(kv >= 1 && H % kv == 0 && c.k_dims == kv * op.head_dim &&
+               c.v_dims == kv * op.v_head_dim && op.window >= 0);
+  if (c.ring) TANDEM_CHECK(op.window > 0 && op.window <= c.n_ctx);
+  if (first_key_scratch_.size() < size_t(op.n_tokens))
+    first_key_scratch_.resize(size_t(op.n_tokens));
+  int32_t* first_keys = first_key_scratch_.data();
+  for (int64_t t = 0; t < op.n_tokens; ++t)
+    first_keys[t] =
+        op.window > 0 ? std::max<int32_t>(0, op.positions[t] - int32_t(op.window) + 1) : 0;
+  for (int64_t run_start = 0; run_start < op.n_tokens;) {
+    int64_t run_end = run_start + 1;
+    while (run_end < op.n_tokens && op.seq_ids[run_end] == op.seq_ids[run_start]) ++run_end;
+    TANDEM_CHECK(op.seq_ids[run_start] >= 0 && op.seq_ids[run_start] < c.n_seq);
+    const float* rows = c.data + int64_t(op.seq_ids[run_start]) * c.n_ctx * row;
+    // A call's queries stay few (its parts' buffers grow with them): 1024 at most.
+    const int64_t chunk = std::clamp<int64_t>(1024 / H, 1, run_end - run_start);
+    for (int64_t first = run_start; first < run_end; first += chunk) {
+      const int64_t last = std::min(run_end, first + chunk);
+      attend({.x = op.q + first * H * op.head_dim,
+              .x_stride = op.head_dim,
+              .n_tokens = last - first,
+              .heads = H,
+              .last_key = op.positions + first,
+              .keys = rows,
+              .key_stride = row,
+              .cols = op.head_dim,
+              .n_out = op.v_head_dim,
+              .scale = op.scale,
+              .out = op.output + first * H * op.v_head_dim,
+              .out_token_stride = H * op.v_head_dim,
+              .out_head_stride = op.v_head_dim,
+              .kv_groups = kv,
+              .key_group_offset = op.head_dim,
+              .values = rows + c.k_dims,
+              .value_stride = row,
+              .value_group_offset = op.v_head_dim,
+              .first_key = first_keys + first,
+              .ring = c.ring ? c.n_ctx : 0,
+              .sinks = op.sinks},
+             pool_);
+    }
+    run_start = run_end;
+  }
 }
 
 }  // namespace tandem::cpu

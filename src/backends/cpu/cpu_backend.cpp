@@ -100,6 +100,9 @@ void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 
 void CpuBackend::matmul(const MatmulOp& op) {
   matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels);
+  if (op.bias)
+    for (int64_t t = 0; t < op.n_tokens; ++t)
+      add(op.output + t * op.weight.rows, op.bias, op.weight.rows);
 }
 
 void CpuBackend::rms_norm(const RmsNormOp& op) {
@@ -137,12 +140,18 @@ void CpuBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int
 }
 
 void CpuBackend::kv_store(const KvStoreOp& op) {
-  const int64_t row = op.cache.row();
+  const KvLayerView& c = op.cache;
+  const int64_t row = c.row();
+  // Latent rows are stored whole; key/value rows from their two halves.
+  const int64_t first_part = op.values ? c.k_dims : row;
+  TANDEM_CHECK((op.values != nullptr) == (c.k_dims > 0));
   for (int64_t t = 0; t < op.n_tokens; ++t) {
-    TANDEM_CHECK(op.seq_ids[t] >= 0 && op.seq_ids[t] < op.cache.n_seq);
-    TANDEM_CHECK(op.positions[t] >= 0 && op.positions[t] < op.cache.n_ctx);
-    float* dst = op.cache.data + (int64_t(op.seq_ids[t]) * op.cache.n_ctx + op.positions[t]) * row;
-    std::memcpy(dst, op.rows + t * row, size_t(row) * sizeof(float));
+    TANDEM_CHECK(op.seq_ids[t] >= 0 && op.seq_ids[t] < c.n_seq);
+    TANDEM_CHECK(op.positions[t] >= 0 && (c.ring || op.positions[t] < c.n_ctx));
+    float* dst = c.data + (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(op.positions[t])) * row;
+    std::memcpy(dst, op.rows + t * first_part, size_t(first_part) * sizeof(float));
+    if (op.values)
+      std::memcpy(dst + c.k_dims, op.values + t * c.v_dims, size_t(c.v_dims) * sizeof(float));
   }
 }
 

@@ -42,6 +42,7 @@ class CpuBackend final : public Backend {
   void rope(const RopeOp& op) override;
   void kv_store(const KvStoreOp& op) override;
   void mla_attention(const MlaAttentionOp& op) override;
+  void attention(const AttentionOp& op) override;
   void moe_route(const MoeRouteOp& op) override;
   void moe(const MoeOp& op) override;
   void moe_reduce(const MoeReduceOp& op) override;
@@ -61,6 +62,7 @@ class CpuBackend final : public Backend {
   // Scratch that only grows: ops allocate nothing once the largest batch has been seen.
   std::vector<float> scratch_a_, scratch_b_, scratch_c_, scratch_d_;
   std::vector<int32_t> index_scratch_;
+  std::vector<int32_t> first_key_scratch_;  // attention: each token's first key
   std::vector<int32_t> expert_fill_;
   std::vector<MatmulArgs> matmul_args_;
 };

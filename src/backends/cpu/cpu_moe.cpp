@@ -72,12 +72,25 @@ void CpuBackend::moe(const MoeOp& op) {
   });
   cpu::matmul_many(matmul_args_, pool_);
   const int64_t n_slots = offsets[held];
-  silu_mul(gate, up, n_slots * F, pool_);
+  // Biases by the local matrix of each sorted slot's expert: a row each, added in place.
+  auto add_bias = [&](float* rows, const float* bias, int64_t width) {
+    if (!bias) return;
+    for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
+      for (int64_t i = first; i < first + n; ++i) add(rows + i * width, bias + m * width, width);
+    });
+  };
+  add_bias(gate, op.gate_bias, F);
+  add_bias(up, op.up_bias, F);
+  if (op.activation == FfnActivation::SwiGluClamped)
+    swiglu_clamped(gate, up, n_slots * F, pool_);
+  else
+    silu_mul(gate, up, n_slots * F, pool_);
   matmul_args_.clear();
   for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
     matmul_args_.push_back(args_of(op.down.matrix(m), gate + first * F, n, down + first * D));
   });
   cpu::matmul_many(matmul_args_, pool_);
+  add_bias(down, op.down_bias, D);
   for (int64_t i = 0; i < n_slots; ++i)
     std::copy_n(down + i * D, D, op.slots + int64_t(order[i]) * D);
 }

@@ -75,17 +75,25 @@ int64_t part_keys(int64_t n_keys) {
 }
 
 void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool) {
-  TANDEM_CHECK(a.cols >= 0 && a.cols <= a.key_stride && a.cols <= a.x_stride && a.n_out <= a.cols &&
-               a.n_tokens >= 0 && a.heads >= 0);
+  const int64_t groups = a.kv_groups;
+  TANDEM_CHECK(a.cols >= 0 && a.n_tokens >= 0 && a.heads >= 0 && groups >= 1 &&
+               a.heads % groups == 0 && a.ring >= 0);
+  TANDEM_CHECK(a.values ? a.n_out <= a.value_stride : a.n_out <= a.cols);
+  TANDEM_CHECK((groups - 1) * a.key_group_offset + a.cols <= a.key_stride && a.cols <= a.x_stride);
   if (a.n_tokens == 0 || a.heads == 0) return;
-  const int64_t H = a.heads, n_groups = (H + 15) / 16, n_slices = (a.n_out + 63) / 64;
+  const int64_t H = a.heads, per_group = H / groups;
+  const int64_t vector_groups = (per_group + 15) / 16, n_slices = (a.n_out + 63) / 64;
+  const float* value_rows = a.values ? a.values : a.keys;
+  const int64_t value_stride = a.values ? a.value_stride : a.key_stride;
+  auto first_key = [&](int64_t t) -> int64_t { return a.first_key ? a.first_key[t] : 0; };
   // Parts per token, and where each token's parts start in the list.
   thread_local std::vector<int64_t> first_part_storage;
   std::vector<int64_t>& first_part = first_part_storage;  // named here: workers see the caller's
   first_part.assign(size_t(a.n_tokens + 1), 0);
   for (int64_t t = 0; t < a.n_tokens; ++t) {
-    TANDEM_CHECK(a.last_key[t] >= 0);
-    const int64_t keys = a.last_key[t] + 1;
+    TANDEM_CHECK(a.last_key[t] >= first_key(t) && first_key(t) >= 0);
+    TANDEM_CHECK(a.ring == 0 || a.last_key[t] - first_key(t) < a.ring);
+    const int64_t keys = a.last_key[t] - first_key(t) + 1;
     first_part[size_t(t + 1)] = first_part[size_t(t)] + (keys + part_keys(keys) - 1) / part_keys(keys);
   }
   const int64_t n_parts = first_part.back();
@@ -100,25 +108,39 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
 
   pool.parallel_for(n_parts, [&](int64_t i, int) {
     const int64_t t = std::upper_bound(first_part.begin(), first_part.end(), i) - first_part.begin() - 1;
-    const int64_t keys = a.last_key[t] + 1, part_size = part_keys(keys);
-    const int64_t part_first = (i - first_part[size_t(t)]) * part_size;
-    const int64_t n_part_keys = std::min(part_size, keys - part_first);
-    // Each thread's own scratch: the token's queries transposed, a block's scores and weighted
-    // sums, and how much the sums before it shrink.
+    const int64_t keys = a.last_key[t] - first_key(t) + 1, part_size = part_keys(keys);
+    const int64_t part_first = first_key(t) + (i - first_part[size_t(t)]) * part_size;
+    const int64_t part_end = std::min(part_first + part_size, a.last_key[t] + int64_t(1));
+    // Each thread's own scratch: the token's queries transposed (per kv group), a block's scores
+    // and weighted sums, and how much the sums before it shrink.
     thread_local std::vector<float> transposed, scores, block_acc, old_scale;
-    transpose_queries(a.x + t * H * a.x_stride, a.x_stride, H, a.cols, transposed);
+    const size_t group_floats = size_t(vector_groups * a.cols * 16);
+    transposed.resize(size_t(groups) * group_floats);
+    thread_local std::vector<float> one_group;
+    for (int64_t g = 0; g < groups; ++g) {
+      transpose_queries(a.x + (t * H + g * per_group) * a.x_stride, a.x_stride, per_group, a.cols,
+                        one_group);
+      std::copy(one_group.begin(), one_group.end(), transposed.begin() + g * group_floats);
+    }
     scores.resize(size_t(H * kAttendBlock));
     block_acc.resize(size_t(H * a.n_out));
     old_scale.resize(size_t(H));
     const Part out = part(i);
-    for (int64_t first_key = part_first; first_key < part_first + n_part_keys; first_key += kAttendBlock) {
-      const int64_t n_keys = std::min(kAttendBlock, part_first + n_part_keys - first_key);
-      const float* rows = a.keys + first_key * a.key_stride;
-      const bool first_block = first_key == part_first;
-      for (int64_t g = 0; g < n_groups; ++g)
-        table.key_scores_16(transposed.data() + g * a.cols * 16, int(std::min<int64_t>(16, H - 16 * g)),
-                            rows, a.key_stride, n_keys, a.cols, scores.data() + 16 * g * kAttendBlock,
-                            kAttendBlock);
+    for (int64_t first = part_first; first < part_end;) {
+      int64_t n_keys = std::min(kAttendBlock, part_end - first);
+      const int64_t row = a.ring ? first % a.ring : first;
+      if (a.ring) n_keys = std::min(n_keys, a.ring - row);  // a block's rows are consecutive
+      const bool first_block = first == part_first;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* key_rows = a.keys + row * a.key_stride + g * a.key_group_offset;
+        for (int64_t v = 0; v < vector_groups; ++v) {
+          const int64_t head = g * per_group + 16 * v;
+          table.key_scores_16(transposed.data() + g * group_floats + v * a.cols * 16,
+                              int(std::min<int64_t>(16, per_group - 16 * v)), key_rows,
+                              a.key_stride, n_keys, a.cols, scores.data() + head * kAttendBlock,
+                              kAttendBlock);
+        }
+      }
       // Exponentials against the largest score so far; what the earlier blocks summed is scaled
       // down when this block raised it (by exactly 1 when it did not).
       for (int64_t h = 0; h < H; ++h) {
@@ -129,33 +151,39 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
         out.sum[h] = first_block ? sum : out.sum[h] * old_scale[h] + sum;
         out.max[h] = top;
       }
-      for (int64_t slice = 0; slice < n_slices; ++slice)
-        for (int64_t q0 = 0; q0 < H; q0 += 4) {
-          const int n_q = int(std::min<int64_t>(4, H - q0));
-          const float* p[4];
-          float* acc[4];
-          for (int q = 0; q < n_q; ++q) {
-            p[q] = scores.data() + (q0 + q) * kAttendBlock;
-            acc[q] = (first_block ? out.acc : block_acc.data()) + (q0 + q) * a.n_out + 64 * slice;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* rows = value_rows + row * value_stride + g * a.value_group_offset;
+        for (int64_t slice = 0; slice < n_slices; ++slice)
+          for (int64_t q0 = g * per_group; q0 < (g + 1) * per_group; q0 += 4) {
+            const int n_q = int(std::min<int64_t>(4, (g + 1) * per_group - q0));
+            const float* p[4];
+            float* acc[4];
+            for (int q = 0; q < n_q; ++q) {
+              p[q] = scores.data() + (q0 + q) * kAttendBlock;
+              acc[q] = (first_block ? out.acc : block_acc.data()) + (q0 + q) * a.n_out + 64 * slice;
+            }
+            table.weighted_sums_64(p, n_q, rows + 64 * slice, value_stride, n_keys,
+                                   int(std::min<int64_t>(64, a.n_out - 64 * slice)), acc);
           }
-          table.weighted_sums_64(p, n_q, rows + 64 * slice, a.key_stride, n_keys,
-                                 int(std::min<int64_t>(64, a.n_out - 64 * slice)), acc);
-        }
+      }
       if (!first_block)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t c = 0; c < a.n_out; ++c)
             out.acc[h * a.n_out + c] = out.acc[h * a.n_out + c] * old_scale[h] + block_acc[size_t(h * a.n_out + c)];
+      first += n_keys;
     }
   });
 
-  // Each (token, head): its parts rescaled to the largest maximum and added in order.
+  // Each (token, head): its parts rescaled to the largest maximum (the sink's logit among them)
+  // and added in order; the sink adds to the denominator only.
   pool.parallel_for(a.n_tokens * H, [&](int64_t query, int) {
     const int64_t t = query / H, h = query % H;
     const int64_t first = first_part[size_t(t)], last = first_part[size_t(t + 1)];
-    float top = -INFINITY;
+    float top = a.sinks ? a.sinks[h] : -INFINITY;
     for (int64_t i = first; i < last; ++i) top = std::max(top, part(i).max[h]);
     float total = 0;
     for (int64_t i = first; i < last; ++i) total += part(i).sum[h] * std::exp(part(i).max[h] - top);
+    if (a.sinks) total += std::exp(a.sinks[h] - top);
     float* o = a.out + t * a.out_token_stride + h * a.out_head_stride;
     std::fill(o, o + a.n_out, 0.0f);
     for (int64_t i = first; i < last; ++i) {

@@ -49,13 +49,15 @@ struct WeightedSumsArgs {
 };
 
 // Softmax attention of a few tokens' queries over their sequence's cache rows, in one pass over
-// the keys: out = Σ_j softmax_j(scale · x·keys[j]) · keys[j][0 .. n_out), each token attending to
-// keys 0 .. last_key[t]. The keys go in blocks of kAttendBlock from key 0; a block's scores,
-// their exponentials against the largest score so far and its weighted sums are computed while
-// its rows are in L2 (the cache is read from memory once, not once for the scores and once for
-// the sums). Blocks are merged in order into parts (one block, or four past 1024 keys), and the
-// parts in order, rescaled to the overall maximum. One parallel job over (token, part). A token's result depends only on its queries and its own keys (the
-// blocks start at key 0 whatever the call), so it is the same alone and among others.
+// the keys: out = Σ_j softmax_j(scale · x·keys[j]) · keys[j][0 .. n_out) (or the value rows), each
+// token attending to keys first_key[t] .. last_key[t]. The keys go in blocks of kAttendBlock from
+// key 0; a block's scores, their exponentials against the largest score so far and its weighted
+// sums are computed while its rows are in L2 (the cache is read from memory once, not once for the
+// scores and once for the sums). Blocks are merged in order into parts (one block, or four past
+// 1024 keys), and the parts in order, rescaled to the overall maximum (and the sink, if any). One
+// parallel job over (token, part). A token's result depends only on its queries and its own keys
+// (the blocks start at its first key whatever the call, and a block stops at the ring's end), so it
+// is the same alone and among others.
 constexpr int64_t kAttendBlock = 128;
 
 struct AttendArgs {
@@ -67,10 +69,24 @@ struct AttendArgs {
   const float* keys = nullptr;        // [.., key_stride]: columns 0 .. cols-1 scored
   int64_t key_stride = 0;
   int64_t cols = 0;
-  int64_t n_out = 0;  // columns of each key row summed (at most cols)
+  int64_t n_out = 0;  // columns of each summed row (of the key rows themselves: at most cols)
   float scale = 1;
   float* out = nullptr;  // token t's head h at out + t * out_token_stride + h * out_head_stride
   int64_t out_token_stride = 0, out_head_stride = 0;
+
+  // Grouped-query attention. The heads form kv_groups groups of consecutive heads; group g scores
+  // columns [g * key_group_offset, + cols) of the key rows and sums columns
+  // [g * value_group_offset, + n_out) of the value rows. MLA: one group, its keys summed.
+  int64_t kv_groups = 1;
+  int64_t key_group_offset = 0;
+  const float* values = nullptr;  // [.., value_stride] rows summed, or null: the key rows
+  int64_t value_stride = 0, value_group_offset = 0;
+  // [n_tokens]: the first key each token attends to (a sliding window), or null: key 0.
+  const int32_t* first_key = nullptr;
+  // Key j is row j % ring of keys and values (a sliding-window cache), or row j when 0.
+  int64_t ring = 0;
+  // [heads]: one more logit per head in the softmax's denominator (attention sinks), or null.
+  const float* sinks = nullptr;
 };
 
 // One parallel job each, with the kernels of best_cpu_isa().

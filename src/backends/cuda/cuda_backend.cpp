@@ -539,6 +539,12 @@ void CudaBackend::mla_attention(const MlaAttentionOp& op) {
   use_tiles ? matmul_tiled(expand, stream_) : matmul_rows(expand, stream_);
 }
 
+void CudaBackend::attention(const AttentionOp& op) {
+  (void)op;
+  fail("{}: grouped-query attention has no CUDA kernel yet; run this model's attention on the CPU",
+       name_);
+}
+
 void CudaBackend::moe_route(const MoeRouteOp& op) {
   if (op.n_tokens == 0) return;
   activate();

@@ -288,6 +288,9 @@ void SimBackend::kv_store(const KvStoreOp& op) { submit([=, this] { compute_.kv_
 void SimBackend::mla_attention(const MlaAttentionOp& op) {
   submit([=, this] { compute_.mla_attention(op); });
 }
+void SimBackend::attention(const AttentionOp& op) {
+  submit([=, this] { compute_.attention(op); });
+}
 void SimBackend::moe_route(const MoeRouteOp& op) { submit([=, this] { compute_.moe_route(op); }); }
 void SimBackend::moe(const MoeOp& op) { submit([=, this] { compute_.moe(op); }); }
 void SimBackend::moe_reduce(const MoeReduceOp& op) { submit([=, this] { compute_.moe_reduce(op); }); }

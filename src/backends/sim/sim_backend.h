@@ -62,6 +62,7 @@ class SimBackend final : public Backend {
   void rope(const RopeOp& op) override;
   void kv_store(const KvStoreOp& op) override;
   void mla_attention(const MlaAttentionOp& op) override;
+  void attention(const AttentionOp& op) override;
   void moe_route(const MoeRouteOp& op) override;
   void moe(const MoeOp& op) override;
   void moe_reduce(const MoeReduceOp& op) override;

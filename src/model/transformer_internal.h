@@ -1,35 +1,27 @@
 #pragma once
-// Internal to model/deepseek2*.cpp: the per-layer weights, expert shards and per-device buffers
-// of Deepseek2Model, shared by the forward pass (deepseek2.cpp) and the step machinery around it
-// (deepseek2_steps.cpp: buffers, step inputs, transfers between devices, graphs).
+// Internal to model/: the per-layer FFN weights, expert shards and per-device buffers of
+// Transformer, shared by the step machinery (transformer.cpp), the FFN blocks (ffn_blocks.cpp) and
+// the architecture files, whose attention takes its buffers from the same workspaces.
 #include <array>
 #include <memory>
 #include <vector>
 
-#include "model/deepseek2.h"
+#include "model/transformer.h"
 
 namespace tandem {
 
-// Weights of one block; shapes in [rows, cols] of the matrices as the ops see them.
-struct Deepseek2Model::Layer {
-  const float* attn_norm = nullptr;  // [n_embd]
-  WeightView q;                      // [n_head * (nope + rope), n_embd]   (no q LoRA)
-  WeightView q_a;                    // [q_lora, n_embd]                   (q LoRA)
-  const float* q_a_norm = nullptr;   // [q_lora]
-  WeightView q_b;                    // [n_head * (nope + rope), q_lora]
-  WeightView kv_a_mqa;               // [kv_lora + rope, n_embd]: latent and shared rope key
-  const float* kv_a_norm = nullptr;  // [kv_lora]
-  WeightView k_b;                    // n_head x [kv_lora, nope]: absorbs the key projection
-  WeightView v_b;                    // n_head x [v_head, kv_lora]
-  WeightView attn_output;            // [n_embd, n_head * v_head]
-  const float* ffn_norm = nullptr;   // [n_embd]
-
+// One layer's FFN and where it runs; shapes in [rows, cols] of the matrices as the ops see them.
+struct Transformer::FfnLayer {
+  Backend* device = nullptr;  // the layer's device: runs everything here but the expert shards
+  bool moe = false;
   // Dense layers: one SwiGLU FFN, as a one-expert stack.
   WeightView ffn_gate, ffn_up, ffn_down;  // [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
   // MoE layers.
-  WeightView router;                            // [n_expert, n_embd] F32 logits
-  const float* expert_bias = nullptr;           // [n_expert] selection-only bias (V3), or null
-  std::vector<ExpertShard> shards;              // the routed experts, by device
+  MoeConfig config;
+  WeightView router;                   // [n_expert, n_embd] router logits
+  const float* router_bias = nullptr;  // [n_expert] added to the logits (gpt-oss), or null
+  const float* expert_bias = nullptr;  // [n_expert] selection-only bias (exp_probs_b), or null
+  std::vector<ExpertShard> shards;     // the routed experts, by device
   // With copies of experts (DevicePlan::expert_copies): the most devices holding one expert (the
   // width of each shard's holders table); 1 without copies.
   int32_t max_holders = 1;
@@ -37,18 +29,16 @@ struct Deepseek2Model::Layer {
   // The file's tensors of the routed experts (gate, up, down stacks of all experts).
   std::array<const gguf::TensorInfo*, 3> expert_stacks{};
   uint64_t* route_counts = nullptr;  // [n_expert] choices so far, on `device`
-  // Head-split attention (DevicePlan::heads): the shares, the first on `device`; then q/q_b,
-  // k_b, v_b and attn_output above are unbound (each share holds its heads' part).
-  std::vector<HeadShard> head_shards;
-  bool moe = false;
-  Backend* device = nullptr;  // runs everything above but the expert shards
 };
 
 // The routed experts of one layer that live on one device: stacks of their gate, up and down
 // matrices (n_expert_here x the dense shapes with n_ff_expert) and where each expert sits.
-struct Deepseek2Model::ExpertShard {
+struct Transformer::ExpertShard {
   Backend* device = nullptr;
   WeightView gate, up, down;
+  const float* gate_bias = nullptr;  // [held, n_ff_expert] per-expert biases (MoeConfig::biases)
+  const float* up_bias = nullptr;    // [held, n_ff_expert]
+  const float* down_bias = nullptr;  // [held, n_embd]
   std::vector<int32_t> local_index;  // [n_expert]: matrix in the stacks, -1 if elsewhere (host)
   const int32_t* device_local_index = nullptr;  // the same in the device's memory
   std::shared_ptr<DeviceBuffer> local_index_buffer;
@@ -58,23 +48,8 @@ struct Deepseek2Model::ExpertShard {
   std::shared_ptr<DeviceBuffer> holders_buffer, step_index_buffer, home_index_buffer;
 };
 
-// Some heads of a layer's attention on one device: its rows of q_b (or q), its heads' k_b and
-// v_b, its columns of attn_output; and, on a device other than the layer's, a copy of the
-// layer's latent KV cache for each cache the model was run with (every head reads all of it).
-struct Deepseek2Model::HeadShard {
-  Backend* device = nullptr;
-  int32_t first_head = 0, n_heads = 0;
-  WeightView q, k_b, v_b, attn_output;
-  struct CacheCopy {
-    const float* of = nullptr;  // the layer's cache it mirrors
-    std::shared_ptr<DeviceBuffer> buffer;
-    KvLayerView view;
-  };
-  std::vector<CacheCopy> cache_copies;
-};
-
 // The step's per-token arrays as one device's ops read them (its memory).
-struct Deepseek2Model::StepInputs {
+struct Transformer::StepInputs {
   const int32_t* tokens = nullptr;       // [T], on the embeddings device only
   const int32_t* positions = nullptr;    // [T]
   const int32_t* seq_ids = nullptr;      // [T]
@@ -84,7 +59,7 @@ struct Deepseek2Model::StepInputs {
 
 // A decode step's graph for one shape; `seen` before it is captured: the first step of a shape
 // runs op by op and sizes every buffer, so that nothing allocates inside the capture.
-struct Deepseek2Model::GraphEntry {
+struct Transformer::GraphEntry {
   int64_t n_tokens;
   KernelChoice kernels;
   bool sized = false;            // a step of this shape ran op by op and sized every buffer
@@ -96,13 +71,15 @@ struct Deepseek2Model::GraphEntry {
 
 // Activation buffers of one device, allocated on first use and grown for larger batches: a
 // device that only holds experts gets only the buffers the experts need.
-struct Deepseek2Model::Workspace {
+struct Transformer::Workspace {
   enum Buffer {
     kResidual,       // [T, n_embd] residual stream
     kNormed,         // [T, n_embd] normed input of a sub-layer
-    kQueryLora,      // [T, q_lora]
-    kQuery,          // [T, n_head, nope + rope]
-    kLatent,         // [T, kv_lora + rope]
+    kQueryLora,      // [T, q_lora] (MLA)
+    kQuery,          // [T, n_head, head dims]
+    kLatent,         // [T, kv_lora + rope] (MLA)
+    kKeys,           // [T, n_kv_head, head_dim] (grouped-query attention)
+    kValues,         // [T, n_kv_head, v_head_dim]
     kAttention,      // [T, n_head * v_head]
     kOutput,         // [T, n_embd] sub-layer output
     kPartial,        // [T, n_embd] this device's part of another's head-split attention output
@@ -166,6 +143,8 @@ struct Deepseek2Model::Workspace {
                                                    "q LoRA activations",
                                                    "queries",
                                                    "latent keys",
+                                                   "keys",
+                                                   "values",
                                                    "attention output",
                                                    "sub-layer output",
                                                    "partial attention output",

@@ -1,0 +1,417 @@
+// The FFN blocks of Transformer (transformer.h): a dense SwiGLU, or a MoE layer whose router runs
+// on the layer's device and whose routed experts are spread over the devices that hold them
+// (copies of experts included), with the host's experts in a host task and the shared experts on
+// the layer's device; plus the cold-start reads of experts used in place.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/replica_choice.h"
+#include "model/transformer.h"
+#include "model/transformer_internal.h"
+
+namespace tandem {
+
+void Transformer::bind_ffn(uint32_t il, const MoeConfig& moe) {
+  FfnLayer& l = ffn_[il];
+  Backend& on = *devices_.layers[il];
+  l.device = &on;
+  const std::string blk = fmt::format("blk.{}.", il);
+  const int64_t embd = info_.n_embd;
+  l.moe = info_.is_moe_layer(il);
+  if (!l.moe) {
+    const int64_t ff = info_.n_ff_dense;
+    l.ffn_gate = binder_.matrix(blk + "ffn_gate.weight", {embd, ff}, on);
+    l.ffn_up = binder_.matrix(blk + "ffn_up.weight", {embd, ff}, on);
+    l.ffn_down = binder_.matrix(blk + "ffn_down.weight", {ff, embd}, on);
+    return;
+  }
+  const int64_t n_exp = info_.n_expert;
+  l.config = moe;
+  expert_seen_[il].assign(size_t(n_exp), 0);
+  guessing_[il] = 1;
+  l.router = binder_.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp}, on);
+  if (moe.biases) l.router_bias = binder_.f32(blk + "ffn_gate_inp.bias", {n_exp}, on);
+  if (binder_.has(blk + "exp_probs_b.bias"))
+    l.expert_bias = binder_.f32(blk + "exp_probs_b.bias", {n_exp}, on);
+  bind_experts(l, il, moe);
+  if (info_.n_expert_shared > 0) {
+    const int64_t shared_ff = int64_t(info_.n_ff_expert) * info_.n_expert_shared;
+    l.gate_shexp = binder_.matrix(blk + "ffn_gate_shexp.weight", {embd, shared_ff}, on);
+    l.up_shexp = binder_.matrix(blk + "ffn_up_shexp.weight", {embd, shared_ff}, on);
+    l.down_shexp = binder_.matrix(blk + "ffn_down_shexp.weight", {shared_ff, embd}, on);
+  }
+}
+
+void Transformer::bind_experts(FfnLayer& l, uint32_t il, const MoeConfig& moe) {
+  const std::string blk = fmt::format("blk.{}.", il);
+  const int64_t embd = info_.n_embd, ff = info_.n_ff_expert, n_exp = info_.n_expert;
+  const std::vector<Backend*>& where = devices_.experts[il];
+  TANDEM_CHECK(int64_t(where.size()) == n_exp);
+  static const std::vector<std::vector<Backend*>> no_copies;
+  const std::vector<std::vector<Backend*>>& copies =
+      il < devices_.expert_copies.size() ? devices_.expert_copies[il] : no_copies;
+  TANDEM_CHECK(copies.empty() || int64_t(copies.size()) == n_exp);
+  auto holds = [&](Backend* d, int32_t e) {
+    return where[size_t(e)] == d ||
+           (!copies.empty() && std::ranges::find(copies[size_t(e)], d) != copies[size_t(e)].end());
+  };
+  std::vector<Backend*> devices;  // in order of first appearance: homes, then copies
+  for (Backend* d : where)
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  for (const std::vector<Backend*>& of : copies)
+    for (Backend* d : of)
+      if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  for (Backend* d : devices) {
+    ExpertShard shard;
+    shard.device = d;
+    shard.local_index.assign(size_t(n_exp), -1);
+    std::vector<int32_t> held;
+    for (int32_t e = 0; e < n_exp; ++e)
+      if (holds(d, e)) {
+        shard.local_index[size_t(e)] = int32_t(held.size());
+        held.push_back(e);
+      }
+    shard.gate = binder_.matrices(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}, held, *d);
+    shard.up = binder_.matrices(blk + "ffn_up_exps.weight", {embd, ff, n_exp}, held, *d);
+    shard.down = binder_.matrices(blk + "ffn_down_exps.weight", {ff, embd, n_exp}, held, *d);
+    if (moe.biases) {
+      shard.gate_bias = binder_.f32_rows(blk + "ffn_gate_exps.bias", {ff, n_exp}, held, *d);
+      shard.up_bias = binder_.f32_rows(blk + "ffn_up_exps.bias", {ff, n_exp}, held, *d);
+      shard.down_bias = binder_.f32_rows(blk + "ffn_down_exps.bias", {embd, n_exp}, held, *d);
+    }
+    if (d->uses_host_memory()) {
+      shard.device_local_index = shard.local_index.data();
+    } else {
+      shard.local_index_buffer = d->allocate(size_t(n_exp) * sizeof(int32_t), blk + "expert index");
+      d->copy_from_host(shard.local_index_buffer->data(), shard.local_index.data(),
+                        size_t(n_exp) * sizeof(int32_t));
+      shard.device_local_index = static_cast<const int32_t*>(shard.local_index_buffer->data());
+    }
+    l.shards.push_back(std::move(shard));
+  }
+  if (std::ranges::any_of(copies, [](const auto& of) { return !of.empty(); }))
+    bind_expert_copies(l, il, copies);
+  l.expert_stacks = {&binder_.info(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}),
+                     &binder_.info(blk + "ffn_up_exps.weight", {embd, ff, n_exp}),
+                     &binder_.info(blk + "ffn_down_exps.weight", {ff, embd, n_exp})};
+}
+
+// The holders table of a layer whose experts have copies, on every device that holds some.
+void Transformer::bind_expert_copies(FfnLayer& l, uint32_t il,
+                                     const std::vector<std::vector<Backend*>>& copies) {
+  const int64_t n_exp = info_.n_expert;
+  const std::vector<Backend*>& where = devices_.experts[il];
+  auto shard_of = [&](const Backend* d) {
+    for (size_t i = 0; i < l.shards.size(); ++i)
+      if (l.shards[i].device == d) return int32_t(i);
+    return int32_t(-1);
+  };
+  auto kind = [](const Backend* d) { return d->name().substr(0, d->name().find(':')); };
+  if (l.shards.size() > size_t(kMaxReplicaShards))
+    fail("layer {}: its experts are spread over {} devices; copies of experts work over at most {}",
+         il, l.shards.size(), kMaxReplicaShards);
+  for (const std::vector<Backend*>& of : copies)
+    l.max_holders = std::max(l.max_holders, int32_t(1 + of.size()));
+  // Per expert its holders' shard numbers, the home first, -1 padding.
+  std::vector<int32_t> holders(size_t(n_exp * l.max_holders), -1);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    int32_t* h = &holders[size_t(e * l.max_holders)];
+    h[0] = shard_of(where[size_t(e)]);
+    for (size_t i = 0; i < copies[size_t(e)].size(); ++i) {
+      const Backend* d = copies[size_t(e)][i];
+      if (d->uses_host_memory() || kind(d) != kind(where[size_t(e)]))
+        fail(
+            "layer {} expert {}: a copy on {} beside its home on {}; copies of experts go only to "
+            "devices of the home's kind with memory of their own (the same kernels give the "
+            "same bits)",
+            il, e, d->name(), where[size_t(e)]->name());
+      h[i + 1] = shard_of(d);
+    }
+  }
+  const size_t table_bytes = holders.size() * sizeof(int32_t);
+  for (ExpertShard& shard : l.shards) {
+    Backend& d = *shard.device;
+    if (d.uses_host_memory()) continue;  // the host's experts have no copies: its index is fixed
+    const std::string what = fmt::format("blk.{}.expert holders", il);
+    shard.holders_buffer = d.allocate(table_bytes, what);
+    d.copy_from_host(shard.holders_buffer->data(), holders.data(), table_bytes);
+    shard.step_index_buffer = d.allocate(size_t(n_exp) * sizeof(int32_t), what);
+    std::vector<int32_t> home(size_t(n_exp), -1);
+    for (int64_t e = 0; e < n_exp; ++e)
+      if (where[size_t(e)] == &d) home[size_t(e)] = shard.local_index[size_t(e)];
+    shard.home_index_buffer = d.allocate(size_t(n_exp) * sizeof(int32_t), what);
+    d.copy_from_host(shard.home_index_buffer->data(), home.data(), size_t(n_exp) * sizeof(int32_t));
+  }
+}
+
+void Transformer::ffn(uint32_t il, LayerStep& s) {
+  using W = Workspace;
+  const FfnLayer& l = ffn_[il];
+  const int64_t T = s.n_tokens, embd = info_.n_embd;
+  Backend& be = s.be;
+  if (!l.moe) {
+    float* slots = s.ws.get(W::kSlots, T * std::max<int64_t>(info_.n_expert_used, 1) * embd);
+    be.moe({.input = s.h,
+            .gate = l.ffn_gate,
+            .up = l.ffn_up,
+            .down = l.ffn_down,
+            .expert_ids = s.in.dense_ids,
+            .n_expert = 1,
+            .n_tokens = T,
+            .top_k = 1,
+            .dim = embd,
+            .ffn_dims = info_.n_ff_dense,
+            .slots = slots,
+            .kernels = s.batch.kernels,
+            .activations = ffn_activations_});
+    be.moe_reduce({.slots = slots,
+                   .weights = s.in.dense_weights,
+                   .n_tokens = T,
+                   .top_k = 1,
+                   .dim = embd,
+                   .output = s.out});
+    be.add(s.x, s.out, T * embd);
+    return;
+  }
+  float* shared = info_.n_expert_shared > 0 ? s.ws.get(W::kShared, T * embd) : nullptr;
+  routed_experts(l, s.h, T, s.batch.kernels, s.out, shared);
+  be.add(s.x, s.out, T * embd);
+  if (shared) be.add(s.x, shared, T * embd);
+}
+
+// The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
+// memory; `counts` (or null) counts the choices.
+void Transformer::route(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
+                        int32_t* ids, float* weights, uint64_t* counts) {
+  Backend& be = *l.device;
+  float* logits = workspace(be).get(Workspace::kRouter, T * info_.n_expert);
+  be.matmul({.weight = l.router,
+             .input = h,
+             .output = logits,
+             .n_tokens = T,
+             .kernels = kernels,
+             .bias = l.router_bias});
+  const MoeConfig& c = l.config;
+  be.moe_route({.logits = logits,
+                .bias = l.expert_bias,
+                .n_tokens = T,
+                .n_expert = info_.n_expert,
+                .top_k = info_.n_expert_used,
+                .gating = c.gating,
+                .n_groups = c.n_groups,
+                .n_groups_used = c.n_groups_used,
+                .normalize = c.normalize,
+                .scale = c.scale,
+                .expert_ids = ids,
+                .expert_weights = weights,
+                .counts = counts});
+}
+
+bool Transformer::start_reading_expert(const FfnLayer& l, int32_t e, bool urgent) const {
+  bool reading = false;
+  for (const ExpertShard& shard : l.shards)
+    if (const int32_t i = shard.local_index[size_t(e)]; i >= 0 && shard.device->uses_host_memory())
+      for (const WeightView* stack : {&shard.gate, &shard.up, &shard.down})
+        reading |=
+            binder_.file().start_reading(stack->matrix(i).data, stack->matrix_bytes(), urgent);
+  return reading;
+}
+
+void Transformer::read_ahead_on_host(const FfnLayer& l, const float* h, const int32_t* ids,
+                                     int64_t T, KernelChoice kernels) {
+  using W = Workspace;
+  const size_t il = size_t(&l - ffn_.data());
+  const int64_t k = info_.n_expert_used;
+  for (int64_t s = 0; s < T * k; ++s) {
+    // An expert's first use: start reading all of it from disk at once if it is not in memory
+    // yet (on a warm cache this costs one mincore() call, once per expert).
+    if (uint8_t& seen = expert_seen_[il][size_t(ids[s])]; !seen) {
+      seen = 1;
+      start_reading_expert(l, ids[s], /*urgent=*/true);
+    }
+  }
+  // Cold start: guess the next layer's choice from this layer's input (consecutive layers'
+  // inputs differ little) and start reading those experts now, so that the disk works while
+  // this layer computes instead of after it. A wrong guess costs a read, never a result. Once
+  // a guess finds nothing to read (a warm cache), that layer is not guessed for again.
+  if (il + 1 < ffn_.size() && guessing_[il + 1] && ffn_[il + 1].device == l.device) {
+    const FfnLayer& next = ffn_[il + 1];
+    Workspace& ws = workspace(*l.device);
+    int32_t* guess = ws.ints(W::kGuessIds, T * k);
+    route(next, h, T, kernels, guess, ws.get(W::kGuessWeights, T * k), /*counts=*/nullptr);
+    bool reading = false;
+    for (int64_t s = 0; s < T * k; ++s)
+      if (!expert_seen_[il + 1][size_t(guess[s])])
+        reading |= start_reading_expert(next, guess[s], /*urgent=*/false);
+    guessing_[il + 1] = reading;
+  }
+}
+
+// Routing runs on the layer's device and stays there. Each device holding chosen experts
+// computes their slots at the same time as the layer's device computes the shared experts and
+// its own: devices with memory of their own get the input and routing copied over; the host's
+// experts run in a host task on the layer device's stream (copies in and out in stream order,
+// so a captured step includes them). Every device writes only its own experts' slots into
+// zeroed buffers, and the layer's device adds them up (x + 0 is exact) and sums the slots in
+// routing order: the result does not depend on how the experts are spread.
+void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
+                                 float* out, float* shared_out) {
+  using W = Workspace;
+  Backend& be = *l.device;
+  Workspace& ws = workspace(be);
+  const StepInputs& in = ws.inputs;
+  const int64_t embd = info_.n_embd, k = info_.n_expert_used, slot_floats = T * k * embd;
+  const size_t il = size_t(&l - ffn_.data());
+  int32_t* ids = ws.ints(W::kExpertIds, T * k);
+  float* weights = ws.get(W::kExpertWeights, T * k);
+  route(l, h, T, kernels, ids, weights, l.route_counts);
+  if (be.uses_host_memory()) read_ahead_on_host(l, h, ids, T, kernels);
+
+  float* slots = ws.get(W::kSlots, slot_floats);
+  const bool own_shard = std::any_of(l.shards.begin(), l.shards.end(),
+                                     [&](const ExpertShard& shard) { return shard.device == &be; });
+  if (own_shard && l.shards.size() > 1) be.zero(slots, slot_floats);
+  // With copies of experts, each device first works out which of its experts it computes this
+  // step (all of them reach the same answer from the same routing). A step with as many slots as
+  // the layer has experts (a prompt chunk) chooses nearly all of them: each is read at home.
+  const bool use_copies = T * k < info_.n_expert;
+  int32_t busy_shard = -1;  // the layer's device, which also runs the shared experts
+  for (size_t i = 0; i < l.shards.size(); ++i)
+    if (l.shards[i].device == &be) busy_shard = int32_t(i);
+  auto op_for = [&](const ExpertShard& shard, const float* input, const int32_t* shard_ids,
+                    float* shard_slots) {
+    const int32_t* local_index = shard.device_local_index;
+    if (shard.home_index_buffer && !use_copies) {
+      local_index = static_cast<const int32_t*>(shard.home_index_buffer->data());
+    } else if (shard.step_index_buffer) {
+      auto* step_index = static_cast<int32_t*>(shard.step_index_buffer->data());
+      const auto* holders = static_cast<const int32_t*>(shard.holders_buffer->data());
+      shard.device->pick_replicas({.expert_ids = shard_ids,
+                                   .n_slots = T * k,
+                                   .holders = holders,
+                                   .max_holders = l.max_holders,
+                                   .n_expert = info_.n_expert,
+                                   .shard = int32_t(&shard - l.shards.data()),
+                                   .busy_shard = busy_shard,
+                                   .busy_load = int32_t(info_.n_expert_shared),
+                                   .local_index = shard.device_local_index,
+                                   .step_local_index = step_index});
+      local_index = step_index;
+    }
+    return MoeOp{.input = input,
+                 .gate = shard.gate,
+                 .up = shard.up,
+                 .down = shard.down,
+                 .expert_ids = shard_ids,
+                 .local_index = local_index,
+                 .n_expert = info_.n_expert,
+                 .n_tokens = T,
+                 .top_k = k,
+                 .dim = embd,
+                 .ffn_dims = info_.n_ff_expert,
+                 .slots = shard_slots,
+                 .kernels = kernels,
+                 .activations = ffn_activations_,
+                 .activation = l.config.activation,
+                 .gate_bias = shard.gate_bias,
+                 .up_bias = shard.up_bias,
+                 .down_bias = shard.down_bias};
+  };
+
+  // Other devices with memory of their own: input and routing over, their experts started.
+  for (const ExpertShard& shard : l.shards) {
+    Backend& device = *shard.device;
+    if (&device == &be || device.uses_host_memory()) continue;
+    Workspace& remote = workspace(device);
+    float* input = remote.get(W::kNormed, T * embd);
+    int32_t* remote_ids = remote.ints(W::kExpertIds, T * k);
+    float* remote_slots = remote.get(W::kSlots, slot_floats);
+    transfer(be, h, device, input, size_t(T * embd) * sizeof(float));
+    transfer(be, ids, device, remote_ids, size_t(T * k) * sizeof(int32_t));
+    device.zero(remote_slots, slot_floats);
+    device.moe(op_for(shard, input, remote_ids, remote_slots));  // asynchronous on its stream
+  }
+  // The host's experts while the layer runs on a device: a host task on its stream.
+  std::shared_ptr<Event> host_done;
+  float* host_slots = nullptr;
+  for (const ExpertShard& shard : l.shards) {
+    if (shard.device == &be || !shard.device->uses_host_memory()) continue;
+    TANDEM_CHECK(!host_done);  // one host backend: its buffers below serve one shard a layer
+    auto* host_input =
+        static_cast<float*>(ws.host(W::kHostInput, size_t(T * embd) * sizeof(float)));
+    auto* host_ids = static_cast<int32_t*>(ws.host(W::kHostIds, size_t(T * k) * sizeof(int32_t)));
+    host_slots = static_cast<float*>(ws.host(W::kHostSlots, size_t(slot_floats) * sizeof(float)));
+    be.copy_to_host_async(host_input, h, size_t(T * embd) * sizeof(float));
+    be.copy_to_host_async(host_ids, ids, size_t(T * k) * sizeof(int32_t));
+    const MoeOp op = op_for(shard, host_input, host_ids, host_slots);
+    host_done = be.host_task([this, &l, &shard, op, il] {
+      std::vector<uint8_t>& seen = expert_seen_[il];
+      for (int64_t s = 0; s < op.n_tokens * op.top_k; ++s) {
+        const int32_t e = op.expert_ids[s];
+        if (shard.local_index[size_t(e)] < 0) {  // another device's slot: must add as zero
+          std::fill_n(op.slots + s * op.dim, op.dim, 0.0f);
+        } else if (!seen[size_t(e)]) {
+          seen[size_t(e)] = 1;
+          start_reading_expert(l, e, /*urgent=*/true);
+        }
+      }
+      shard.device->moe(op);
+    });
+  }
+  // Meanwhile on the layer's device: the shared experts, then its own routed experts.
+  if (shared_out) {
+    float* shared_slot = ws.get(W::kSharedSlot, T * embd);
+    be.moe({.input = h,
+            .gate = l.gate_shexp,
+            .up = l.up_shexp,
+            .down = l.down_shexp,
+            .expert_ids = in.dense_ids,
+            .n_expert = 1,
+            .n_tokens = T,
+            .top_k = 1,
+            .dim = embd,
+            .ffn_dims = int64_t(info_.n_ff_expert) * info_.n_expert_shared,
+            .slots = shared_slot,
+            .kernels = kernels,
+            .activations = ffn_activations_});
+    be.moe_reduce({.slots = shared_slot,
+                   .weights = in.dense_weights,
+                   .n_tokens = T,
+                   .top_k = 1,
+                   .dim = embd,
+                   .output = shared_out});
+  }
+  for (const ExpertShard& shard : l.shards)
+    if (shard.device == &be) be.moe(op_for(shard, h, ids, slots));
+
+  // The other devices' slots, sent all at once, each into its own place here (the first straight
+  // into `slots` when this device holds none of the layer's experts), then added in by one op.
+  int64_t n_others = 0;
+  for (const ExpertShard& shard : l.shards) n_others += shard.device != &be;
+  const int64_t n_places = own_shard ? n_others : n_others - 1;
+  float* others = n_places > 0 ? ws.get(W::kOtherSlots, n_places * slot_floats) : nullptr;
+  std::vector<const float*> parts;
+  bool have_slots = own_shard;
+  for (const ExpertShard& shard : l.shards) {
+    Backend& device = *shard.device;
+    if (&device == &be) continue;
+    float* place = have_slots ? others + int64_t(parts.size()) * slot_floats : slots;
+    if (device.uses_host_memory()) {
+      be.wait_for(host_done);
+      be.copy_from_host_async(place, host_slots, size_t(slot_floats) * sizeof(float));
+    } else {
+      transfer(device, workspace(device).get(W::kSlots, slot_floats), be, place,
+               size_t(slot_floats) * sizeof(float), CopiedBy::Sender);
+    }
+    if (have_slots) parts.push_back(place);
+    have_slots = true;
+  }
+  be.add_parts(slots, parts, slot_floats);
+  be.moe_reduce(
+      {.slots = slots, .weights = weights, .n_tokens = T, .top_k = k, .dim = embd, .output = out});
+}
+
+}  // namespace tandem

@@ -1,0 +1,405 @@
+// The step machinery of Transformer (transformer.h): binding the embeddings and head, each
+// device's buffers, the step's inputs in each device's memory, moving activations between
+// devices, the routing counts kept on the devices, decode steps captured as graphs and replayed,
+// and the layer loop with the output head.
+#include "model/transformer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "core/error.h"
+#include "model/transformer_internal.h"
+
+namespace tandem {
+
+Transformer::Transformer(const gguf::GgufFile& file, const DevicePlan& devices, ModelInfo info,
+                         float rms_eps)
+    : binder_(file, *devices.embeddings),
+      info_(std::move(info)),
+      devices_(devices),
+      rms_eps_(rms_eps) {
+  TANDEM_CHECK(devices_.layers.size() == info_.n_layer && devices_.experts.size() == info_.n_layer);
+  ffn_.resize(info_.n_layer);
+  expert_seen_.resize(info_.n_layer);
+  guessing_.assign(info_.n_layer, 0);
+}
+
+// Work still queued on a device reads the model's buffers: it ends first.
+Transformer::~Transformer() {
+  synchronize_devices(/*report=*/false);
+}
+
+void Transformer::bind_embeddings_and_head() {
+  const int64_t embd = info_.n_embd, vocab = info_.n_vocab;
+  token_embd_ = binder_.matrix("token_embd.weight", {embd, vocab}, *devices_.embeddings);
+  Backend& out = *devices_.output;
+  output_norm_ = binder_.f32("output_norm.weight", {embd}, out);
+  // Some files tie the LM head to the embeddings.
+  output_ = binder_.matrix(binder_.has("output.weight") ? "output.weight" : "token_embd.weight",
+                           {embd, vocab}, out);
+}
+
+void Transformer::finish_binding() {
+  bind_routing_counts();
+  graph_device_ = find_graph_device();
+}
+
+std::vector<Backend*> Transformer::extra_layer_devices(uint32_t) const {
+  return {};
+}
+
+bool Transformer::read_on_demand(const WeightBinder::Bound& bound) const {
+  if (!bound.in_place) return false;
+  if (bound.tensor->name == "token_embd.weight") return output_.data != bound.tensor->data;
+  for (const FfnLayer& l : ffn_)
+    for (const gguf::TensorInfo* stack : l.expert_stacks)
+      if (stack == bound.tensor) return true;
+  return false;
+}
+
+void Transformer::start_reading_weights() const {
+  // In the order the first token needs them: the output head (bound first, 172 MiB in the lite
+  // model) last, so that layer 0 does not wait for it.
+  const WeightBinder::Bound* head = nullptr;
+  for (const WeightBinder::Bound& b : binder_.bound()) {
+    if (!b.in_place || read_on_demand(b)) continue;
+    if (b.tensor->data == output_.data)
+      head = &b;
+    else
+      binder_.file().start_reading(b.tensor->data, b.tensor->n_bytes, /*urgent=*/false);
+  }
+  if (head)
+    binder_.file().start_reading(head->tensor->data, head->tensor->n_bytes, /*urgent=*/false);
+}
+
+std::vector<gguf::FileRange> Transformer::touched_file_ranges() const {
+  std::vector<gguf::FileRange> ranges;
+  for (const WeightBinder::Bound& b : binder_.bound()) {
+    const gguf::TensorInfo& t = *b.tensor;
+    if (!read_on_demand(b)) {
+      ranges.push_back({t.file_index, t.file_offset, t.n_bytes});
+      continue;
+    }
+    for (size_t il = 0; il < ffn_.size(); ++il)
+      for (const gguf::TensorInfo* stack : ffn_[il].expert_stacks) {
+        if (stack != &t) continue;
+        const uint64_t matrix_bytes = t.n_bytes / t.shape[2];
+        for (size_t e = 0; e < expert_seen_[il].size(); ++e)
+          if (expert_seen_[il][e])
+            ranges.push_back({t.file_index, t.file_offset + e * matrix_bytes, matrix_bytes});
+      }
+  }
+  return ranges;
+}
+
+void Transformer::bind_routing_counts() {
+  const size_t per_device = size_t(info_.n_layer) * info_.n_expert;
+  for (FfnLayer& l : ffn_) {
+    if (!l.moe) continue;
+    auto it = std::find_if(count_buffers_.begin(), count_buffers_.end(),
+                           [&](const auto& entry) { return entry.first == l.device; });
+    if (it == count_buffers_.end()) {
+      auto buffer = l.device->allocate(per_device * sizeof(uint64_t), "expert choice counts");
+      const std::vector<uint64_t> zeros(per_device, 0);
+      l.device->copy_from_host(buffer->data(), zeros.data(), per_device * sizeof(uint64_t));
+      count_buffers_.emplace_back(l.device, std::move(buffer));
+      it = count_buffers_.end() - 1;
+    }
+    l.route_counts =
+        static_cast<uint64_t*>(it->second->data()) + size_t(&l - ffn_.data()) * info_.n_expert;
+  }
+}
+
+std::vector<std::vector<uint64_t>> Transformer::routing_counts() const {
+  std::vector<std::vector<uint64_t>> counts(info_.n_layer);
+  const size_t n_expert = info_.n_expert, per_device = size_t(info_.n_layer) * n_expert;
+  std::vector<uint64_t> all(per_device);
+  for (const auto& [device, buffer] : count_buffers_) {
+    device->copy_to_host(all.data(), buffer->data(), per_device * sizeof(uint64_t));
+    for (uint32_t il = 0; il < info_.n_layer; ++il)
+      if (ffn_[il].moe && ffn_[il].device == device)
+        counts[il].assign(all.begin() + il * n_expert, all.begin() + (il + 1) * n_expert);
+  }
+  return counts;
+}
+
+// Capturable when one device that can capture runs every layer and the head, and each routed
+// expert lives there or in host memory (computed by a host task, part of the graph): a step then
+// has no cut that would need the host to wait mid-step. The embeddings may live anywhere: the
+// lookup runs before the graph.
+Backend* Transformer::find_graph_device() const {
+  Backend* g = devices_.output;
+  if (!g || !g->can_capture()) return nullptr;
+  for (uint32_t il = 0; il < ffn_.size(); ++il) {
+    const FfnLayer& l = ffn_[il];
+    if (l.device != g) return nullptr;
+    for (const Backend* d : extra_layer_devices(il))
+      if (d != g) return nullptr;
+    for (const ExpertShard& shard : l.shards)
+      if (shard.device != g && !shard.device->uses_host_memory()) return nullptr;
+  }
+  return g;
+}
+
+Transformer::Workspace& Transformer::workspace(Backend& on) {
+  for (auto& [device, ws] : workspaces_)
+    if (device == &on) return *ws;
+  auto ws = std::make_unique<Workspace>();
+  ws->device = &on;
+  ws->generation = &buffer_generation_;
+  workspaces_.emplace_back(&on, std::move(ws));
+  return *workspaces_.back().second;
+}
+
+void Transformer::transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes,
+                           CopiedBy by) {
+  if (&from == &to) {
+    if (src != dst)
+      to.copy_rows(static_cast<float*>(dst), 0, static_cast<const float*>(src), 0, 1,
+                   int64_t(bytes / sizeof(float)));
+    return;
+  }
+  const bool peer = by == CopiedBy::Sender ? from.copy_to_peer(to, dst, src, bytes)
+                                           : to.copy_from_peer(from, dst, src, bytes);
+  if (peer) return;  // GPU to GPU: no host wait
+  if (staging_.size() < bytes) staging_.resize(bytes);
+  from.copy_to_host(staging_.data(), src, bytes);
+  to.copy_from_host(dst, staging_.data(), bytes);
+}
+
+const Transformer::StepInputs& Transformer::step_inputs(Backend& on) const {
+  for (const auto& [device, ws] : workspaces_)
+    if (device == &on) return ws->inputs;
+  check_failed("step inputs of a device that runs no layer", __FILE__, __LINE__);
+}
+
+// Each device that runs layers gets the batch's positions and sequence ids in its own memory,
+// and the constant routing of dense FFNs; the embeddings device gets the token ids. Host-memory
+// devices read the batch in place.
+void Transformer::prepare_step(const Batch& batch) {
+  using W = Workspace;
+  const int64_t T = int64_t(batch.tokens.size());
+  auto upload = [&](Backend& on, W::Buffer which,
+                    std::span<const int32_t> values) -> const int32_t* {
+    if (on.uses_host_memory()) return values.data();
+    int32_t* dst = workspace(on).ints(which, T);
+    on.copy_from_host(dst, values.data(), values.size_bytes());
+    return dst;
+  };
+  if (step_devices_.empty()) {  // once: the devices that run layers or heads of one
+    step_devices_.assign(devices_.layers.begin(), devices_.layers.end());
+    for (const std::vector<AttentionShare>& shares : devices_.heads)
+      for (const AttentionShare& share : shares) step_devices_.push_back(share.device);
+    std::sort(step_devices_.begin(), step_devices_.end());
+    step_devices_.erase(std::unique(step_devices_.begin(), step_devices_.end()),
+                        step_devices_.end());
+  }
+  workspace(*devices_.embeddings).inputs.tokens =
+      upload(*devices_.embeddings, W::kTokens, batch.tokens);
+  for (Backend* on : step_devices_) {
+    Workspace& ws = workspace(*on);
+    StepInputs& in = ws.inputs;
+    in.positions = upload(*on, W::kPositions, batch.positions);
+    in.seq_ids = upload(*on, W::kSeqIds, batch.seq_ids);
+    // Constant contents, written once for each new length (and again if growing them failed).
+    if (T > ws.dense_filled) {
+      ws.dense_filled = 0;
+      int32_t* ids = ws.ints(W::kDenseIds, T);
+      float* weights = ws.get(W::kDenseWeights, T);
+      const std::vector<int32_t> zeros(size_t(T), 0);
+      const std::vector<float> ones(size_t(T), 1.0f);
+      on->copy_from_host(ids, zeros.data(), zeros.size() * sizeof(int32_t));
+      on->copy_from_host(weights, ones.data(), ones.size() * sizeof(float));
+      ws.dense_filled = T;
+    }
+    int32_t* ids = ws.ints(W::kDenseIds, T);
+    float* weights = ws.get(W::kDenseWeights, T);
+    in.dense_ids = ids;
+    in.dense_weights = weights;
+  }
+}
+
+void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) {
+  const int64_t T = int64_t(batch.tokens.size());
+  TANDEM_CHECK(batch.positions.size() == batch.tokens.size() &&
+               batch.seq_ids.size() == batch.tokens.size());
+  TANDEM_CHECK(cache.size() == ffn_.size());
+  if (T == 0) return;
+  for (int32_t token : batch.tokens)
+    if (token < 0 || uint32_t(token) >= info_.n_vocab)
+      fail("token id {} is outside the vocabulary (0..{})", token, info_.n_vocab - 1);
+  for (int32_t row : batch.logit_rows) TANDEM_CHECK(row >= 0 && row < int64_t(T));
+  finish_loading(/*show_progress=*/false);  // nothing left to do after the first call
+  // Every device has finished the step when this returns, whatever happened: an op's error shows
+  // with its own step, and nothing still runs when the caller reuses or frees its buffers.
+  try {
+    step(batch, cache, logits);
+  } catch (...) {
+    synchronize_devices(/*report=*/false);
+    throw;
+  }
+  synchronize_devices(/*report=*/true);
+}
+
+void Transformer::synchronize_devices(bool report) {
+  std::exception_ptr first;
+  for (auto& [device, ws] : workspaces_) {
+    try {
+      device->synchronize();  // each one, even after another failed
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first && report) std::rethrow_exception(first);
+}
+
+void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, float* logits) {
+  using W = Workspace;
+  const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
+  const int64_t embd = info_.n_embd;
+  prepare_step(batch);
+
+  Backend* at = devices_.embeddings;  // the device holding the residual stream
+  float* x = workspace(*at).get(W::kResidual, T * embd);
+  at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);  // [T, n_embd]
+
+  // A decode-sized step with a logit row per token, in order, can be a graph.
+  bool graph = captures_steps() && T <= kMaxGraphTokens && R == T;
+  for (int64_t r = 0; graph && r < R; ++r) graph = batch.logit_rows[size_t(r)] == r;
+  if (!graph) return run_layers(batch, cache, at, x, logits, /*capturing=*/false);
+
+  Backend& g = *graph_device_;
+  float* residual = workspace(g).get(W::kResidual, T * embd);
+  if (at != &g) transfer(*at, x, g, residual, size_t(T * embd) * sizeof(float));
+  auto entry = std::find_if(graphs_.begin(), graphs_.end(), [&](const GraphEntry& e) {
+    return e.n_tokens == T && e.kernels == batch.kernels;
+  });
+  if (entry == graphs_.end()) {
+    graphs_.push_back({.n_tokens = T, .kernels = batch.kernels});
+    entry = graphs_.end() - 1;
+  }
+  const size_t logit_bytes = size_t(R * info_.n_vocab) * sizeof(float);
+  if (!entry->sized || entry->capture_failed) {  // the first step of a shape sizes every buffer
+    workspace(g).host(W::kHostLogits, logit_bytes);
+    run_layers(batch, cache, &g, residual, logits, /*capturing=*/false);
+    entry->sized = true;
+    return;
+  }
+  if (!entry->graph || entry->generation != buffer_generation_ ||
+      entry->cache != cache.front().data) {
+    const uint64_t generation = buffer_generation_;
+    entry->graph.reset();
+    g.begin_capture();
+    try {
+      run_layers(batch, cache, &g, residual, nullptr, /*capturing=*/true);
+      entry->graph = g.end_capture();
+    } catch (const std::exception& e) {
+      try {
+        (void)g.end_capture();  // out of capture mode; the recording is void
+      } catch (...) {
+      }
+      // Nothing ran: this step and later ones of this shape go op by op, which fails on its own
+      // if the error was not the capture's.
+      entry->capture_failed = true;
+      std::fprintf(
+          stderr,
+          "tandem: warning: %s could not capture a step of %lld tokens as a graph (%s); such "
+          "steps run op by op\n",
+          g.name().c_str(), (long long)T, e.what());
+      return run_layers(batch, cache, &g, residual, logits, /*capturing=*/false);
+    }
+    TANDEM_CHECK(buffer_generation_ == generation);  // nothing was allocated inside the capture
+    entry->generation = generation;
+    entry->cache = cache.front().data;
+  }
+  g.replay(*entry->graph);
+  g.synchronize();
+  std::memcpy(logits, workspace(g).host(W::kHostLogits, logit_bytes), logit_bytes);
+}
+
+void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at,
+                             float* x, float* logits, bool capturing) {
+  using W = Workspace;
+  const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
+  const int64_t embd = info_.n_embd;
+  for (uint32_t il = 0; il < ffn_.size(); ++il) {
+    Backend& be = *ffn_[il].device;
+    Workspace& ws = workspace(be);
+    if (at != &be) {  // a cut between devices: the residual stream moves
+      float* moved = ws.get(W::kResidual, T * embd);
+      transfer(*at, x, be, moved, size_t(T * embd) * sizeof(float));
+      x = moved, at = &be;
+    }
+    LayerStep s{.batch = batch,
+                .cache = cache[il],
+                .be = be,
+                .ws = ws,
+                .in = ws.inputs,
+                .n_tokens = T,
+                .x = x,
+                .h = ws.get(W::kNormed, T * embd),
+                .out = ws.get(W::kOutput, T * embd)};
+    layer(il, s);
+  }
+
+  // ---- output head, only for the rows that need logits ----
+  if (R == 0) return;
+  Backend& head = *devices_.output;
+  Workspace& ws = workspace(*at);
+  float* last = ws.get(W::kLast, R * embd);
+  for (int64_t r = 0; r < R;) {  // runs of consecutive rows as one copy each
+    const int32_t row = batch.logit_rows[size_t(r)];
+    int64_t n = 1;
+    while (r + n < R && batch.logit_rows[size_t(r + n)] == row + n) ++n;
+    at->copy_rows(last + r * embd, embd, x + int64_t(row) * embd, embd, n, embd);
+    r += n;
+  }
+  if (at != &head) {
+    float* moved = workspace(head).get(W::kLast, R * embd);
+    transfer(*at, last, head, moved, size_t(R * embd) * sizeof(float));
+    last = moved;
+  }
+  float* out_logits = workspace(head).get(W::kLogits, R * info_.n_vocab);
+  head.rms_norm({.input = last,
+                 .weight = output_norm_,
+                 .output = last,
+                 .n_rows = R,
+                 .dim = embd,
+                 .input_stride = embd,
+                 .output_stride = embd,
+                 .eps = rms_eps_});
+  head.matmul({.weight = output_,
+               .input = last,
+               .output = out_logits,
+               .n_tokens = R,
+               .kernels = batch.kernels});
+  const size_t logit_bytes = size_t(R * info_.n_vocab) * sizeof(float);
+  if (capturing) {  // read by forward() after the replay
+    head.copy_to_host_async(workspace(head).host(Workspace::kHostLogits, logit_bytes), out_logits,
+                            logit_bytes);
+    return;
+  }
+  head.copy_to_host(logits, out_logits, logit_bytes);
+}
+
+void Transformer::norm(LayerStep& s, const float* weight) const {
+  const int64_t embd = info_.n_embd;
+  s.be.rms_norm({.input = s.x,
+                 .weight = weight,
+                 .output = s.h,
+                 .n_rows = s.n_tokens,
+                 .dim = embd,
+                 .input_stride = embd,
+                 .output_stride = embd,
+                 .eps = rms_eps_});
+}
+
+void Transformer::add_output(LayerStep& s) const {
+  s.be.add(s.x, s.out, s.n_tokens * info_.n_embd);
+}
+
+}  // namespace tandem

@@ -1,0 +1,189 @@
+#pragma once
+// The shared blocks of every architecture (DESIGN.md "Layout"): the pre-norm layer loop over the
+// devices of a plan (the residual stream moves where a layer runs), the embeddings and output head,
+// the FFN blocks (a dense SwiGLU, or a MoE layer: routing, routed experts spread over devices with
+// copies and host experts, shared experts), and the step machinery around them: per-device
+// buffers, the step's inputs in each device's memory, transfers, decode steps captured as graphs,
+// routing counts, and cold-start reads of the experts.
+//
+// An architecture derives from Transformer, binds its attention and norms, calls bind_ffn() for
+// every layer, and writes its layer as straight-line code in layer(): norm, attention, residual,
+// norm, ffn. Reaches devices only through core/backend.h.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/backend.h"
+#include "gguf/gguf_file.h"
+#include "model/device_plan.h"
+#include "model/model.h"
+#include "model/weight_binder.h"
+
+namespace tandem {
+
+class Transformer : public Model {
+ public:
+  ~Transformer() override;
+
+  const ModelInfo& info() const override { return info_; }
+  uint64_t weight_bytes() const override { return binder_.bound_bytes(); }
+  const DevicePlan& devices() const override { return devices_; }
+  // The counts live on the devices that route (so a captured step counts too) and are copied
+  // back here.
+  std::vector<std::vector<uint64_t>> routing_counts() const override;
+  // When every layer and the output head run on one device that can capture, with routed experts
+  // there or on the host, a step of up to kMaxGraphTokens tokens is captured the second time its
+  // shape is seen and replayed after that.
+  void set_graphs_enabled(bool enabled) override { graphs_enabled_ = enabled; }
+  bool captures_steps() const override { return graphs_enabled_ && graph_device_ != nullptr; }
+  void set_precision(PrecisionPolicy policy) override {
+    ffn_activations_ =
+        policy == PrecisionPolicy::FfnInt8 ? ActivationBits::Eight : ActivationBits::Sixteen;
+  }
+  // Every token's weights used in place (all but the routed experts and the embedding table)
+  // that the page cache does not hold yet, read with large reads in the background; routed
+  // experts are started the same way when first chosen.
+  void start_reading_weights() const override;
+  // Started after start_reading_weights(), the disk reads ahead for the CPU while GPUs fill.
+  void finish_loading(bool show_progress) override { binder_.finish_uploads(show_progress); }
+  // Every weight read at load or used in place, but of the routed experts only those chosen so
+  // far, and none of the embedding table (its rows are a few KiB).
+  std::vector<gguf::FileRange> touched_file_ranges() const override;
+  void forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) override;
+
+  static constexpr int64_t kMaxGraphTokens = 64;
+
+ protected:
+  struct Workspace;
+  struct StepInputs;
+  struct ExpertShard;
+  struct FfnLayer;
+  struct GraphEntry;
+
+  // How every MoE layer of a model routes and runs its experts.
+  struct MoeConfig {
+    MoeGating gating = MoeGating::Softmax;
+    int64_t n_groups = 1, n_groups_used = 1;  // group-limited selection (DeepSeek); 1/1 = off
+    bool normalize = false;                   // divide the chosen weights by their sum
+    float scale = 1.0f;                       // then multiply by this
+    FfnActivation activation = FfnActivation::SwiGlu;
+    bool biases = false;  // router bias and per-expert biases (gpt-oss)
+  };
+
+  // One layer's step as layer() sees it: buffers on the layer's device.
+  struct LayerStep {
+    const Batch& batch;
+    const KvLayerView& cache;  // this layer's
+    Backend& be;               // the layer's device
+    Workspace& ws;             // its buffers
+    const StepInputs& in;      // the batch's positions and sequence ids in its memory
+    int64_t n_tokens;
+    float* x;    // [T, n_embd] residual stream
+    float* h;    // [T, n_embd] normed input of the current sub-layer
+    float* out;  // [T, n_embd] sub-layer output
+  };
+
+  // `info` describes the file (n_layer: layers that run); the architecture's constructor binds
+  // its weights, then calls finish_binding().
+  Transformer(const gguf::GgufFile& file, const DevicePlan& devices, ModelInfo info, float rms_eps);
+
+  // token_embd, output_norm and output (tied to token_embd when the file has no output).
+  void bind_embeddings_and_head();
+  // Layer il's FFN: ffn_gate/up/down for a dense layer; for a MoE layer the router
+  // (ffn_gate_inp, exp_probs_b when present), the routed experts on the devices the plan gives
+  // them, and the shared experts when info().n_expert_shared > 0.
+  void bind_ffn(uint32_t il, const MoeConfig& moe);
+  // After every weight is bound: routing counts on the routing devices, the graph device.
+  void finish_binding();
+
+  // The architecture's layer il, one op per line; the cut between devices is already made.
+  virtual void layer(uint32_t il, LayerStep& s) = 0;
+  // Devices that run part of layer il besides its own (head-split attention); empty by default.
+  virtual std::vector<Backend*> extra_layer_devices(uint32_t il) const;
+
+  // ---- blocks for layer() ----
+  // s.h = rmsnorm(s.x) * weight.
+  void norm(LayerStep& s, const float* weight) const;
+  // s.x += s.out.
+  void add_output(LayerStep& s) const;
+  // The layer's FFN on s.h, added into s.x: a dense SwiGLU, or the routed experts and then the
+  // shared experts (two adds, in that order).
+  void ffn(uint32_t il, LayerStep& s);
+
+  Workspace& workspace(Backend& on);
+  // Moves `bytes` from one device's buffer to another's: a peer copy between GPUs (no host wait),
+  // through the host otherwise. The receiver's stream runs a peer copy, or with CopiedBy::Sender
+  // the sender's: what a gather uses, so that several devices' copies to one run at once.
+  enum class CopiedBy { Receiver, Sender };
+  void transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes,
+                CopiedBy by = CopiedBy::Receiver);
+
+  WeightBinder binder_;
+  ModelInfo info_;
+  DevicePlan devices_;
+  float rms_eps_;
+  // Bumped whenever a workspace buffer is allocated anew: captured graphs hold its pointers.
+  uint64_t buffer_generation_ = 0;
+
+ private:
+  // True for tensors whose bytes are needed only in part: routed expert stacks used in place,
+  // and the embedding table when the LM head does not share it.
+  bool read_on_demand(const WeightBinder::Bound& bound) const;
+  void bind_experts(FfnLayer& layer, uint32_t il, const MoeConfig& moe);
+  void bind_expert_copies(FfnLayer& layer, uint32_t il,
+                          const std::vector<std::vector<Backend*>>& copies);
+  void bind_routing_counts();
+  // The device every step can be captured on (see set_graphs_enabled), or null.
+  Backend* find_graph_device() const;
+  const StepInputs& step_inputs(Backend& on) const;
+  // Positions and sequence ids of the batch in the memory of each device that runs layers, and
+  // the constant routing of dense FFNs; uploaded before a step (outside any capture).
+  void prepare_step(const Batch& batch);
+  // forward() without its checks and its final wait: the embeddings, then the layers op by op,
+  // or captured, or replayed.
+  void step(const Batch& batch, std::span<const KvLayerView> cache, float* logits);
+  // Waits for every device the model used; `report`: rethrows the first error after all waited.
+  void synchronize_devices(bool report);
+  // Layers and output head for the residual stream `x` on `at`; the logits land in `logits`
+  // (host memory), or in the head device's host buffer when `capturing` (read after replay).
+  void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,
+                  float* logits, bool capturing);
+  // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
+  // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
+  // model has them) to `shared_out`.
+  void routed_experts(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
+                      float* out, float* shared_out);
+  void route(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
+             int32_t* ids, float* weights, uint64_t* counts);
+  // After routing on the host: starts reading the chosen experts not read before, and guesses
+  // the next layer's (cold starts).
+  void read_ahead_on_host(const FfnLayer& layer, const float* h, const int32_t* ids,
+                          int64_t n_tokens, KernelChoice kernels);
+  // Starts reading expert `e` of `layer` from disk where it is used in place and not cached
+  // (GgufFile::start_reading); true if some of it was not.
+  bool start_reading_expert(const FfnLayer& layer, int32_t e, bool urgent) const;
+
+  WeightView token_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<FfnLayer> ffn_;  // [layer]
+  std::vector<std::pair<Backend*, std::unique_ptr<Workspace>>> workspaces_;
+  std::vector<uint8_t> staging_;   // host bounce buffer for transfers between devices
+  std::vector<uint8_t> guessing_;  // [layer]: guess its experts ahead (MoE layers, cold cache)
+  // [layer][expert]: chosen at least once, for the routed experts used in place on the host
+  // (read ahead at first use; what a cold start read). Written by the thread that runs them.
+  std::vector<std::vector<uint8_t>> expert_seen_;
+  // Per device that routes: [n_layers, n_expert] choice counts in its memory.
+  std::vector<std::pair<Backend*, std::shared_ptr<DeviceBuffer>>> count_buffers_;
+  // Graphs of decode steps (set_graphs_enabled).
+  Backend* graph_device_ = nullptr;
+  bool graphs_enabled_ = true;
+  ActivationBits ffn_activations_ = ActivationBits::Eight;  // of every MoeOp (set_precision)
+  std::vector<GraphEntry> graphs_;
+  std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
+};
+
+}  // namespace tandem
