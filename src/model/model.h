@@ -67,6 +67,12 @@ struct ModelInfo {
   }
 };
 
+// Fills what ModelInfo says of grouped-query attention: per layer a K/V cache row (`windows`:
+// keys per query of each layer, 0 for full attention), its work per token and per key, its
+// buffers. No head split (MLA only).
+void set_gqa_attention_info(ModelInfo& info, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                            int64_t v_head_dim, std::span<const int64_t> windows);
+
 // Tokens of one forward pass, possibly from several sequences (host memory).
 struct Batch {
   std::span<const int32_t> tokens;

@@ -23,6 +23,13 @@ Transformer::Transformer(const gguf::GgufFile& file, const DevicePlan& devices, 
       devices_(devices),
       rms_eps_(rms_eps) {
   TANDEM_CHECK(devices_.layers.size() == info_.n_layer && devices_.experts.size() == info_.n_layer);
+  if (info_.head_split.v_head_dim == 0)
+    for (uint32_t il = 0; il < devices_.heads.size(); ++il)
+      if (!devices_.heads[il].empty())
+        fail(
+            "{}: layer {}: the plan splits its attention heads over devices; only MLA "
+            "(deepseek2) does that, {} keeps each layer's attention on one device",
+            file.name(), il, info_.arch);
   ffn_.resize(info_.n_layer);
   expert_seen_.resize(info_.n_layer);
   guessing_.assign(info_.n_layer, 0);

@@ -74,6 +74,31 @@ class Transformer : public Model {
     bool biases = false;  // router bias and per-expert biases (gpt-oss)
   };
 
+  // Grouped-query attention (gqa_attention.cpp): query heads in groups sharing a kv head, a K/V
+  // cache, NeoX rope over the first rope.rope_dims of each head, optional biases, per-head
+  // QK-norm, sinks and a sliding window.
+  struct GqaConfig {
+    int64_t n_head = 0, n_head_kv = 0, head_dim = 0, v_head_dim = 0;
+    RopeParams rope;     // rope.rope_dims < head_dim: only the first dims turn (GLM)
+    float scale = 1.0f;  // of the scores (1/sqrt(head_dim), YaRN's magnitude folded in)
+    // Tensors a file of the architecture must have; the others are bound when present.
+    bool needs_qkv_bias = false, needs_output_bias = false, needs_qk_norm = false;
+    bool needs_sinks = false;
+  };
+  struct GqaWeights {
+    WeightView q, k,
+        v;  // [n_head * head_dim, n_embd], [n_head_kv * head_dim, n_embd], [.. v_head_dim ..]
+    WeightView output;                   // [n_embd, n_head * v_head_dim]
+    const float* q_bias = nullptr;       // [n_head * head_dim]
+    const float* k_bias = nullptr;       // [n_head_kv * head_dim]
+    const float* v_bias = nullptr;       // [n_head_kv * v_head_dim]
+    const float* output_bias = nullptr;  // [n_embd]
+    const float* q_norm = nullptr;  // [head_dim] RMSNorm of each query head before rope (QK-norm)
+    const float* k_norm = nullptr;  // [head_dim]
+    const float* sinks = nullptr;   // [n_head] sink logits
+    int64_t window = 0;             // keys per query, 0: all
+  };
+
   // One layer's step as layer() sees it: buffers on the layer's device.
   struct LayerStep {
     const Batch& batch;
@@ -105,7 +130,13 @@ class Transformer : public Model {
   // Devices that run part of layer il besides its own (head-split attention); empty by default.
   virtual std::vector<Backend*> extra_layer_devices(uint32_t il) const;
 
+  // blk.N.attn_q/k/v/output (and their biases, attn_q_norm / attn_k_norm, attn_sinks) on layer
+  // il's device; `window` as the architecture sets it for this layer.
+  GqaWeights bind_gqa(uint32_t il, const GqaConfig& config, int64_t window);
+
   // ---- blocks for layer() ----
+  // s.out = grouped-query attention of s.h, its keys and values stored in s.cache.
+  void gqa_attention(const GqaConfig& config, const GqaWeights& weights, LayerStep& s);
   // s.h = rmsnorm(s.x) * weight.
   void norm(LayerStep& s, const float* weight) const;
   // s.x += s.out.

@@ -78,15 +78,68 @@ constexpr std::string_view kDeepseekCoder[] = {
 #undef TANDEM_DEEPSEEK_LLM_LETTERS
 #undef TANDEM_DEEPSEEK_CJK
 
+// Qwen2 / Qwen3 (`qwen2`): English contractions, a word with at most one leading non-letter,
+// every digit alone, punctuation runs with one leading space and the newlines after them, then
+// the whitespace rules of the GPT-4 family. Written with explicit cases where the tokenizer's own
+// pattern has (?i:...) around the contractions: the same matches.
+#define TANDEM_QWEN2_CONTRACTIONS R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]))"
+constexpr std::string_view kQwen2[] = {
+    TANDEM_QWEN2_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N})"
+                              R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+};
+
+// GLM-4 / GLM-4.5 (`glm4`): Qwen2's rules with digits in groups of at most three.
+constexpr std::string_view kGlm4[] = {
+    TANDEM_QWEN2_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3})"
+                              R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+};
+#undef TANDEM_QWEN2_CONTRACTIONS
+
+// o200k (gpt-oss, GPT-4o: `gpt-4o`), as the vocabulary defines it: a word is an optional leading
+// non-letter, then upper-case-like letters and lower-case-like letters (combining marks count as
+// either, so a word keeps its accents) with an optional contraction; digits in groups of at most
+// three; punctuation runs keep one leading space and the newlines or slashes after them.
+// (llama.cpp's rewrite of this pattern leaves out the marks; the fixtures accept either answer on
+// the words where that differs.)
+#define TANDEM_O200K_UPPER R"([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])"
+#define TANDEM_O200K_LOWER R"([\p{Ll}\p{Lm}\p{Lo}\p{M}])"
+#define TANDEM_O200K_CONTRACTION R"((?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+constexpr std::string_view kO200k[] = {
+    R"([^\r\n\p{L}\p{N}]?)" TANDEM_O200K_UPPER "*" TANDEM_O200K_LOWER "+" TANDEM_O200K_CONTRACTION
+    R"(|[^\r\n\p{L}\p{N}]?)" TANDEM_O200K_UPPER "+" TANDEM_O200K_LOWER "*" TANDEM_O200K_CONTRACTION
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+};
+#undef TANDEM_O200K_UPPER
+#undef TANDEM_O200K_LOWER
+
+// Kimi-K2 (`kimi-k2`): runs of Han characters first, then o200k's word rules over letters that
+// are not Han (the tokenizer writes the class intersection [...&&[^\p{Han}]], which PCRE2 spells
+// as a lookahead per character), digits in threes, and its punctuation and whitespace rules.
+#define TANDEM_KIMI_UPPER R"((?:(?!\p{Han})[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]))"
+#define TANDEM_KIMI_LOWER R"((?:(?!\p{Han})[\p{Ll}\p{Lm}\p{Lo}\p{M}]))"
+constexpr std::string_view kKimiK2[] = {
+    R"(\p{Han}+)"
+    R"(|[^\r\n\p{L}\p{N}]?)" TANDEM_KIMI_UPPER "*" TANDEM_KIMI_LOWER "+" TANDEM_O200K_CONTRACTION
+    R"(|[^\r\n\p{L}\p{N}]?)" TANDEM_KIMI_UPPER "+" TANDEM_KIMI_LOWER "*" TANDEM_O200K_CONTRACTION
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+};
+#undef TANDEM_KIMI_UPPER
+#undef TANDEM_KIMI_LOWER
+#undef TANDEM_O200K_CONTRACTION
+
 struct NamedRegexList {
   std::string_view name;
   std::span<const std::string_view> patterns;
 };
 
-constexpr std::array<NamedRegexList, 3> kRegexLists = {{
+constexpr std::array<NamedRegexList, 7> kRegexLists = {{
     {"deepseek-v3", kDeepseekV3},
     {"deepseek-llm", kDeepseekLlm},
     {"deepseek-coder", kDeepseekCoder},
+    {"qwen2", kQwen2},
+    {"gpt-4o", kO200k},
+    {"glm4", kGlm4},
+    {"kimi-k2", kKimiK2},
 }};
 
 // ---- compiled regexes --------------------------------------------------------------------------

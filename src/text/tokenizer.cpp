@@ -205,6 +205,19 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
     tok.add_merge(left_id, right_id, int32_t(i), token_id(joined, i, merge));
   }
 
+  // Harmony (gpt-oss): the reference implementation matches these markers in any text and always
+  // renders them, so that a reply's channels can be read back from its text; the same here, or a
+  // prompt tokenizes differently. <|end|> too where the vocabulary ends replies with <|return|>
+  // and <|call|> (o200k_harmony), where it closes a message rather than the generation.
+  auto has = [&](std::string_view text) { return tok.find_token(text).has_value(); };
+  std::vector<std::string_view> always_matched = {"<|channel|>", "<|message|>", "<|start|>",
+                                                  "<|constrain|>"};
+  const bool harmony = has("<|return|>") && has("<|call|>") && has("<|end|>");
+  if (harmony) always_matched.push_back("<|end|>");
+  for (std::string_view text : always_matched)
+    if (const std::optional<int32_t> id = tok.find_token(text))
+      tok.token_types_[size_t(*id)] = TokenType::UserDefined;
+
   // Tokens that can be written in text: candidates for the special-token scan.
   for (size_t i = 0; i < n_vocab; ++i) {
     const TokenType type = tok.token_types_[i];
@@ -222,6 +235,24 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   tok.bos_id_ = read_token_id(file, "tokenizer.ggml.bos_token_id", n_vocab);
   tok.eos_id_ = read_token_id(file, "tokenizer.ggml.eos_token_id", n_vocab);
   tok.eot_id_ = read_token_id(file, "tokenizer.ggml.eot_token_id", n_vocab);
+  // End of generation: EOS, end of turn and end of message where the file names them, and the
+  // tokens every chat family ends a reply with, found by their text (as the reference
+  // implementation does: files rarely list them all).
+  for (const std::optional<int32_t> id :
+       {tok.eos_id_, tok.eot_id_, read_token_id(file, "tokenizer.ggml.eom_token_id", n_vocab)})
+    if (id) tok.eog_ids_.push_back(*id);
+  for (std::string_view text :
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+        "<|endoftext|>", "<|eom_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
+    const std::optional<int32_t> id = tok.find_token(text);
+    if (!id || (harmony && text == "<|end|>")) continue;
+    const TokenType type = tok.token_types_[size_t(*id)];
+    if (type != TokenType::Control && type != TokenType::UserDefined) continue;
+    if (std::find(tok.eog_ids_.begin(), tok.eog_ids_.end(), *id) == tok.eog_ids_.end())
+      tok.eog_ids_.push_back(*id);
+  }
+  if (harmony)  // <|end|> closes a message; the reply goes on (a file may name it as EOS)
+    std::erase(tok.eog_ids_, *tok.find_token("<|end|>"));
   tok.add_bos_by_default_ = file.get_bool_or("tokenizer.ggml.add_bos_token", false);
   if (tok.add_bos_by_default_ && !tok.bos_id_)
     fail("{}: 'tokenizer.ggml.add_bos_token' is true but 'tokenizer.ggml.bos_token_id' is missing",

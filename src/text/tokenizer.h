@@ -9,6 +9,7 @@
 //   3. each piece, as bytes, is merged pairwise by merge rank (`tokenizer.ggml.merges`, rank =
 //      position in the list) until no ranked pair is left.
 // A Tokenizer is immutable after loading, so one instance can encode from many threads.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -73,8 +74,13 @@ class Tokenizer {
   std::optional<int32_t> bos_id() const { return bos_id_; }
   std::optional<int32_t> eos_id() const { return eos_id_; }
   std::optional<int32_t> eot_id() const { return eot_id_; }  // end of turn, where the file has one
-  // Generation stops at these (EOS and end of turn).
-  bool is_end_of_generation(int32_t id) const { return id == eos_id_ || id == eot_id_; }
+  // Generation stops at these: EOS, end of turn and of message, and each chat family's reply
+  // ends (<|im_end|>, <|return|> and <|call|> of Harmony, <|endoftext|>, ...) found in the
+  // vocabulary.
+  bool is_end_of_generation(int32_t id) const {
+    return std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
+  }
+  const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
   // `tokenizer.ggml.add_bos_token` (false when absent).
   bool add_bos_by_default() const { return add_bos_by_default_; }
   const PreTokenizer& pre_tokenizer() const { return pre_tokenizer_; }
@@ -126,6 +132,7 @@ class Tokenizer {
   // candidates to try where that byte occurs in the text.
   std::array<std::vector<int32_t>, 256> special_by_first_byte_;
   std::optional<int32_t> bos_id_, eos_id_, eot_id_;
+  std::vector<int32_t> eog_ids_;  // is_end_of_generation
   bool add_bos_by_default_ = false;
 };
 
