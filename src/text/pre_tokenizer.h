@@ -3,9 +3,9 @@
 // merges separately, so no token ever spans two pieces (a number never merges with the word
 // before it, a CJK run never with Latin letters).
 //
-// DeepSeek vocabularies define it as a list of regexes applied in sequence: each regex splits
-// every piece produced so far into the parts it matches and the gaps between matches, and both
-// kinds of part are kept. A later regex therefore sees each piece on its own (a lookahead stops
+// A vocabulary defines it as a list of regexes applied in sequence (one for most families,
+// several for DeepSeek's): each regex splits every piece produced so far into the parts it
+// matches and the gaps between matches, and both kinds of part are kept. A later regex therefore sees each piece on its own (a lookahead stops
 // at the end of the piece). The regexes are compiled once with PCRE2 in UTF + UCP mode (\p{L},
 // \s ... follow Unicode) and are shared read-only, so one PreTokenizer serves many threads.
 #include <cstddef>
@@ -25,7 +25,8 @@ struct TextSpan {
 class PreTokenizer {
  public:
   // `name` is the GGUF `tokenizer.ggml.pre` value: "deepseek-v3", "deepseek-llm" (DeepSeek V2
-  // and V2-Lite) or "deepseek-coder". Anything else throws an Error listing these.
+  // and V2-Lite), "deepseek-coder", "qwen2" (Qwen2/3), "gpt-4o" (o200k: gpt-oss), "glm4"
+  // (GLM-4.5) or "kimi-k2". Anything else throws an Error listing these.
   static PreTokenizer for_name(std::string_view name);
   static const std::vector<std::string>& supported_names();
 

@@ -1,6 +1,6 @@
 #pragma once
-// The byte-level BPE tokenizer of DeepSeek models, read from GGUF metadata
-// (`tokenizer.ggml.*`): text -> token ids for prompts, ids -> bytes for output.
+// The byte-level BPE tokenizer of DeepSeek, Qwen3, gpt-oss, GLM and Kimi models, read from GGUF
+// metadata (`tokenizer.ggml.*`): text -> token ids for prompts, ids -> bytes for output.
 //
 // Encoding has three stages, as in the implementations the fixtures come from:
 //   1. special tokens written in the text (`<｜User｜>`) are cut out first, leftmost and then

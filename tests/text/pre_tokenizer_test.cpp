@@ -123,14 +123,46 @@ TEST(DeepseekCoderSplit, EveryDigitAlone) {
   EXPECT_EQ(split(pre, "x12"), (Pieces{"x", "1", "2"}));
 }
 
+// ---- the MoE families' pre-tokenizers (the fixtures check qwen2, gpt-4o and glm4 in full)
+// --------
+
+TEST(Qwen2Split, DigitsAloneAndContractionsApart) {
+  const PreTokenizer pre = PreTokenizer::for_name("qwen2");
+  EXPECT_EQ(split(pre, "I'm 2024!"), (Pieces{"I", "'m", " ", "2", "0", "2", "4", "!"}));
+}
+
+TEST(Glm4Split, DigitsInThrees) {
+  const PreTokenizer pre = PreTokenizer::for_name("glm4");
+  EXPECT_EQ(split(pre, "x 12345"), (Pieces{"x", " ", "123", "45"}));
+}
+
+TEST(O200kSplit, CaseChangesCutWordsAndMarksStayWithTheirLetters) {
+  const PreTokenizer pre = PreTokenizer::for_name("gpt-4o");
+  EXPECT_EQ(split(pre, "HTTPServer's"), (Pieces{"HTTPServer's"}));
+  EXPECT_EQ(split(pre, "helloWorld"), (Pieces{"hello", "World"}));
+  // A combining mark (U+0301) stays in the word.
+  EXPECT_EQ(split(pre, "cafe\u0301 ok"), (Pieces{"cafe\u0301", " ok"}));
+}
+
+// Kimi-K2 puts Han runs in pieces of their own, then o200k's rules over the other letters.
+TEST(KimiK2Split, HanRunsArePiecesOfTheirOwn) {
+  const PreTokenizer pre = PreTokenizer::for_name("kimi-k2");
+  EXPECT_EQ(split(pre, "中文English混合"), (Pieces{"中文", "English", "混合"}));
+  EXPECT_EQ(split(pre, "汉字abc"), (Pieces{"汉字", "abc"}));
+  EXPECT_EQ(split(pre, "北京市 Pascal"), (Pieces{"北京市", " Pascal"}));
+  EXPECT_EQ(split(pre, "1234567"), (Pieces{"123", "456", "7"}));
+}
+
 TEST(PreTokenizerNames, UnknownNameListsTheSupportedOnes) {
   try {
-    PreTokenizer::for_name("qwen2");
+    PreTokenizer::for_name("llama-bpe");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("'qwen2'"), std::string::npos) << message;
-    EXPECT_NE(message.find("deepseek-v3, deepseek-llm, deepseek-coder"), std::string::npos)
+    EXPECT_NE(message.find("'llama-bpe'"), std::string::npos) << message;
+    EXPECT_NE(
+        message.find("deepseek-v3, deepseek-llm, deepseek-coder, qwen2, gpt-4o, glm4, kimi-k2"),
+        std::string::npos)
         << message;
   }
 }
