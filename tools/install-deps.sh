@@ -6,6 +6,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev        # tests and micro-benchmarks
   nlohmann-json3-dev libcli11-dev libfmt-dev        # JSON, command line, formatting
   libpcre2-dev libyaml-cpp-dev python3              # tokenizer regexes; rule files; fixture checker
+  python3-jinja2                                    # the chat templates' reference renderer (tests)
   libcpp-httplib-dev pkg-config                     # the HTTP server (found through pkg-config)
   chromium                                          # the server's web page test (headless)
 )

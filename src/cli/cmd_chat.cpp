@@ -41,8 +41,7 @@ void register_chat(CLI::App& app) {
               "press Enter; Ctrl-C stops a reply, Ctrl-D quits");
   add_engine_options(cmd, o->engine);
   cmd->add_option("--system", o->system, "system prompt");
-  cmd->add_option("--chat-template", o->chat_template,
-                  "override the template: deepseek2, deepseek3 or deepseek-r1");
+  cmd->add_option("--chat-template", o->chat_template, kChatTemplateHelp);
   cmd->add_option("-n,--n-predict", o->generate.max_tokens, "tokens per reply at most")->capture_default_str();
   add_sampling_options(cmd, o->generate.sampling, o->seed_given);
   cmd->callback([o] {
@@ -51,7 +50,7 @@ void register_chat(CLI::App& app) {
     if (!o->chat_template.empty()) chat_template_from_name(o->chat_template);  // fail before loading
     Engine engine(o->engine);
     const Tokenizer& tokenizer = engine.tokenizer();
-    const ChatTemplateKind kind = choose_chat_template(engine, o->chat_template);
+    const ChatTemplateKind kind = choose_chat_template(engine.file(), o->chat_template);
     const std::string bos = tokenizer.bos_id() ? std::string(tokenizer.token_text(*tokenizer.bos_id())) : "";
     std::vector<ChatMessage> messages;
     if (!o->system.empty()) messages.push_back({"system", o->system});

@@ -48,7 +48,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-n,--n-predict", o->server.default_max_tokens,
                   "max_tokens for requests that give none (0: until the context is full)")
       ->capture_default_str();
-  cmd->add_option("--chat-template", o->chat_template, "override the template: deepseek2, deepseek3 or deepseek-r1");
+  cmd->add_option("--chat-template", o->chat_template, kChatTemplateHelp);
   cmd->add_option("--timeout", o->server.read_timeout_s, "seconds a client may stay silent mid-request")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
@@ -89,8 +89,10 @@ void register_serve(CLI::App& app) {
           devices.size() == 1 ? fmt::format("all on the CPU ({} threads)", engine->n_threads())
                               : fmt::format("CPU ({} threads) and {} (planned by tandem)", engine->n_threads(),
                                             fmt::join(devices.begin() + 1, devices.end(), ", "));
-      http.attach({.engine = *engine, .scheduler = *scheduler,
-                   .chat_template = choose_chat_template(*engine, o->chat_template), .placement = placement});
+      http.attach({.engine = *engine,
+                   .scheduler = *scheduler,
+                   .chat_template = choose_chat_template(engine->file(), o->chat_template),
+                   .placement = placement});
     } catch (...) {
       load_failed = true;
       http.stop();

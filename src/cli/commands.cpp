@@ -8,6 +8,7 @@ void register_commands(CLI::App& app) {
   register_chat(app);
   register_eval(app);
   register_tokenize(app);
+  register_apply_template(app);
   register_profile(app);
   register_bench(app);
   register_plan(app);

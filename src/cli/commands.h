@@ -17,5 +17,6 @@ void register_bench(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_repack(CLI::App& app);
+void register_apply_template(CLI::App& app);
 
 }  // namespace tandem::cli

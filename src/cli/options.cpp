@@ -90,9 +90,10 @@ uint64_t random_seed() {
   return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
 }
 
-ChatTemplateKind choose_chat_template(const Engine& engine, const std::string& override_name) {
+ChatTemplateKind choose_chat_template(const gguf::GgufFile& file,
+                                      const std::string& override_name) {
   if (!override_name.empty()) return chat_template_from_name(override_name);
-  const std::string source = engine.file().get_string_or("tokenizer.chat_template", "");
+  const std::string source = file.get_string_or("tokenizer.chat_template", "");
   if (std::optional<ChatTemplateKind> kind = detect_chat_template(source)) return *kind;
   std::fprintf(stderr, "tandem: %s; using the DeepSeek V3 format (choose with --chat-template)\n",
                source.empty() ? "the model has no chat template" : "the model's chat template is not recognised");

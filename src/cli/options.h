@@ -23,7 +23,12 @@ void add_precision_option(CLI::App* cmd, EngineOptions& options);
 void add_sampling_options(CLI::App* cmd, SamplerParams& params, bool& seed_given);
 // The chat template named on the command line, else the one the file's Jinja source is
 // recognised as, else DeepSeek V3's format with a notice on stderr.
-ChatTemplateKind choose_chat_template(const Engine& engine, const std::string& override_name);
+ChatTemplateKind choose_chat_template(const gguf::GgufFile& file, const std::string& override_name);
+// What --chat-template says it takes, for the help texts.
+inline constexpr const char* kChatTemplateHelp =
+    "override the model's template: deepseek2, deepseek3, deepseek-r1, deepseek-v3.1, chatml, "
+    "qwen3, "
+    "gpt-oss, glm4.5 or kimi-k2";
 // A seed from the clock, for runs without --seed (printed with --verbose to reproduce them).
 uint64_t random_seed();
 

@@ -1,18 +1,36 @@
 #pragma once
-// Chat prompts for the DeepSeek family, written out in C++ instead of interpreting Jinja: the
-// output is byte for byte what each model's own `tokenizer.chat_template` renders for plain
-// system/user/assistant conversations (tool calls are not supported yet).
+// Chat prompts of the model families tandem runs, written out in C++ instead of interpreting
+// Jinja: the output is byte for byte what each model's own `tokenizer.chat_template` renders (with
+// transformers' settings) for conversations of system, user and assistant messages (tool calls
+// are not supported yet). tests/text/chat checks this against jinja2 rendering the fixtures' own
+// templates.
 //
-//   DeepSeekV2  (V2-Chat, V2-Lite-Chat, Coder-V2-Instruct)
+//   DeepSeekV2   (V2-Chat, V2-Lite-Chat, Coder-V2-Instruct)
 //     BOS, then in message order: system "S\n\n", user "User: U\n\n",
 //     assistant "Assistant: A<｜end▁of▁sentence｜>"; generation prompt "Assistant:".
-//   DeepSeekV3  (V3, V3-0324, V2.5)
+//   DeepSeekV3   (V3, V3-0324, V2.5)
 //     BOS, all system prompts joined by "\n\n", then "<｜User｜>U" and
 //     "<｜Assistant｜>A<｜end▁of▁sentence｜>"; generation prompt "<｜Assistant｜>".
-//   DeepSeekR1  (R1)
+//   DeepSeekR1   (R1)
 //     As V3, except: only the last system prompt is used, earlier assistant turns keep only the
-//     text after their last "</think>", and the generation prompt is "<｜Assistant｜><think>\n"
-//     (R1's template opens the reasoning block itself).
+//     text after their last "</think>", and the generation prompt is "<｜Assistant｜><think>\n".
+//   DeepSeekV31  (V3.1, V3.1-Terminus; thinking off by default)
+//     As V3, with "</think>" (or "<think>" when thinking) after an assistant tag that follows a
+//     user turn, and earlier reasoning cut at the first "</think>".
+//   ChatML       (Qwen3's Instruct-2507 and Coder releases)
+//   "<|im_start|>role\ncontent<|im_end|>\n". Qwen3        (Qwen3 with its thinking switch) ChatML,
+//   with the reasoning of the turns after
+//     the last user message kept in <think> blocks, and "<think>\n\n</think>\n\n" opening the
+//     reply when thinking is off.
+//   Harmony      (gpt-oss) a system message (identity, knowledge cutoff, today's date, reasoning
+//     effort, channels), the first system prompt as the developer's instructions, then
+//     "<|start|>user<|message|>U<|end|>" and
+//     "<|start|>assistant<|channel|>final<|message|>A<|end|>"; generation prompt
+//     "<|start|>assistant".
+//   Glm45        (GLM-4.5, 4.5-Air, 4.6) "[gMASK]<sop>", "<|system|>\nS", "<|user|>\nU",
+//     "<|assistant|>\n<think>R</think>\nA"; "/nothink" after user turns when thinking is off.
+//   KimiK2       (Kimi-K2-Instruct) "<|im_system|>system<|im_middle|>S<|im_end|>" and the like,
+//     with Kimi's default system prompt when the conversation has none.
 #include <optional>
 #include <span>
 #include <string>
@@ -20,27 +38,56 @@
 
 namespace tandem {
 
-enum class ChatTemplateKind { DeepSeekV2, DeepSeekV3, DeepSeekR1 };
+enum class ChatTemplateKind {
+  DeepSeekV2,
+  DeepSeekV3,
+  DeepSeekR1,
+  DeepSeekV31,
+  ChatML,
+  Qwen3,
+  Harmony,
+  Glm45,
+  KimiK2,
+};
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
   std::string content;
+  // An assistant turn's reasoning given apart from its content (OpenAI clients that keep
+  // `reasoning_content`); without it, templates look for <think> blocks in the content.
+  std::optional<std::string> reasoning_content = std::nullopt;
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  // Thinking on or off for the templates with a switch (Qwen3, GLM-4.5, DeepSeek-V3.1); nullopt:
+  // the template's own default (on for Qwen3 and GLM, off for V3.1).
+  std::optional<bool> enable_thinking = std::nullopt;
+  std::string reasoning_effort = "medium";  // Harmony: low, medium or high
+  std::string date;  // Harmony's "Current date" (YYYY-MM-DD); empty: today, UTC
 };
 
 // The prompt text (special tokens written as text, to be tokenized with special-token parsing).
 // `bos_text` is the BOS token's text, e.g. "<｜begin▁of▁sentence｜>". Throws tandem::Error for a
 // role other than system/user/assistant, naming it.
 std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,
+                                const ChatOptions& options, const std::string& bos_text);
+std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,
                                 bool add_generation_prompt, const std::string& bos_text);
 
-// Recognises the DeepSeek templates by distinctive markers; nullopt for anything else.
+// Recognises a model's template by distinctive markers; nullopt for anything else.
 std::optional<ChatTemplateKind> detect_chat_template(std::string_view jinja_source);
 
-// For `--chat-template NAME`: deepseek2 (alias deepseek-v2), deepseek3 (alias deepseek-v3),
-// deepseek-r1 (alias deepseekr1). Throws tandem::Error listing the names otherwise.
+// For `--chat-template NAME`: deepseek2 (alias deepseek-v2), deepseek3 (deepseek-v3), deepseek-r1,
+// deepseek-v3.1, chatml, qwen3, gpt-oss (harmony), glm4.5 (glm4moe), kimi-k2. Throws
+// tandem::Error listing the names otherwise.
 ChatTemplateKind chat_template_from_name(std::string_view name);
 
-// The canonical name of a kind ("deepseek2", "deepseek3", "deepseek-r1").
+// The canonical name of a kind ("deepseek2", "qwen3", "gpt-oss", ...).
 std::string_view chat_template_name(ChatTemplateKind kind);
+
+// Whether the template opens the reply inside a reasoning block (R1, Qwen3 and GLM when thinking,
+// V3.1 when asked): the reply's text then starts with reasoning that ends at "</think>".
+bool reply_starts_in_reasoning(ChatTemplateKind kind, const ChatOptions& options);
 
 }  // namespace tandem

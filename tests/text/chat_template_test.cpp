@@ -118,8 +118,9 @@ TEST(ChatTemplate, DetectsR1AndV2ByTheirMarkers) {
   r1 +=
       "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}";
   EXPECT_EQ(detect_chat_template(r1), ChatTemplateKind::DeepSeekR1);
-  // V3.1-style hybrid templates render differently from every kind here.
-  EXPECT_EQ(detect_chat_template(r1 + "{%- if not thinking is defined -%}"), std::nullopt);
+  // V3.1's hybrid template has a thinking switch.
+  EXPECT_EQ(detect_chat_template(r1 + "{%- if not thinking is defined -%}"),
+            ChatTemplateKind::DeepSeekV31);
 
   const std::string v2 =
       "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
@@ -127,6 +128,51 @@ TEST(ChatTemplate, DetectsR1AndV2ByTheirMarkers) {
       "{{ 'Assistant: ' + message['content'] + eos_token }}{% endif %}{% endfor %}"
       "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
   EXPECT_EQ(detect_chat_template(v2), ChatTemplateKind::DeepSeekV2);
+}
+
+// Kimi-K2 and DeepSeek-V3.1 have no fixture model: expected texts rendered with jinja2 from the
+// models' own templates (as tests/text/chat/render_with_jinja.py does for the fixtures').
+TEST(ChatTemplate, KimiK2AddsItsDefaultSystemPromptOnlyWithoutOne) {
+  const std::vector<ChatMessage> plain = {{"user", "Hi"}};
+  EXPECT_EQ(render(ChatTemplateKind::KimiK2, plain, true),
+            "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>"
+            "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>");
+  const std::vector<ChatMessage> with_system = {{"system", ""}, {"user", "x"}};
+  EXPECT_EQ(render(ChatTemplateKind::KimiK2, with_system, true),
+            "<|im_system|>system<|im_middle|><|im_end|><|im_user|>user<|im_middle|>x<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>");
+}
+
+TEST(ChatTemplate, V31MarksRepliesAfterUserTurnsAndSwitchesThinking) {
+  const std::vector<ChatMessage> messages = {{"system", "Be kind.\n"},
+                                             {"user", "a"},
+                                             {"assistant", "<think>r</think>b"},
+                                             {"assistant", "c"},
+                                             {"user", "d"}};
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekV31, messages, true),
+            kBos +
+                "Be kind.\n<｜User｜>a<｜Assistant｜></think>b<｜end▁of▁sentence｜>c"
+                "<｜end▁of▁sentence｜><｜User｜>d<｜Assistant｜></think>");
+  const std::vector<ChatMessage> one = {{"user", "Hi"}};
+  EXPECT_EQ(
+      apply_chat_template(ChatTemplateKind::DeepSeekV31, one, {.enable_thinking = true}, kBos),
+      kBos + "<｜User｜>Hi<｜Assistant｜><think>");
+  EXPECT_TRUE(reply_starts_in_reasoning(ChatTemplateKind::DeepSeekV31, {.enable_thinking = true}));
+  EXPECT_FALSE(reply_starts_in_reasoning(ChatTemplateKind::DeepSeekV31, {}));
+}
+
+TEST(ChatTemplate, DetectsEachFamilyByItsMarkers) {
+  EXPECT_EQ(detect_chat_template("{{'<|im_system|>system<|im_middle|>'}}"),
+            ChatTemplateKind::KimiK2);
+  EXPECT_EQ(detect_chat_template("<|start|>{{x}}<|channel|>final<|message|>"),
+            ChatTemplateKind::Harmony);
+  EXPECT_EQ(detect_chat_template("[gMASK]<sop>{{'<|assistant|>'}}"), ChatTemplateKind::Glm45);
+  const std::string chatml =
+      "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' }}";
+  EXPECT_EQ(detect_chat_template(chatml), ChatTemplateKind::ChatML);
+  EXPECT_EQ(detect_chat_template(chatml + "{{ '<think>' }}"), ChatTemplateKind::Qwen3);
+  // Qwen2.5 adds a default system prompt of its own: not claimed.
+  EXPECT_EQ(detect_chat_template(chatml + "You are Qwen, created by Alibaba Cloud."), std::nullopt);
 }
 
 TEST(ChatTemplate, DetectionRejectsOtherTemplates) {
@@ -146,13 +192,20 @@ TEST(ChatTemplate, NamesAndAliases) {
   for (auto kind :
        {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekV3, ChatTemplateKind::DeepSeekR1})
     EXPECT_EQ(chat_template_from_name(chat_template_name(kind)), kind);
+  EXPECT_EQ(chat_template_from_name("chatml"), ChatTemplateKind::ChatML);
+  EXPECT_EQ(chat_template_from_name("harmony"), ChatTemplateKind::Harmony);
+  for (auto kind :
+       {ChatTemplateKind::DeepSeekV31, ChatTemplateKind::ChatML, ChatTemplateKind::Qwen3,
+        ChatTemplateKind::Harmony, ChatTemplateKind::Glm45, ChatTemplateKind::KimiK2})
+    EXPECT_EQ(chat_template_from_name(chat_template_name(kind)), kind);
   try {
-    chat_template_from_name("chatml");
+    chat_template_from_name("llama3");
     ADD_FAILURE();
   } catch (const Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("chatml"), std::string::npos) << message;
+    EXPECT_NE(message.find("llama3"), std::string::npos) << message;
     EXPECT_NE(message.find("deepseek2"), std::string::npos) << message;
+    EXPECT_NE(message.find("kimi-k2"), std::string::npos) << message;
     EXPECT_NE(message.find("deepseek3"), std::string::npos) << message;
   }
 }
