@@ -49,6 +49,11 @@ void register_serve(CLI::App& app) {
                   "max_tokens for requests that give none (0: until the context is full)")
       ->capture_default_str();
   cmd->add_option("--chat-template", o->chat_template, kChatTemplateHelp);
+  cmd->add_option("--reasoning-format", o->server.reasoning_format,
+                  "auto: a reasoning model's reasoning (gpt-oss's analysis channel, <think> "
+                  "blocks) comes back as reasoning_content; none: inline in the content")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   cmd->add_option("--timeout", o->server.read_timeout_s, "seconds a client may stay silent mid-request")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

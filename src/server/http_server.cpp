@@ -17,6 +17,7 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/web_page.h"
+#include "text/reasoning.h"
 #include "text/tokenizer.h"
 
 namespace tandem::server {
@@ -42,6 +43,7 @@ struct StreamState {
   std::shared_ptr<RequestState> request;
   ResponseMeta meta;
   bool include_usage = false, logprobs = false, first = true;
+  ReasoningSplitter reasoning;  // the reply's reasoning apart from its answer
 };
 
 }  // namespace
@@ -160,6 +162,23 @@ struct HttpServer::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
     http.Post("/v1/completions",
               [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+    http.Post("/apply-template", [this](const httplib::Request& req, httplib::Response& res) {
+      const ServingModel* m = model.load();
+      if (!m)
+        return send_error(res, 503, "the model is loading; retry when GET /health says ok", {},
+                          "unavailable");
+      try {
+        res.set_content(apply_template_response(req.body, {.tokenizer = m->engine.tokenizer(),
+                                                           .chat_template = m->chat_template,
+                                                           .n_ctx = m->engine.n_ctx(),
+                                                           .default_max_tokens = 0}),
+                        "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e.status(), e.what(), e.param(), e.type());
+      } catch (const Error& e) {
+        send_error(res, 400, e.what());
+      }
+    });
   }
 
   // Counts a request in flight for as long as it lives (a stream hands it to its releaser).
@@ -200,24 +219,37 @@ struct HttpServer::Impl {
     const ResponseMeta meta{.id = new_id(chat), .created = unix_seconds(),
                             .model = parsed.model.empty() ? options.model_alias : parsed.model, .chat = chat};
     const Tokenizer& tokenizer = m->engine.tokenizer();
+    // Chat replies of reasoning models: reasoning in reasoning_content (--reasoning-format).
+    const ReasoningFormat format = chat && options.reasoning_format != "none"
+                                       ? reasoning_format_of(m->chat_template)
+                                       : ReasoningFormat::None;
+    ReasoningSplitter splitter(format, parsed.starts_in_reasoning);
     if (!parsed.stream) {
-      std::string text;
+      std::string text, reasoning;
       std::vector<TokenLogprob> logprobs;
       RequestState::Piece piece;
+      auto add = [&](const ReasoningSplitter::Delta& d) {
+        text += d.content, reasoning += d.reasoning;
+      };
       while (state->next(piece)) {
-        text += piece.text;
+        add(splitter.push(piece.text));
         logprobs.insert(logprobs.end(), piece.logprobs.begin(), piece.logprobs.end());
       }
+      add(splitter.finish());
       if (state->finish_reason() == "error") return send_error(res, 500, state->error(), {}, "server_error");
       if (state->finish_reason() == "cancelled")
         return send_error(res, 503, "the server is shutting down; the request was cancelled", {}, "unavailable");
-      res.set_content(full_response(meta, text, state->finish_reason(), parsed.logprobs ? &logprobs : nullptr,
-                                    tokenizer, {state->prompt_tokens(), state->completion_tokens()}),
-                      "application/json");
+      res.set_content(
+          full_response(meta, text, state->finish_reason(), parsed.logprobs ? &logprobs : nullptr,
+                        tokenizer, {state->prompt_tokens(), state->completion_tokens()}, reasoning),
+          "application/json");
       return;
     }
-    auto stream = std::make_shared<StreamState>(
-        StreamState{.request = state, .meta = meta, .include_usage = parsed.include_usage, .logprobs = parsed.logprobs});
+    auto stream = std::make_shared<StreamState>(StreamState{.request = state,
+                                                            .meta = meta,
+                                                            .include_usage = parsed.include_usage,
+                                                            .logprobs = parsed.logprobs,
+                                                            .reasoning = splitter});
     auto stream_in_flight = std::make_shared<InFlight>(std::move(in_flight_guard));
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
@@ -237,11 +269,17 @@ struct HttpServer::Impl {
             return write(sse(stream_chunk(stream->meta, "", true, nullptr, tokenizer, std::nullopt)));
           }
           if (stream->request->next(piece)) {
-            if (piece.text.empty() && piece.logprobs.empty()) return true;
-            return write(sse(stream_chunk(stream->meta, piece.text, false,
-                                          stream->logprobs ? &piece.logprobs : nullptr, tokenizer, std::nullopt)));
+            const ReasoningSplitter::Delta d = stream->reasoning.push(piece.text);
+            if (d.empty() && piece.logprobs.empty()) return true;
+            return write(sse(stream_chunk(stream->meta, d.content, false,
+                                          stream->logprobs ? &piece.logprobs : nullptr, tokenizer,
+                                          std::nullopt, d.reasoning)));
           }
           const RequestState& r = *stream->request;
+          if (const ReasoningSplitter::Delta d = stream->reasoning.finish(); !d.empty())
+            if (!write(sse(stream_chunk(stream->meta, d.content, false, nullptr, tokenizer,
+                                        std::nullopt, d.reasoning))))
+              return false;
           if (r.finish_reason() == "error" || r.finish_reason() == "cancelled") {
             const std::string message = r.finish_reason() == "error" ? r.error() : "the server is shutting down";
             if (!write(sse(json{{"error", {{"message", message}, {"type", "server_error"}}}}.dump()))) return false;

@@ -33,6 +33,9 @@ struct ServerOptions {
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies get 413
   int read_timeout_s = 10;         // a client that sends nothing for this long is dropped
   int32_t default_max_tokens = 0;  // when a request names none; 0 = until the context is full
+  // "auto": a reasoning model's reasoning goes to reasoning_content (Harmony's analysis channel,
+  // <think> blocks); "none": it stays in the content as the model wrote it.
+  std::string reasoning_format = "auto";
 };
 
 // What the server serves once the model is loaded.

@@ -159,8 +159,15 @@ std::string error_body(int status, const std::string& message, const std::string
   return json{{"error", error}}.dump();
 }
 
-ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext& context) {
-  const json body = parse_body(body_text);
+namespace {
+
+// A chat request's conversation and the template's switches, rendered into the prompt text.
+struct ChatPrompt {
+  std::string text;
+  ChatOptions options;
+};
+
+ChatPrompt render_chat(const json& body, const PromptContext& context) {
   const json* messages = field(body, "messages");
   if (!messages) bad("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
@@ -176,13 +183,47 @@ ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext
       bad(param + ".role", fmt::format("role '{}' is not supported; use system, user or assistant", role));
     const json& content = m.contains("content") ? m["content"] : json(nullptr);
     chat.push_back({role, text_of_content(content, i)});
+    // A reply's reasoning sent back apart from its content (DeepSeek's API shape).
+    if (role == "assistant" && m.contains("reasoning_content") &&
+        m["reasoning_content"].is_string())
+      chat.back().reasoning_content = m["reasoning_content"].get<std::string>();
   }
-
-  ParsedRequest out;
+  ChatPrompt out;
+  if (const json* effort = field(body, "reasoning_effort")) {
+    if (!effort->is_string() || (*effort != "low" && *effort != "medium" && *effort != "high"))
+      bad("reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
+    out.options.reasoning_effort = effort->get<std::string>();
+  }
+  if (const json* kwargs = field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object())
+      bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (kwargs->contains("enable_thinking")) {
+      if (!(*kwargs)["enable_thinking"].is_boolean())
+        bad("chat_template_kwargs.enable_thinking", "'enable_thinking' must be true or false");
+      out.options.enable_thinking = (*kwargs)["enable_thinking"].get<bool>();
+    }
+  }
   const Tokenizer& tokenizer = context.tokenizer;
   const std::string bos = tokenizer.bos_id() ? std::string(tokenizer.token_text(*tokenizer.bos_id())) : std::string();
-  const std::string prompt = apply_chat_template(context.chat_template, chat, true, bos);
-  out.completion.prompt = tokenizer.encode(prompt, {.add_bos = false, .parse_special = true});
+  out.text = apply_chat_template(context.chat_template, chat, out.options, bos);
+  return out;
+}
+
+}  // namespace
+
+std::string apply_template_response(std::string_view body_text, const PromptContext& context) {
+  return json{{"prompt", render_chat(parse_body(body_text), context).text}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
+}
+
+ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext& context) {
+  const json body = parse_body(body_text);
+  ChatPrompt prompt = render_chat(body, context);
+  ParsedRequest out;
+  out.chat_options = std::move(prompt.options);
+  out.starts_in_reasoning = reply_starts_in_reasoning(context.chat_template, out.chat_options);
+  out.completion.prompt =
+      context.tokenizer.encode(prompt.text, {.add_bos = false, .parse_special = true});
 
   out.logprobs = boolean(body, "logprobs", false);
   const int64_t top = integer(body, "top_logprobs", 0, 0, 20);

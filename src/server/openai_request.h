@@ -23,6 +23,10 @@ struct ParsedRequest {
   bool include_usage = false;    // stream_options.include_usage
   bool logprobs = false;         // chat: logprobs; completions: logprobs >= 0
   std::string model;             // as the client named it (echoed back)
+  // Chat: the template's switches as the request set them (chat_template_kwargs.enable_thinking,
+  // reasoning_effort), and whether the reply starts inside a reasoning block.
+  ChatOptions chat_options;
+  bool starts_in_reasoning = false;
 };
 
 struct PromptContext {
@@ -32,8 +36,14 @@ struct PromptContext {
   int32_t default_max_tokens;     // when the request names none
 };
 
-// Throw ApiError (400) naming the field at fault. `body` is the raw request body.
+// Throw ApiError (400) naming the field at fault. `body` is the raw request body. Chat requests
+// take, beside OpenAI's fields, `reasoning_effort` (low, medium, high: gpt-oss) and
+// `chat_template_kwargs: {"enable_thinking": bool}` (Qwen3, GLM-4.5, DeepSeek-V3.1), as vLLM and
+// llama.cpp do.
 ParsedRequest parse_chat_request(std::string_view body, const PromptContext& context);
 ParsedRequest parse_completion_request(std::string_view body, const PromptContext& context);
+// POST /apply-template (llama.cpp's): a chat request's messages and switches as the prompt text
+// the model would get, {"prompt": "..."}. Same checks as a chat request.
+std::string apply_template_response(std::string_view body, const PromptContext& context);
 
 }  // namespace tandem::server

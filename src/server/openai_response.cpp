@@ -59,14 +59,17 @@ json envelope(const ResponseMeta& meta, const char* object) {
 
 }  // namespace
 
-std::string full_response(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
-                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer, Usage usage) {
+std::string full_response(const ResponseMeta& meta, const std::string& text,
+                          const std::string& finish_reason,
+                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
+                          Usage usage, const std::string& reasoning) {
   json out = envelope(meta, meta.chat ? "chat.completion" : "text_completion");
   json choice = {{"index", 0}, {"finish_reason", finish_reason},
                  {"logprobs", logprobs ? logprobs_json(meta.chat, *logprobs, tokenizer, 0) : json(nullptr)}};
-  if (meta.chat)
+  if (meta.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else
+    if (!reasoning.empty()) choice["message"]["reasoning_content"] = reasoning;
+  } else
     choice["text"] = text;
   out["choices"] = json::array({choice});
   out["usage"] = usage_json(usage);
@@ -75,7 +78,8 @@ std::string full_response(const ResponseMeta& meta, const std::string& text, con
 
 std::string stream_chunk(const ResponseMeta& meta, const std::string& text, bool first,
                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
-                         const std::optional<std::string>& finish_reason) {
+                         const std::optional<std::string>& finish_reason,
+                         const std::string& reasoning) {
   json out = envelope(meta, meta.chat ? "chat.completion.chunk" : "text_completion");
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
@@ -84,6 +88,7 @@ std::string stream_chunk(const ResponseMeta& meta, const std::string& text, bool
   if (meta.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
+    if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
     if (!text.empty() || (first && !finish_reason)) delta["content"] = text;
     choice["delta"] = delta;
   } else {

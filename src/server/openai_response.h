@@ -25,15 +25,19 @@ struct Usage {
   int32_t prompt_tokens = 0, completion_tokens = 0;
 };
 
-// A non-streamed response. `logprobs` null when the request did not ask for them.
-std::string full_response(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
-                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer, Usage usage);
+// A non-streamed response. `logprobs` null when the request did not ask for them. Chat: a
+// non-empty `reasoning` goes in message.reasoning_content.
+std::string full_response(const ResponseMeta& meta, const std::string& text,
+                          const std::string& finish_reason,
+                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
+                          Usage usage, const std::string& reasoning = {});
 
-// One streamed chunk: `text` as the delta (chat: the first chunk also carries the role),
-// `finish_reason` on the last one.
+// One streamed chunk: `text` as the delta (chat: the first chunk also carries the role; a
+// non-empty `reasoning` goes in delta.reasoning_content), `finish_reason` on the last one.
 std::string stream_chunk(const ResponseMeta& meta, const std::string& text, bool first,
                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
-                         const std::optional<std::string>& finish_reason);
+                         const std::optional<std::string>& finish_reason,
+                         const std::string& reasoning = {});
 
 // The extra last chunk of stream_options.include_usage: no choices, the usage.
 std::string usage_chunk(const ResponseMeta& meta, Usage usage);
