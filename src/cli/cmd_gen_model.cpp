@@ -1,5 +1,6 @@
-// `tandem gen-model`: writes a synthetic deepseek2 GGUF (seeded random weights, real layout,
-// trained tokenizer) for tests, benchmarks and planning where no real weights can be had.
+// `tandem gen-model`: writes a synthetic GGUF of any architecture tandem runs (seeded random
+// weights, real layout, trained tokenizer) for tests, benchmarks and planning where no real
+// weights can be had.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -21,18 +22,24 @@ void register_gen_model(CLI::App& app) {
   auto layers = std::make_shared<uint32_t>(0);
   std::string presets_help = "model shape:";
   for (const SyntheticPreset& preset : synthetic_presets())
-    presets_help += fmt::format("\n  {:<9} {}", preset.name, preset.description);
+    presets_help +=
+        fmt::format("\n  {:<22} {:<9} {}", preset.name, preset.arch, preset.description);
 
   CLI::App* cmd = app.add_subcommand(
       "gen-model",
-      "Write a deepseek2-architecture GGUF with seeded random weights of realistic scale and a "
-      "small trained tokenizer. Its text output is meaningless (random weights); it exists so that "
-      "tests, benchmarks and plans run on real shapes without downloading a model.");
+      "Write a GGUF with seeded random weights of realistic scale and a small trained tokenizer "
+      "(deepseek2, qwen3moe, gpt-oss or glm4moe). Its text output is meaningless (random "
+      "weights); it exists so that tests, benchmarks and plans run on real shapes without "
+      "downloading a model.");
   cmd->add_option("--preset", options->preset, presets_help)->capture_default_str();
+  cmd->add_option("--arch", options->arch,
+                  "architecture of a preset several have (micro): deepseek2 (default), qwen3moe, "
+                  "gpt-oss, glm4moe");
   cmd->add_option("-o,--output", options->output_path, "GGUF file to write")->required();
   cmd->add_option("--format", options->format,
                   "weight mix: Q4_K_M (Q4_K + Q6_K, Q5_0/Q8_0 for short rows, as converters do), "
-                  "IQ4_XS (IQ4_NL for short rows, Q6_K output), Q8_0, BF16, F16, F32; Q4_1, "
+                  "IQ4_XS (IQ4_NL for short rows, Q6_K output), Q8_0, BF16, F16, F32, MXFP4_MOE "
+                  "(MXFP4 experts, Q8_0 elsewhere: gpt-oss as shipped); Q4_1, "
                   "TQ1_0, TQ2_0, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S "
                   "(every matrix but the Q6_K output; rows that are not whole 256-blocks Q4_0 "
                   "for TQ, IQ4_NL for the IQ formats), for benches of those formats, written by "
@@ -53,9 +60,11 @@ void register_gen_model(CLI::App& app) {
       fail("{}: cannot create the folder: {}", parent.string(), ec.message());
     ThreadPool pool(*threads);
     const SyntheticSummary summary = write_synthetic_model(*options, pool);
-    fmt::print("wrote {}: preset {}, {}, {} tensors, {} in {:.1f} s ({}/s)\n", options->output_path,
-               options->preset, options->format, summary.n_tensors, format_bytes(summary.file_bytes),
-               summary.seconds, format_bytes(uint64_t(double(summary.file_bytes) / std::max(summary.seconds, 1e-9))));
+    fmt::print(
+        "wrote {}: preset {} ({}), {}, {} tensors, {} in {:.1f} s ({}/s)\n", options->output_path,
+        options->preset, find_synthetic_preset(options->preset, options->arch).arch,
+        options->format, summary.n_tensors, format_bytes(summary.file_bytes), summary.seconds,
+        format_bytes(uint64_t(double(summary.file_bytes) / std::max(summary.seconds, 1e-9))));
   });
 }
 

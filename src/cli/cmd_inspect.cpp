@@ -10,8 +10,9 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "gguf/gguf_file.h"
-#include "model/deepseek2_hparams.h"
+#include "model/model_shapes.h"
 #include "model/weight_groups.h"
+#include "text/chat_template.h"
 
 namespace tandem::cli {
 namespace {
@@ -89,9 +90,10 @@ TokenizerSummary summarize_tokenizer(const gguf::GgufFile& file) {
   t.add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", false);
   const std::string chat_template = file.get_string_or("tokenizer.chat_template", "");
   t.chat_template_chars = chat_template.size();
-  if (chat_template.find("<｜Assistant｜>") != std::string::npos) t.chat_template_style = "DeepSeek V3/R1";
-  else if (chat_template.find("Assistant:") != std::string::npos) t.chat_template_style = "DeepSeek V2";
-  else if (!chat_template.empty()) t.chat_template_style = "not recognised";
+  if (const std::optional<ChatTemplateKind> kind = detect_chat_template(chat_template))
+    t.chat_template_style = std::string(chat_template_name(*kind));
+  else if (!chat_template.empty())
+    t.chat_template_style = "not recognised";
   return t;
 }
 
@@ -102,7 +104,7 @@ std::string shape_text(const std::vector<uint64_t>& shape) {
 }
 
 void print_text(const gguf::GgufFile& file, const std::string& arch,
-                const std::optional<Deepseek2Hparams>& hp, const std::string& hparams_error,
+                const std::optional<ModelShape>& shape, const std::string& hparams_error,
                 const TokenizerSummary& tok, const WeightBytes& bytes, bool show_tensors) {
   fmt::print("file:         {}{}\n", file.name(),
              file.paths().size() > 1 ? fmt::format(" ({} parts)", file.paths().size()) : "");
@@ -112,22 +114,9 @@ void print_text(const gguf::GgufFile& file, const std::string& arch,
   fmt::print("\nmetadata:\n");
   for (const auto& [key, value] : file.metadata())
     if (!is_tokenizer_key(key)) fmt::print("  {:<48} {}\n", key, value.to_display());
-  if (hp) {
+  if (shape) {
     fmt::print("\nderived:\n");
-    fmt::print("  layers: {} ({} dense, {} MoE{})\n", hp->n_layer, hp->n_leading_dense,
-               hp->n_layer - hp->n_leading_dense - hp->n_nextn_layers,
-               hp->n_nextn_layers ? fmt::format(", {} MTP skipped", hp->n_nextn_layers) : "");
-    fmt::print("  attention: MLA, {} heads, q_lora {}, kv_lora {}, qk {} + {} rope, v {}\n", hp->n_head,
-               hp->q_lora_rank ? std::to_string(hp->q_lora_rank) : "none", hp->kv_lora_rank,
-               hp->qk_nope_dim, hp->qk_rope_dim, hp->v_head_dim);
-    fmt::print("  experts: {} routed ({} used), {} shared, width {}, {} routing{}{}\n", hp->n_expert,
-               hp->n_expert_used, hp->n_expert_shared, hp->n_ff_expert,
-               hp->gating == ExpertGating::Sigmoid ? "sigmoid" : "softmax",
-               hp->n_expert_group > 1 ? fmt::format(", {} of {} groups", hp->n_group_used, hp->n_expert_group) : "",
-               hp->expert_weights_norm ? ", normalized weights" : "");
-    fmt::print("  KV cache: {} values per token per layer (latent {} + rope {}), {} per token in F32\n",
-               hp->kv_cache_dims(), hp->kv_lora_rank, hp->qk_rope_dim,
-               format_bytes(uint64_t(hp->kv_cache_dims()) * 4 * (hp->n_layer - hp->n_nextn_layers)));
+    for (const std::string& line : shape->describe()) fmt::print("  {}\n", line);
   } else if (!hparams_error.empty()) {
     fmt::print("\nhyperparameters: {}\n", hparams_error);
   }
@@ -160,27 +149,17 @@ void print_text(const gguf::GgufFile& file, const std::string& arch,
                format_bytes(n), 100.0 * double(n) / double(std::max<uint64_t>(1, bytes.total_bytes)));
 }
 
-ordered_json hparams_json(const Deepseek2Hparams& hp) {
-  return {{"n_layer", hp.n_layer}, {"n_ctx_train", hp.n_ctx_train}, {"n_embd", hp.n_embd},
-          {"n_ff_dense", hp.n_ff_dense}, {"n_head", hp.n_head}, {"n_vocab", hp.n_vocab},
-          {"rms_norm_eps", hp.rms_norm_eps}, {"q_lora_rank", hp.q_lora_rank},
-          {"kv_lora_rank", hp.kv_lora_rank}, {"qk_nope_dim", hp.qk_nope_dim},
-          {"qk_rope_dim", hp.qk_rope_dim}, {"v_head_dim", hp.v_head_dim},
-          {"n_leading_dense", hp.n_leading_dense}, {"n_expert", hp.n_expert},
-          {"n_expert_used", hp.n_expert_used}, {"n_expert_shared", hp.n_expert_shared},
-          {"n_ff_expert", hp.n_ff_expert}, {"n_expert_group", hp.n_expert_group},
-          {"n_group_used", hp.n_group_used},
-          {"gating", hp.gating == ExpertGating::Sigmoid ? "sigmoid" : "softmax"},
-          {"expert_weights_norm", hp.expert_weights_norm},
-          {"expert_weights_scale", hp.expert_weights_scale}, {"rope_freq_base", hp.rope_freq_base},
-          {"rope_scaling", hp.rope_scaling == RopeScaling::Yarn ? "yarn" : "none"},
-          {"rope_scaling_factor", hp.rope_scaling_factor}, {"rope_original_ctx", hp.rope_original_ctx},
-          {"yarn_log_multiplier", hp.yarn_log_multiplier}, {"n_nextn_layers", hp.n_nextn_layers},
-          {"kv_cache_values_per_token_per_layer", hp.kv_cache_dims()}};
+ordered_json hparams_json(const ModelShape& shape) {
+  ordered_json out = ordered_json::object();
+  for (const HparamField& f : shape.fields())
+    out[f.name] = f.word.empty() ? ordered_json(f.number) : ordered_json(f.word);
+  const ModelInfo info = shape.info();
+  out["kv_cache_values_per_token_per_layer"] = info.kv.empty() ? 0 : info.kv.front().row_floats();
+  return out;
 }
 
 void print_json(const gguf::GgufFile& file, const std::string& arch,
-                const std::optional<Deepseek2Hparams>& hp, const std::string& hparams_error,
+                const std::optional<ModelShape>& shape, const std::string& hparams_error,
                 const TokenizerSummary& tok, const WeightBytes& bytes) {
   ordered_json out;
   out["paths"] = file.paths();
@@ -192,7 +171,8 @@ void print_json(const gguf::GgufFile& file, const std::string& arch,
   ordered_json metadata = ordered_json::object();
   for (const auto& [key, value] : file.metadata()) metadata[key] = value_to_json(value);
   out["metadata"] = metadata;
-  if (hp) out["hparams"] = hparams_json(*hp);
+  if (shape)
+    out["hparams"] = hparams_json(*shape);
   else if (!hparams_error.empty()) out["hparams_error"] = hparams_error;
   out["tokenizer"] = {{"model", tok.model}, {"pre", tok.pre}, {"n_tokens", tok.n_tokens},
                       {"n_merges", tok.n_merges}, {"token_types", tok.type_counts},
@@ -203,9 +183,16 @@ void print_json(const gguf::GgufFile& file, const std::string& arch,
                       {"chat_template_style", tok.chat_template_style}};
   ordered_json tensors = ordered_json::array();
   for (const gguf::TensorInfo& t : file.tensors())
-    tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"type", dtype_name(t.type)},
-                       {"bytes", t.n_bytes}, {"file", t.file_index}, {"offset", t.file_offset},
-                       {"group", weight_group_name(classify_tensor(t.name, hp ? hp->n_layer - hp->n_nextn_layers : UINT32_MAX).group)}});
+    tensors.push_back(
+        {{"name", t.name},
+         {"shape", t.shape},
+         {"type", dtype_name(t.type)},
+         {"bytes", t.n_bytes},
+         {"file", t.file_index},
+         {"offset", t.file_offset},
+         {"group",
+          weight_group_name(
+              classify_tensor(t.name, shape ? shape->info().n_layer : UINT32_MAX).group)}});
   out["tensors"] = tensors;
   ordered_json groups = ordered_json::object();
   for (int g = 0; g < kWeightGroupCount; ++g)
@@ -238,22 +225,20 @@ void register_inspect(CLI::App& app) {
   cmd->callback([options] {
     const gguf::GgufFile file = gguf::GgufFile::open(options->model);
     const std::string arch = file.get_string_or("general.architecture", "(none)");
-    std::optional<Deepseek2Hparams> hp;
+    std::optional<ModelShape> shape;
     std::string hparams_error;
-    if (arch == "deepseek2") {
-      try {
-        hp = read_deepseek2_hparams(file);
-      } catch (const Error& e) {
-        hparams_error = e.what();  // still show the rest: inspect is how people debug files
-      }
-    } else {
-      hparams_error = fmt::format("architecture '{}' is not supported by tandem (supported: deepseek2)", arch);
+    try {
+      shape = model_shape_of(file);
+    } catch (const Error& e) {
+      hparams_error = e.what();  // still show the rest: inspect is how people debug files
     }
-    const uint32_t n_main_layers = hp ? hp->n_layer - hp->n_nextn_layers : UINT32_MAX;
+    const uint32_t n_main_layers = shape ? shape->info().n_layer : UINT32_MAX;
     const WeightBytes bytes = count_weight_bytes(file, n_main_layers);
     const TokenizerSummary tok = summarize_tokenizer(file);
-    if (options->json) print_json(file, arch, hp, hparams_error, tok, bytes);
-    else print_text(file, arch, hp, hparams_error, tok, bytes, !options->no_tensors);
+    if (options->json)
+      print_json(file, arch, shape, hparams_error, tok, bytes);
+    else
+      print_text(file, arch, shape, hparams_error, tok, bytes, !options->no_tensors);
   });
 }
 

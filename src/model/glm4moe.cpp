@@ -114,6 +114,7 @@ Glm4MoeHparams read_glm4moe_hparams(const gguf::GgufFile& file) {
                 hp.n_group_used >= 1 && hp.n_group_used <= hp.n_expert_group,
             "expert_count must be a multiple of expert_group_count, which bounds "
             "expert_group_used_count");
+  hp.qk_norm = file.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
   return hp;
 }
 
@@ -166,6 +167,50 @@ ModelInfo glm4moe_model_info(const Glm4MoeHparams& hp) {
   const std::vector<int64_t> windows(info.n_layer, 0);
   set_gqa_attention_info(info, hp.n_head, hp.n_head_kv, hp.head_dim, hp.v_head_dim, windows);
   return info;
+}
+
+std::vector<TensorLayout> glm4moe_layout(const Glm4MoeHparams& hp, std::string_view quant_mix) {
+  const uint32_t n_layer = hp.n_layer - hp.n_nextn_layers;
+  LayoutBuilder b(quant_mix, n_layer, hp.n_expert);
+  const uint64_t embd = hp.n_embd, ff = hp.n_ff_expert, n_exp = hp.n_expert;
+  const uint64_t q_dims = uint64_t(hp.n_head) * hp.head_dim;
+  const uint64_t k_dims = uint64_t(hp.n_head_kv) * hp.head_dim;
+  const uint64_t v_dims = uint64_t(hp.n_head_kv) * hp.v_head_dim;
+  b.matrix("token_embd.weight", {embd, hp.n_vocab});
+  for (uint32_t il = 0; il < n_layer; ++il) {
+    const std::string blk = fmt::format("blk.{}.", il);
+    b.vector(blk + "attn_norm.weight", embd);
+    b.matrix(blk + "attn_q.weight", {embd, q_dims});
+    b.vector(blk + "attn_q.bias", q_dims);
+    b.matrix(blk + "attn_k.weight", {embd, k_dims});
+    b.vector(blk + "attn_k.bias", k_dims);
+    b.matrix(blk + "attn_v.weight", {embd, v_dims});
+    b.vector(blk + "attn_v.bias", v_dims);
+    b.matrix(blk + "attn_output.weight", {uint64_t(hp.n_head) * hp.v_head_dim, embd});
+    if (hp.qk_norm) {
+      b.vector(blk + "attn_q_norm.weight", hp.head_dim);
+      b.vector(blk + "attn_k_norm.weight", hp.head_dim);
+    }
+    b.vector(blk + "post_attention_norm.weight", embd);
+    if (il < hp.n_leading_dense) {
+      b.matrix(blk + "ffn_gate.weight", {embd, hp.n_ff_dense});
+      b.matrix(blk + "ffn_up.weight", {embd, hp.n_ff_dense});
+      b.matrix(blk + "ffn_down.weight", {hp.n_ff_dense, embd});
+      continue;
+    }
+    const uint64_t shared_ff = ff * hp.n_expert_shared;
+    b.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp});
+    b.vector(blk + "exp_probs_b.bias", n_exp);
+    b.matrix(blk + "ffn_gate_exps.weight", {embd, ff, n_exp});
+    b.matrix(blk + "ffn_up_exps.weight", {embd, ff, n_exp});
+    b.matrix(blk + "ffn_down_exps.weight", {ff, embd, n_exp});
+    b.matrix(blk + "ffn_gate_shexp.weight", {embd, shared_ff});
+    b.matrix(blk + "ffn_up_shexp.weight", {embd, shared_ff});
+    b.matrix(blk + "ffn_down_shexp.weight", {shared_ff, embd});
+  }
+  b.vector("output_norm.weight", embd);
+  b.matrix("output.weight", {embd, hp.n_vocab});
+  return b.take();
 }
 
 std::unique_ptr<Model> load_glm4moe(const gguf::GgufFile& file, const DevicePlan& devices) {

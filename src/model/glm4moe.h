@@ -9,6 +9,7 @@
 
 #include "model/device_plan.h"
 #include "model/model.h"
+#include "model/tensor_layout.h"
 
 namespace tandem {
 namespace gguf {
@@ -40,11 +41,14 @@ struct Glm4MoeHparams {
   uint32_t n_nextn_layers = 0;        // nextn_predict_layers: the last blocks, not run
   float rope_freq_base = 1e6f;        // rope.freq_base
   float rms_norm_eps = 1e-5f;         // attention.layer_norm_rms_epsilon
+  bool qk_norm = false;  // attn_q_norm / attn_k_norm present (GLM-4.5 and 4.6, not Air)
 };
 
 Glm4MoeHparams read_glm4moe_hparams(const gguf::GgufFile& file);
 void write_glm4moe_hparams(const Glm4MoeHparams& hp, gguf::GgufWriter& writer);
 ModelInfo glm4moe_model_info(const Glm4MoeHparams& hp);
+// Every tensor of the main layers as converters write them, in the formats of `quant_mix`.
+std::vector<TensorLayout> glm4moe_layout(const Glm4MoeHparams& hp, std::string_view quant_mix);
 std::unique_ptr<Model> load_glm4moe(const gguf::GgufFile& file, const DevicePlan& devices);
 
 }  // namespace tandem

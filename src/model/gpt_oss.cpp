@@ -172,6 +172,40 @@ ModelInfo gpt_oss_model_info(const GptOssHparams& hp) {
   return info;
 }
 
+std::vector<TensorLayout> gpt_oss_layout(const GptOssHparams& hp, std::string_view quant_mix) {
+  LayoutBuilder b(quant_mix, hp.n_layer, hp.n_expert);
+  const uint64_t embd = hp.n_embd, ff = hp.n_ff_expert, n_exp = hp.n_expert;
+  const uint64_t q_dims = uint64_t(hp.n_head) * hp.head_dim;
+  const uint64_t k_dims = uint64_t(hp.n_head_kv) * hp.head_dim;
+  const uint64_t v_dims = uint64_t(hp.n_head_kv) * hp.v_head_dim;
+  b.matrix("token_embd.weight", {embd, hp.n_vocab});
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const std::string blk = fmt::format("blk.{}.", il);
+    b.vector(blk + "attn_norm.weight", embd);
+    b.matrix(blk + "attn_q.weight", {embd, q_dims});
+    b.vector(blk + "attn_q.bias", q_dims);
+    b.matrix(blk + "attn_k.weight", {embd, k_dims});
+    b.vector(blk + "attn_k.bias", k_dims);
+    b.matrix(blk + "attn_v.weight", {embd, v_dims});
+    b.vector(blk + "attn_v.bias", v_dims);
+    b.matrix(blk + "attn_output.weight", {uint64_t(hp.n_head) * hp.v_head_dim, embd});
+    b.vector(blk + "attn_output.bias", embd);
+    b.vector(blk + "attn_sinks.weight", hp.n_head);
+    b.vector(blk + "post_attention_norm.weight", embd);
+    b.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp});
+    b.vector(blk + "ffn_gate_inp.bias", n_exp);
+    b.matrix(blk + "ffn_gate_exps.weight", {embd, ff, n_exp});
+    b.matrix(blk + "ffn_gate_exps.bias", {ff, n_exp});
+    b.matrix(blk + "ffn_up_exps.weight", {embd, ff, n_exp});
+    b.matrix(blk + "ffn_up_exps.bias", {ff, n_exp});
+    b.matrix(blk + "ffn_down_exps.weight", {ff, embd, n_exp});
+    b.matrix(blk + "ffn_down_exps.bias", {embd, n_exp});
+  }
+  b.vector("output_norm.weight", embd);
+  b.matrix("output.weight", {embd, hp.n_vocab});
+  return b.take();
+}
+
 std::unique_ptr<Model> load_gpt_oss(const gguf::GgufFile& file, const DevicePlan& devices) {
   return std::make_unique<GptOssModel>(file, devices, read_gpt_oss_hparams(file));
 }

@@ -8,6 +8,7 @@
 
 #include "model/device_plan.h"
 #include "model/model.h"
+#include "model/tensor_layout.h"
 
 namespace tandem {
 namespace gguf {
@@ -45,6 +46,8 @@ struct GptOssHparams {
 GptOssHparams read_gpt_oss_hparams(const gguf::GgufFile& file);
 void write_gpt_oss_hparams(const GptOssHparams& hp, gguf::GgufWriter& writer);
 ModelInfo gpt_oss_model_info(const GptOssHparams& hp);
+// Every tensor of the main layers as converters write them, in the formats of `quant_mix`.
+std::vector<TensorLayout> gpt_oss_layout(const GptOssHparams& hp, std::string_view quant_mix);
 std::unique_ptr<Model> load_gpt_oss(const gguf::GgufFile& file, const DevicePlan& devices);
 
 }  // namespace tandem

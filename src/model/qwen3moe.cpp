@@ -93,6 +93,7 @@ Qwen3MoeHparams read_qwen3moe_hparams(const gguf::GgufFile& file) {
             "attention.head_count must be a multiple of attention.head_count_kv");
   r.require(hp.head_dim % 2 == 0 && hp.head_dim > 0, "attention.key_length must be even");
   r.require(hp.n_ff_expert > 0, "expert_feed_forward_length must be positive");
+  hp.tied_embeddings = file.find_tensor("output.weight") == nullptr;
   return hp;
 }
 
@@ -132,6 +133,30 @@ ModelInfo qwen3moe_model_info(const Qwen3MoeHparams& hp) {
   const std::vector<int64_t> windows(hp.n_layer, 0);
   set_gqa_attention_info(info, hp.n_head, hp.n_head_kv, hp.head_dim, hp.v_head_dim, windows);
   return info;
+}
+
+std::vector<TensorLayout> qwen3moe_layout(const Qwen3MoeHparams& hp, std::string_view quant_mix) {
+  LayoutBuilder b(quant_mix, hp.n_layer, hp.n_expert);
+  const uint64_t embd = hp.n_embd, ff = hp.n_ff_expert, n_exp = hp.n_expert;
+  b.matrix("token_embd.weight", {embd, hp.n_vocab});
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const std::string blk = fmt::format("blk.{}.", il);
+    b.vector(blk + "attn_norm.weight", embd);
+    b.matrix(blk + "attn_q.weight", {embd, uint64_t(hp.n_head) * hp.head_dim});
+    b.matrix(blk + "attn_k.weight", {embd, uint64_t(hp.n_head_kv) * hp.head_dim});
+    b.matrix(blk + "attn_v.weight", {embd, uint64_t(hp.n_head_kv) * hp.v_head_dim});
+    b.matrix(blk + "attn_output.weight", {uint64_t(hp.n_head) * hp.v_head_dim, embd});
+    b.vector(blk + "attn_q_norm.weight", hp.head_dim);
+    b.vector(blk + "attn_k_norm.weight", hp.head_dim);
+    b.vector(blk + "ffn_norm.weight", embd);
+    b.matrix(blk + "ffn_gate_inp.weight", {embd, n_exp});
+    b.matrix(blk + "ffn_gate_exps.weight", {embd, ff, n_exp});
+    b.matrix(blk + "ffn_up_exps.weight", {embd, ff, n_exp});
+    b.matrix(blk + "ffn_down_exps.weight", {ff, embd, n_exp});
+  }
+  b.vector("output_norm.weight", embd);
+  if (!hp.tied_embeddings) b.matrix("output.weight", {embd, hp.n_vocab});
+  return b.take();
 }
 
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, const DevicePlan& devices) {

@@ -7,6 +7,7 @@
 
 #include "model/device_plan.h"
 #include "model/model.h"
+#include "model/tensor_layout.h"
 
 namespace tandem {
 namespace gguf {
@@ -29,11 +30,14 @@ struct Qwen3MoeHparams {
   uint32_t n_ff_expert = 0;     // expert_feed_forward_length (default n_ff / n_expert_used)
   float rope_freq_base = 1e6f;  // rope.freq_base
   float rms_norm_eps = 1e-6f;   // attention.layer_norm_rms_epsilon
+  bool tied_embeddings = false;  // no output.weight: the head is token_embd (small Qwen3 models)
 };
 
 Qwen3MoeHparams read_qwen3moe_hparams(const gguf::GgufFile& file);
 void write_qwen3moe_hparams(const Qwen3MoeHparams& hp, gguf::GgufWriter& writer);
 ModelInfo qwen3moe_model_info(const Qwen3MoeHparams& hp);
+// Every tensor of the main layers as converters write them, in the formats of `quant_mix`.
+std::vector<TensorLayout> qwen3moe_layout(const Qwen3MoeHparams& hp, std::string_view quant_mix);
 std::unique_ptr<Model> load_qwen3moe(const gguf::GgufFile& file, const DevicePlan& devices);
 
 }  // namespace tandem

@@ -14,17 +14,14 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_writer.h"
-#include "model/deepseek2_layout.h"
 #include "model/deepseek2_shapes.h"
-#include "model/synthetic_corpus.h"
+#include "model/synthetic_vocabulary.h"
 #include "quant/quant.h"
-#include "text/bpe_trainer.h"
-#include "text/byte_unicode.h"
 
 namespace tandem {
 namespace {
 
-Deepseek2Hparams micro_hparams() {
+Deepseek2Hparams deepseek2_micro() {
   Deepseek2Hparams hp;
   hp.n_layer = 3, hp.n_ctx_train = 4096, hp.n_embd = 128, hp.n_ff_dense = 384, hp.n_head = 4;
   hp.kv_lora_rank = 64, hp.qk_nope_dim = 32, hp.qk_rope_dim = 16, hp.v_head_dim = 32;
@@ -33,61 +30,39 @@ Deepseek2Hparams micro_hparams() {
   return hp;
 }
 
-// A few layers of DeepSeek-V3 (671B) shapes: one dense layer, then MoE layers with group-limited
-// sigmoid routing over 256 experts. Each MoE layer is ~6 GiB in Q4_K_M.
-Deepseek2Hparams v3_layer_hparams() {
-  Deepseek2Hparams hp = deepseek2_shape("deepseek-v3");
-  hp.n_layer = 3, hp.n_leading_dense = 1;
+// The other architectures' micro models, close to the fixtures': a few layers of hidden 128.
+Qwen3MoeHparams qwen3moe_micro() {
+  Qwen3MoeHparams hp;
+  hp.n_layer = 3, hp.n_ctx_train = 4096, hp.n_embd = 128, hp.n_ff = 384, hp.n_head = 8;
+  hp.n_head_kv = 2, hp.head_dim = 32, hp.v_head_dim = 32, hp.n_expert = 16, hp.n_expert_used = 4;
+  hp.n_ff_expert = 64;
   return hp;
 }
 
-// ---- tokenizer -------------------------------------------------------------------------------
+GptOssHparams gpt_oss_micro() {
+  GptOssHparams hp;
+  hp.n_layer = 4, hp.n_ctx_train = 4096, hp.n_embd = 128, hp.n_ff = 64, hp.n_head = 8;
+  hp.n_head_kv = 2, hp.head_dim = 32, hp.v_head_dim = 32, hp.n_expert = 8, hp.n_expert_used = 2;
+  hp.n_ff_expert = 64, hp.sliding_window = 8, hp.rope_scaling_factor = 32.0f,
+  hp.rope_original_ctx = 256;
+  return hp;
+}
 
-constexpr int32_t kTokenNormal = 1, kTokenControl = 3, kTokenUnused = 5;
+Glm4MoeHparams glm4moe_micro() {
+  Glm4MoeHparams hp;
+  hp.n_layer = 3, hp.n_ctx_train = 4096, hp.n_embd = 128, hp.n_ff_dense = 384, hp.n_head = 4;
+  hp.n_head_kv = 2, hp.head_dim = 64, hp.v_head_dim = 64, hp.n_rot = 32, hp.n_leading_dense = 1;
+  hp.n_expert = 16, hp.n_expert_used = 4, hp.n_expert_shared = 1, hp.n_ff_expert = 64;
+  hp.expert_weights_norm = true, hp.expert_weights_scale = 2.5f, hp.qk_norm = true;
+  return hp;
+}
 
-// Control tokens after the learned ones, as DeepSeek vocabularies have them.
-constexpr std::string_view kAddedTokens[] = {
-    "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>", "<｜User｜>", "<｜Assistant｜>", "<|EOT|>",
-};
-
-// A DeepSeek-V3-style chat template written for tandem's synthetic models.
-constexpr std::string_view kChatTemplate =
-    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
-    "{{ message['content'] }}{% elif message['role'] == 'user' %}{{ '<｜User｜>' + "
-    "message['content'] }}{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + "
-    "message['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}";
-
-struct SyntheticVocabulary {
-  std::vector<std::string> tokens;
-  std::vector<int32_t> types;
-  std::vector<std::string> merges;
-};
-
-SyntheticVocabulary make_vocabulary(uint32_t n_vocab) {
-  SyntheticVocabulary tok;
-  auto add = [&](std::string text, int32_t type) {
-    tok.tokens.push_back(std::move(text));
-    tok.types.push_back(type);
-  };
-  add("<｜begin▁of▁sentence｜>", kTokenControl);
-  add("<｜end▁of▁sentence｜>", kTokenControl);
-  add("<｜▁pad▁｜>", kTokenControl);
-  for (uint8_t byte : byte_alphabet_order()) add(utf8_encode(byte_to_codepoint(byte)), kTokenNormal);
-  const BpeVocabulary learned = train_byte_level_bpe(synthetic_tokenizer_corpus(), 4000);
-  std::unordered_set<std::string> seen(tok.tokens.begin(), tok.tokens.end());
-  for (const std::string& text : learned.merged_tokens)
-    if (seen.insert(text).second) add(text, kTokenNormal);
-  tok.merges = learned.merges;
-  for (std::string_view text : kAddedTokens) add(std::string(text), kTokenControl);
-  if (n_vocab != 0) {
-    if (n_vocab < tok.tokens.size())
-      fail("synthetic tokenizer has {} tokens, more than the preset's vocabulary of {}",
-           tok.tokens.size(), n_vocab);
-    // Real vocabularies are padded the same way (DeepSeek-V3 has [PAD] ids up to 129280).
-    for (uint32_t i = 0; tok.tokens.size() < n_vocab; ++i) add(fmt::format("[PAD{}]", i), kTokenUnused);
-  }
-  return tok;
+// A few layers of DeepSeek-V3 (671B) shapes: one dense layer, then MoE layers with group-limited
+// sigmoid routing over 256 experts. Each MoE layer is ~6 GiB in Q4_K_M.
+Deepseek2Hparams deepseek2_v3_layers() {
+  Deepseek2Hparams hp = deepseek2_shape("deepseek-v3");
+  hp.n_layer = 3, hp.n_leading_dense = 1;
+  return hp;
 }
 
 // ---- tensors ---------------------------------------------------------------------------------
@@ -113,6 +88,10 @@ TensorSpec init_for(TensorLayout layout, const SyntheticPreset& preset) {
   const auto& shape = layout.shape;
   auto fan_in = [](uint64_t n) { return 1.0f / std::sqrt(float(n)); };
   if (ends_with(name, "_norm.weight")) return {std::move(layout), Init::Ones, 0.0f};
+  // Biases and attention sinks small beside the values they shift (gpt-oss, GLM).
+  if (ends_with(name, ".bias") && !ends_with(name, "exp_probs_b.bias"))
+    return {std::move(layout), Init::Gaussian, 0.1f};
+  if (ends_with(name, "attn_sinks.weight")) return {std::move(layout), Init::Gaussian, 1.0f};
   float std = fan_in(shape[0]);
   if (name == "token_embd.weight")
     std = 1.0f;
@@ -127,9 +106,10 @@ TensorSpec init_for(TensorLayout layout, const SyntheticPreset& preset) {
   return {std::move(layout), Init::Gaussian, std};
 }
 
-std::vector<TensorSpec> tensor_specs(const SyntheticPreset& preset, const std::string& format) {
+std::vector<TensorSpec> tensor_specs(const SyntheticPreset& preset, const ModelShape& shape,
+                                     const std::string& format) {
   std::vector<TensorSpec> specs;
-  for (TensorLayout& layout : deepseek2_layout(preset.hparams, format))
+  for (TensorLayout& layout : shape.layout(format))
     specs.push_back(init_for(std::move(layout), preset));
   return specs;
 }
@@ -178,7 +158,7 @@ int32_t llama_file_type(const std::string& format) {
   if (format == "Q4_1") return 3;
   if (format == "TQ1_0") return 36;
   if (format == "TQ2_0") return 37;
-  if (format == "MXFP4") return 38;
+  if (format == "MXFP4" || format == "MXFP4_MOE") return 38;
   if (format == "IQ2_XXS") return 19;
   if (format == "IQ2_XS") return 20;
   if (format == "IQ3_XXS") return 23;
@@ -192,73 +172,85 @@ int32_t llama_file_type(const std::string& format) {
 }  // namespace
 
 const std::vector<SyntheticPreset>& synthetic_presets() {
-  static const std::vector<SyntheticPreset> presets = {
-      {"micro", "3 layers, hidden 128, 8 experts (2 used, 2 shared): a few MB, for tests",
-       micro_hparams(), 6.0f, 10.0f, 1.0f},
-      {"lite", "DeepSeek-V2-Lite shapes: 27 layers, hidden 2048, 64 experts of 1408 (6 used, 2 shared)",
-       deepseek2_shape("deepseek-v2-lite"), 6.0f, 10.0f, 1.0f},
-      {"v3-layer", "DeepSeek-V3 shapes, 3 layers (1 dense + 2 MoE): hidden 7168, 256 experts, q_lora 1536",
-       v3_layer_hparams(), 8.0f, 10.0f, 1.0f},
-  };
+  static const std::vector<SyntheticPreset> presets = [] {
+    std::vector<SyntheticPreset> list = {
+        {"micro", "deepseek2",
+         "3 layers, hidden 128, MLA, 8 experts (2 used, 2 shared): a few MB, for tests",
+         ModelShape(deepseek2_micro()), 6.0f, 10.0f, 1.0f},
+        {"lite", "deepseek2",
+         "DeepSeek-V2-Lite shapes: 27 layers, hidden 2048, 64 experts of 1408 (6 used, 2 shared)",
+         ModelShape(deepseek2_shape("deepseek-v2-lite")), 6.0f, 10.0f, 1.0f},
+        {"v3-layer", "deepseek2",
+         "DeepSeek-V3 shapes, 3 layers (1 dense + 2 MoE): hidden 7168, 256 experts",
+         ModelShape(deepseek2_v3_layers()), 8.0f, 10.0f, 1.0f},
+        {"micro", "qwen3moe",
+         "3 layers, hidden 128, 8 query heads (2 kv) with QK-norm, 16 experts (4 used)",
+         ModelShape(qwen3moe_micro()), 6.0f, 10.0f, 1.0f},
+        {"micro", "gpt-oss",
+         "4 layers, hidden 128, sinks, window 8 on even layers, 8 experts (2 used)",
+         ModelShape(gpt_oss_micro()), 6.0f, 10.0f, 1.0f},
+        {"micro", "glm4moe",
+         "3 layers (1 dense), hidden 128, half-rotary heads, 16 experts (4 used, 1 shared)",
+         ModelShape(glm4moe_micro()), 4.0f, 10.0f, 1.0f},
+    };
+    // The real models' shapes (their vocabularies too: the trained tokens are padded up to them).
+    for (const ModelShapeName& n : model_shape_names()) {
+      const ModelShape shape = model_shape(n.name);
+      list.push_back({n.name, shape.arch(), n.models + " shapes", shape, 6.0f, 10.0f, 1.0f});
+    }
+    return list;
+  }();
   return presets;
 }
 
-const SyntheticPreset& find_synthetic_preset(const std::string& name) {
+const SyntheticPreset& find_synthetic_preset(const std::string& name, const std::string& arch) {
+  const SyntheticPreset* found = nullptr;
+  for (const SyntheticPreset& preset : synthetic_presets())
+    if (preset.name == name && (arch.empty() ? !found : preset.arch == arch)) found = &preset;
+  if (found) return *found;
   std::string names;
-  for (const SyntheticPreset& preset : synthetic_presets()) {
-    if (preset.name == name) return preset;
-    names += (names.empty() ? "" : ", ") + preset.name;
-  }
-  fail("unknown preset '{}'; available presets: {}", name, names);
+  for (const SyntheticPreset& preset : synthetic_presets())
+    if (arch.empty() || preset.arch == arch)
+      names += fmt::format("{}{}{}", names.empty() ? "" : ", ", preset.name,
+                           arch.empty() && preset.name == "micro" && preset.arch != "deepseek2"
+                               ? " (--arch " + preset.arch + ")"
+                               : "");
+  fail("unknown preset '{}'{}; available presets: {}", name,
+       arch.empty() ? "" : fmt::format(" for --arch {}", arch), names);
 }
 
 const std::vector<std::string>& synthetic_formats() {
-  static const std::vector<std::string> formats = {"Q4_K_M", "IQ4_XS", "Q8_0",  "BF16",  "F16",
-                                                    "F32",    "Q4_1",   "TQ1_0", "TQ2_0", "MXFP4",
-                                                    "IQ1_S",  "IQ1_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S",
-                                                    "IQ3_XXS", "IQ3_S"};
+  static const std::vector<std::string> formats = {
+      "Q4_K_M", "IQ4_XS", "Q8_0",  "BF16",  "F16",     "F32",    "MXFP4_MOE", "Q4_1",    "TQ1_0",
+      "TQ2_0",  "MXFP4",  "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",     "IQ3_XXS", "IQ3_S"};
   return formats;
 }
 
 SyntheticSummary write_synthetic_model(const SyntheticOptions& options, ThreadPool& pool) {
   const auto start = std::chrono::steady_clock::now();
-  SyntheticPreset preset = find_synthetic_preset(options.preset);
+  const SyntheticPreset& preset = find_synthetic_preset(options.preset, options.arch);
   const auto& formats = synthetic_formats();
   if (std::find(formats.begin(), formats.end(), options.format) == formats.end())
     fail("unknown --format '{}'; choose one of {}", options.format, fmt::join(formats, ", "));
-  Deepseek2Hparams& hp = preset.hparams;
-  if (options.n_layers) {
-    if (*options.n_layers <= hp.n_leading_dense)
-      fail("--layers {} leaves no MoE layer; the preset has {} dense layer(s) first", *options.n_layers,
-           hp.n_leading_dense);
-    hp.n_layer = *options.n_layers;
-  }
+  ModelShape shape = preset.shape;
+  if (options.n_layers) shape = shape.with_layers(*options.n_layers);
 
-  const SyntheticVocabulary tokenizer = make_vocabulary(hp.n_vocab);
-  hp.n_vocab = uint32_t(tokenizer.tokens.size());
-  const std::vector<TensorSpec> specs = tensor_specs(preset, options.format);
+  const SyntheticVocabulary vocabulary = synthetic_vocabulary(preset.arch, shape.info().n_vocab);
+  shape = shape.with_vocab(uint32_t(vocabulary.tokens.size()));
+  const std::vector<TensorSpec> specs = tensor_specs(preset, shape, options.format);
 
   gguf::GgufWriter writer(options.output_path);
-  writer.add_metadata("general.architecture", gguf::Value::string("deepseek2"));
+  writer.add_metadata("general.architecture", gguf::Value::string(preset.arch));
   writer.add_metadata("general.name", gguf::Value::string("tandem-synthetic-" + preset.name));
   writer.add_metadata("general.type", gguf::Value::string("model"));
   writer.add_metadata("general.file_type", gguf::Value::u32(uint32_t(llama_file_type(options.format))));
   writer.add_metadata("general.quantization_version", gguf::Value::u32(2));
-  write_deepseek2_hparams(hp, writer);
-  writer.add_metadata("tokenizer.ggml.model", gguf::Value::string("gpt2"));
-  writer.add_metadata("tokenizer.ggml.pre", gguf::Value::string("deepseek-v3"));
-  writer.add_metadata("tokenizer.ggml.tokens", gguf::Value::string_array(tokenizer.tokens));
-  writer.add_metadata("tokenizer.ggml.token_type", gguf::Value::i32_array(tokenizer.types));
-  writer.add_metadata("tokenizer.ggml.merges", gguf::Value::string_array(tokenizer.merges));
-  writer.add_metadata("tokenizer.ggml.bos_token_id", gguf::Value::u32(0));
-  writer.add_metadata("tokenizer.ggml.eos_token_id", gguf::Value::u32(1));
-  writer.add_metadata("tokenizer.ggml.padding_token_id", gguf::Value::u32(2));
-  writer.add_metadata("tokenizer.ggml.add_bos_token", gguf::Value::boolean(true));
-  writer.add_metadata("tokenizer.ggml.add_eos_token", gguf::Value::boolean(false));
-  writer.add_metadata("tokenizer.chat_template", gguf::Value::string(std::string(kChatTemplate)));
-  writer.add_metadata("tandem.synthetic", gguf::Value::string(fmt::format(
-                                     R"({{"preset": "{}", "format": "{}", "seed": {}}})",
-                                     preset.name, options.format, options.seed)));
+  shape.write_hparams(writer);
+  write_vocabulary(vocabulary, writer);
+  writer.add_metadata("tandem.synthetic",
+                      gguf::Value::string(fmt::format(
+                          R"({{"preset": "{}", "arch": "{}", "format": "{}", "seed": {}}})",
+                          preset.name, preset.arch, options.format, options.seed)));
 
   uint64_t total_bytes = 0;
   for (const TensorSpec& spec : specs) {

@@ -11,8 +11,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf_file.h"
-#include "model/deepseek2_layout.h"
-#include "model/deepseek2_shapes.h"
+#include "model/model_shapes.h"
 #include "quant/block_decode.h"
 
 namespace tandem::plan {
@@ -148,28 +147,11 @@ std::string quant_mix_of(const gguf::GgufFile& file) {
       return "IQ4_XS";
     case 32:
       return "BF16";
+    case 38:
+      return "MXFP4_MOE";
     default:
       return "mixed";
   }
-}
-
-struct Preset {
-  std::string name;
-  Deepseek2Hparams (*hparams)();
-};
-
-const std::vector<Preset>& presets() {
-  // Coder-V2 has V2's shapes, R1 has V3's.
-  static const std::vector<Preset> list = {
-      {"deepseek-v2", [] { return deepseek2_shape("deepseek-v2"); }},
-      {"deepseek-v2-lite", [] { return deepseek2_shape("deepseek-v2-lite"); }},
-      {"deepseek-coder-v2", [] { return deepseek2_shape("deepseek-v2"); }},
-      {"deepseek-coder-v2-lite", [] { return deepseek2_shape("deepseek-v2-lite"); }},
-      {"deepseek-v3", [] { return deepseek2_shape("deepseek-v3"); }},
-      {"deepseek-r1", [] { return deepseek2_shape("deepseek-v3"); }},
-      {"kimi-k2", [] { return deepseek2_shape("kimi-k2"); }},
-  };
-  return list;
 }
 
 }  // namespace
@@ -304,34 +286,30 @@ ModelInventory inventory_from_file(const gguf::GgufFile& file) {
                          info, tensors);
 }
 
-ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& hp,
-                                      std::string_view quant_mix) {
-  const std::vector<TensorLayout> layout = deepseek2_layout(hp, quant_mix);
+ModelInventory inventory_from_shape(std::string name, const ModelShape& shape,
+                                    std::string_view quant_mix) {
+  const std::vector<TensorLayout> layout = shape.layout(quant_mix);
   std::vector<TensorBytes> tensors;
   tensors.reserve(layout.size());
   for (const TensorLayout& t : layout) tensors.push_back({t.name, &t.shape, t.n_bytes(), t.type});
-  return build_inventory(std::move(name), std::string(quant_mix), deepseek2_model_info(hp),
-                         tensors);
+  return build_inventory(std::move(name), std::string(quant_mix), shape.info(), tensors);
 }
 
 ModelInventory inventory_from_preset(std::string_view preset, std::string_view quant_mix) {
-  for (const Preset& p : presets())
-    if (p.name == preset) return inventory_from_hparams(p.name, p.hparams(), quant_mix);
-  fail("unknown model preset '{}'; known presets: {}", preset,
-       fmt::join(inventory_preset_names(), ", "));
+  return inventory_from_shape(std::string(preset), model_shape(preset), quant_mix);
 }
 
 const std::vector<std::string>& inventory_preset_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (const Preset& p : presets()) out.push_back(p.name);
+    for (const ModelShapeName& n : model_shape_names()) out.push_back(n.name);
     return out;
   }();
   return names;
 }
 
 const std::vector<std::string>& inventory_quant_mixes() {
-  return deepseek2_quant_mixes();
+  return quant_mixes();
 }
 
 }  // namespace tandem::plan

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "model/deepseek2_hparams.h"
 #include "model/model.h"
+#include "model/model_shapes.h"
 #include "model/weight_groups.h"
 
 namespace tandem {
@@ -80,14 +80,14 @@ bool cuda_reads(DType type);
 // From the headers of all parts of a (possibly split) GGUF file; no tensor data is touched.
 ModelInventory inventory_from_file(const gguf::GgufFile& file);
 
-// From hyperparameters through deepseek2_layout (what a file of that mix would hold); `name` is
+// From a model's shape through its tensor layout (what a file of that mix would hold); `name` is
 // the inventory's name. Presets are built with it; tests compare it with files.
-ModelInventory inventory_from_hparams(std::string name, const Deepseek2Hparams& hp,
-                                      std::string_view quant_mix);
+ModelInventory inventory_from_shape(std::string name, const ModelShape& shape,
+                                    std::string_view quant_mix);
 
-// Built-in shapes: deepseek-v2 (236B), deepseek-v2-lite (16B), deepseek-coder-v2 (236B),
-// deepseek-coder-v2-lite, deepseek-v3, deepseek-r1 (671B, MTP excluded), kimi-k2 (1T); quant
-// mixes Q4_K_M, Q8_0, BF16, Q2_K (the Q2_K-class mix low-bit files use). Errors list the names.
+// The real models' shapes (model/model_shapes.h: DeepSeek V2/V3/R1, Kimi-K2, Qwen3-30B-A3B,
+// 235B-A22B and Coder-480B, gpt-oss-20b/120b, GLM-4.5/4.6/Air) in a quantization mix
+// (model/tensor_layout.h). Errors list the names.
 ModelInventory inventory_from_preset(std::string_view preset, std::string_view quant_mix);
 const std::vector<std::string>& inventory_preset_names();
 const std::vector<std::string>& inventory_quant_mixes();

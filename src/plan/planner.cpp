@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
-#include "model/deepseek2_layout.h"
+#include "model/tensor_layout.h"
 #include "plan/planner_internal.h"
 #include "plan/routing_profile.h"
 

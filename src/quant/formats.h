@@ -19,6 +19,7 @@ void dequantize_q5_1(const BlockQ5_1* x, float* y, int64_t blocks);
 void dequantize_q8_0(const BlockQ8_0* x, float* y, int64_t blocks);
 void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t blocks);
 void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t blocks);
+void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t blocks);
 void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t blocks);
 
 void dequantize_q2_k(const BlockQ2_K* x, float* y, int64_t blocks);

@@ -1,5 +1,6 @@
 // Q5_0 and Q5_1: blocks of 32 with 5-bit quants, the low 4 bits packed as in Q4_0 and the fifth
 // bit of element j in bit j of the little-endian 32-bit qh.
+#include <algorithm>
 #include <cstring>
 
 #include "quant/formats.h"
@@ -52,6 +53,27 @@ void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t blocks) {
     for (int j = 0; j < kQK5_0 / 2; ++j) {
       const int q0 = round_clamped(x[j] * id, -16.0f, 15.0f) + 16;
       const int q1 = round_clamped(x[j + 16] * id, -16.0f, 15.0f) + 16;
+      y[b].qs[j] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+      qh |= uint32_t(q0 >> 4) << j;
+      qh |= uint32_t(q1 >> 4) << (j + 16);
+    }
+    std::memcpy(y[b].qh, &qh, sizeof qh);
+  }
+}
+
+// The block's range onto 0..31: m the smallest element, d the step to the largest, quants
+// rounded against the stored f16 values (llama.cpp's reference quantizer).
+void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, x += kQK5_1) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < kQK5_1; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
+    y[b].d = f16_scale((max - min) / 31.0f);
+    y[b].m = f16_scale(min);
+    const float id = inverse_or_zero(f16_to_f32(y[b].d)), m = f16_to_f32(y[b].m);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK5_1 / 2; ++j) {
+      const int q0 = round_clamped((x[j] - m) * id, 0.0f, 31.0f);
+      const int q1 = round_clamped((x[j + 16] - m) * id, 0.0f, 31.0f);
       y[b].qs[j] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
       qh |= uint32_t(q0 >> 4) << j;
       qh |= uint32_t(q1 >> 4) << (j + 16);

@@ -53,6 +53,7 @@ bool can_quantize(DType type) {
     case DType::BF16:
     case DType::Q4_0:
     case DType::Q5_0:
+    case DType::Q5_1:
     case DType::Q8_0:
     case DType::Q4_K:
     case DType::Q5_K:
@@ -140,6 +141,8 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), blocks);
     case DType::Q5_0:
       return quantize_q5_0(src, static_cast<BlockQ5_0*>(dst), blocks);
+    case DType::Q5_1:
+      return quantize_q5_1(src, static_cast<BlockQ5_1*>(dst), blocks);
     case DType::Q8_0:
       return quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), blocks);
     case DType::Q4_K:

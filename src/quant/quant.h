@@ -16,7 +16,7 @@ namespace tandem {
 bool can_dequantize(DType type);
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 
-// Formats quantize_row writes: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+// Formats quantize_row writes: F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
 // IQ4_XS, Q4_1, TQ1_0, TQ2_0, MXFP4, Q8_K.
 // Deterministic for a given input; chosen for low error at a speed that can write a 10 GB
 // model in minutes, not for equality with any other tool's quantizer.

@@ -49,7 +49,8 @@ double tensor_std(const gguf::TensorInfo& t) {
 TEST_F(SyntheticModelTest, MicroQ4KMReadsBackWithThePresetsHparams) {
   const auto file = gguf::GgufFile::open(write("micro.gguf", {.preset = "micro", .format = "Q4_K_M"}));
   const Deepseek2Hparams hp = read_deepseek2_hparams(file);
-  const Deepseek2Hparams& want = find_synthetic_preset("micro").hparams;
+  const Deepseek2Hparams& want =
+      std::get<Deepseek2Hparams>(find_synthetic_preset("micro").shape.hparams());
   EXPECT_EQ(hp.n_layer, want.n_layer);
   EXPECT_EQ(hp.n_embd, want.n_embd);
   EXPECT_EQ(hp.kv_lora_rank, want.kv_lora_rank);

@@ -13,7 +13,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
-#include "model/deepseek2_layout.h"
+#include "model/model_shapes.h"
 #include "model/synthetic_model.h"
 #include "test_support.h"
 
@@ -101,16 +101,22 @@ TEST(InventoryFromFile, small_v3_has_one_group_per_expert_and_labels_in_order) {
   EXPECT_EQ(find_group(inv, "output")->bytes, 4111u * 210u + 256u * 4u);
 }
 
-// The layout rules reproduce llama.cpp's own Q4_K_M and Q8_0 files byte for byte, per group.
+// The layout rules reproduce llama.cpp's own Q4_K_M, Q8_0 and MXFP4_MOE files byte for byte, per
+// group, for every architecture (the 8-expert rules for attn_k, attn_v and attn_output included).
 TEST(InventoryFromFile, fixtures_match_their_layout_built_counterparts) {
-  for (const char* name : {"micro-v2-F32.gguf", "micro-v3-F32.gguf", "small-v2-Q4_K_M.gguf",
-                           "small-v2-Q8_0.gguf", "small-v3-Q4_K_M.gguf", "small-v3-Q8_0.gguf"}) {
+  for (const char* name :
+       {"micro-v2-F32.gguf", "micro-v3-F32.gguf", "small-v2-Q4_K_M.gguf", "small-v2-Q8_0.gguf",
+        "small-v3-Q4_K_M.gguf", "small-v3-Q8_0.gguf", "qwen3moe-micro-F32.gguf",
+        "qwen3moe-small-Q8_0.gguf", "qwen3moe-small-Q4_K_M.gguf", "gpt-oss-micro-F32.gguf",
+        "gpt-oss-small-MXFP4.gguf", "glm4moe-micro-F32.gguf", "glm4moe-small-Q8_0.gguf",
+        "glm4moe-small-Q4_K_M.gguf"}) {
     SCOPED_TRACE(name);
     const auto file = gguf::GgufFile::open(test::fixture(name).string());
     const ModelInventory from_file = inventory_from_file(file);
     const ModelInventory from_layout =
-        inventory_from_hparams(name, read_deepseek2_hparams(file), from_file.quant_mix);
+        inventory_from_shape(name, model_shape_of(file), from_file.quant_mix);
     expect_same_groups(from_file, from_layout);
+    EXPECT_EQ(from_file.total_weight_bytes(), from_layout.total_weight_bytes());
   }
 }
 
@@ -126,8 +132,7 @@ TEST(InventoryFromFile, synthetic_micro_model_equals_its_layout) {
     const ModelInventory from_file = inventory_from_file(file);
     EXPECT_EQ(from_file.quant_mix, format);
     EXPECT_EQ(from_file.total_weight_bytes(), tensor_bytes(file));
-    expect_same_groups(from_file,
-                       inventory_from_hparams("micro", read_deepseek2_hparams(file), format));
+    expect_same_groups(from_file, inventory_from_shape("micro", model_shape_of(file), format));
   }
 }
 

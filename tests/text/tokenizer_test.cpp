@@ -254,8 +254,8 @@ TEST(TokenizerErrors, UnknownModelNamesItAndWhatIsSupported) {
 
 TEST(TokenizerErrors, UnknownPreTokenizerListsTheSupportedOnes) {
   VocabSpec spec = byte_vocab();
-  spec.pre = "qwen2";
-  expect_error(spec, {"'qwen2'", "tokenizer.ggml.pre", "deepseek-v3", "deepseek-llm"});
+  spec.pre = "llama-bpe";
+  expect_error(spec, {"'llama-bpe'", "tokenizer.ggml.pre", "deepseek-v3", "qwen2", "gpt-4o"});
 }
 
 TEST(TokenizerErrors, TokenTypeCountMustMatchTokens) {
