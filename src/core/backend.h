@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/host_device.h"
 
 namespace tandem {
 
@@ -129,8 +130,8 @@ struct KvLayerView {
   int64_t kv_lora_rank = 0, rope_dims = 0;  // latent rows
   int64_t k_dims = 0, v_dims = 0;           // key/value rows: n_kv_heads * head_dim each
   bool ring = false;                        // rows hold positions modulo n_ctx
-  int64_t row() const { return kv_lora_rank + rope_dims + k_dims + v_dims; }
-  int64_t slot(int64_t position) const { return ring ? position % n_ctx : position; }
+  TANDEM_HD int64_t row() const { return kv_lora_rank + rope_dims + k_dims + v_dims; }
+  TANDEM_HD int64_t slot(int64_t position) const { return ring ? position % n_ctx : position; }
 };
 
 // Multi-head latent attention in absorbed form. For each token t, head h:

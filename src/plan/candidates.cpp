@@ -768,9 +768,9 @@ void Planner::place_rest_on_host() {
   if (ram)
     p_.reasons.push_back(
         fmt::format("routed experts in RAM: {} ({}), computed by the CPU at the same time as the "
-                    "GPUs run the "
-                    "shared experts",
-                    ram, format_bytes(ram_bytes)));
+                    "GPUs run {}",
+                    ram, format_bytes(ram_bytes),
+                    inv_.info.n_expert_shared > 0 ? "the shared experts" : "their own experts"));
   if (disk)
     p_.reasons.push_back(fmt::format("routed experts streamed from disk: {} ({}); RAM is full",
                                      disk, format_bytes(disk_bytes)));

@@ -13,6 +13,7 @@
 
 #include "backends/cpu/activations.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/ffn_activation.h"
 #include "backends/moe_routing.h"
 #include "backends/rope_angles.h"
 #include "core/backend.h"
@@ -227,6 +228,10 @@ WeightView f32_matrix(const std::vector<float>& values, int64_t rows, int64_t co
           .row_bytes = uint64_t(cols) * 4};
 }
 
+float clamped(float gate, float up) {
+  return ffn_activation(FfnActivation::SwiGluClamped, gate, up);
+}
+
 // A product's bias is the product and then an add, bit for bit.
 TEST(GqaOps, MatmulBiasIsTheProductThenAnAdd) {
   std::mt19937 rng(4);
@@ -281,7 +286,7 @@ TEST(GqaOps, MoeWithExpertBiasesAndClampedSwigluMatchesTheSequence) {
            .gate_bias = gate_bias.data(),
            .up_bias = up_bias.data(),
            .down_bias = down_bias.data()});
-  int clamped = 0;
+  int n_clamped = 0;
   for (int64_t s = 0; s < T * K; ++s) {
     const int64_t e = ids[size_t(s)], t = s / K;
     std::vector<double> act(static_cast<size_t>(F));
@@ -291,8 +296,8 @@ TEST(GqaOps, MoeWithExpertBiasesAndClampedSwigluMatchesTheSequence) {
         g += double(gate[size_t((e * F + f) * D + d)]) * x[size_t(t * D + d)];
         u += double(up[size_t((e * F + f) * D + d)]) * x[size_t(t * D + d)];
       }
-      clamped += g > 7 || std::abs(u) > 7;
-      act[size_t(f)] = cpu::swiglu_clamped_one(float(g), float(u));
+      n_clamped += g > 7 || std::abs(u) > 7;
+      act[size_t(f)] = clamped(float(g), float(u));
     }
     for (int64_t d = 0; d < D; ++d) {
       double y = down_bias[size_t(e * D + d)];
@@ -302,16 +307,16 @@ TEST(GqaOps, MoeWithExpertBiasesAndClampedSwigluMatchesTheSequence) {
           << "slot " << s << " dim " << d;
     }
   }
-  EXPECT_GT(clamped, 0);  // the clamps were exercised
+  EXPECT_GT(n_clamped, 0);  // the clamps were exercised
 }
 
 TEST(GqaOps, ClampedSwigluClampsGateAboveAndUpBothWays) {
-  EXPECT_FLOAT_EQ(cpu::swiglu_clamped_one(20.0f, 0.0f), cpu::swiglu_clamped_one(7.0f, 0.0f));
-  EXPECT_FLOAT_EQ(cpu::swiglu_clamped_one(1.0f, 50.0f), cpu::swiglu_clamped_one(1.0f, 7.0f));
-  EXPECT_FLOAT_EQ(cpu::swiglu_clamped_one(1.0f, -50.0f), cpu::swiglu_clamped_one(1.0f, -7.0f));
+  EXPECT_FLOAT_EQ(clamped(20.0f, 0.0f), clamped(7.0f, 0.0f));
+  EXPECT_FLOAT_EQ(clamped(1.0f, 50.0f), clamped(1.0f, 7.0f));
+  EXPECT_FLOAT_EQ(clamped(1.0f, -50.0f), clamped(1.0f, -7.0f));
   // g * sigmoid(1.702 g) * (u + 1) below the clamps; a negative gate is not clamped.
-  EXPECT_NEAR(cpu::swiglu_clamped_one(-2.0f, 0.5f), -2.0 / (1 + std::exp(3.404)) * 1.5, 1e-6);
-  EXPECT_NEAR(cpu::swiglu_clamped_one(1.0f, 2.0f), 1.0 / (1 + std::exp(-1.702)) * 3.0, 1e-6);
+  EXPECT_NEAR(clamped(-2.0f, 0.5f), -2.0 / (1 + std::exp(3.404)) * 1.5, 1e-6);
+  EXPECT_NEAR(clamped(1.0f, 2.0f), 1.0 / (1 + std::exp(-1.702)) * 3.0, 1e-6);
 }
 
 }  // namespace

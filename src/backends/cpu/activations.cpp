@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backends/cpu/kernels.h"
+#include "backends/ffn_activation.h"
 
 namespace tandem::cpu {
 namespace {
@@ -34,7 +35,8 @@ void swiglu_clamped(float* gate, const float* up, int64_t n, ThreadPool& pool) {
   const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
   pool.parallel_for(tasks, [&](int64_t task, int) {
     const int64_t first = task * kElementsPerTask, last = std::min(n, first + kElementsPerTask);
-    for (int64_t i = first; i < last; ++i) gate[i] = swiglu_clamped_one(gate[i], up[i]);
+    for (int64_t i = first; i < last; ++i)
+      gate[i] = ffn_activation(FfnActivation::SwiGluClamped, gate[i], up[i]);
   });
 }
 

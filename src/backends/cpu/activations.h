@@ -1,8 +1,6 @@
 #pragma once
 // Elementwise activations of the CPU backend's FFNs, spread over the pool. Each element's result
 // depends on that element alone, so it is the same whatever the batch and the split.
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "backends/cpu/cpu_features.h"
@@ -16,15 +14,9 @@ void silu_mul(float* gate, const float* up, int64_t n, ThreadPool& pool);
 // The same with a chosen instruction set (tests); throws tandem::Error when the CPU lacks it.
 void silu_mul_with_isa(CpuIsa isa, float* gate, const float* up, int64_t n, ThreadPool& pool);
 
-// gpt-oss's clamped SwiGLU (FfnActivation::SwiGluClamped, core/backend.h) of one element, as its
-// reference computes it: g = min(gate, 7), u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1).
-inline float swiglu_clamped_one(float gate, float up) {
-  constexpr float kAlpha = 1.702f, kLimit = 7.0f;
-  const float g = std::min(gate, kLimit), u = std::clamp(up, -kLimit, kLimit);
-  return g / (1.0f + std::exp(-kAlpha * g)) * (u + 1.0f);
-}
-// gate[i] = swiglu_clamped_one(gate[i], up[i]) for i < n, over the pool. Portable code: the
-// experts' products cost a hundred times more.
+// gate[i] = ffn_activation(SwiGluClamped, gate[i], up[i]) (backends/ffn_activation.h: gpt-oss's
+// clamped SwiGLU) for i < n, over the pool. Portable code: the experts' products cost a hundred
+// times more.
 void swiglu_clamped(float* gate, const float* up, int64_t n, ThreadPool& pool);
 
 }  // namespace tandem::cpu

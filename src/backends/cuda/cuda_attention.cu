@@ -40,24 +40,80 @@ __global__ void rope_kernel(RopeOp op, float low, float high) {
     const int64_t i = idx % half, h = (idx / half) % op.n_heads, t = idx / (half * op.n_heads);
     float c, s;
     rope_cos_sin(op.params, low, high, float(op.positions[t]), i, &c, &s);
-    float* x = op.data + t * op.token_stride + h * op.head_stride + op.offset + 2 * i;
-    const float x0 = x[0], x1 = x[1];
-    x[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    x[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    // Pair i: dims (2i, 2i + 1), or (i, i + half) in the NeoX layout.
+    float* x = op.data + t * op.token_stride + h * op.head_stride + op.offset;
+    const int64_t first = op.params.neox ? i : 2 * i,
+                  second = op.params.neox ? i + half : 2 * i + 1;
+    const float x0 = x[first], x1 = x[second];
+    x[first] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    x[second] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
   }
 }
 
 __global__ void kv_store_kernel(KvStoreOp op) {
-  const int64_t t = blockIdx.x, row = op.cache.kv_lora_rank + op.cache.rope_dims;
+  const KvLayerView& c = op.cache;
+  const int64_t t = blockIdx.x, row = c.row();
   // The host checked positions and sequences before the step (Engine::evaluate_batch); a bad one
   // here is a bug in tandem, and stops the device rather than writing elsewhere (CPU:
   // TANDEM_CHECK).
-  if (op.seq_ids[t] < 0 || op.seq_ids[t] >= op.cache.n_seq || op.positions[t] < 0 ||
-      op.positions[t] >= op.cache.n_ctx)
+  const int64_t pos = op.positions[t];
+  if (op.seq_ids[t] < 0 || op.seq_ids[t] >= c.n_seq || pos < 0 || (!c.ring && pos >= c.n_ctx))
     __trap();
-  float* dst = op.cache.data + (int64_t(op.seq_ids[t]) * op.cache.n_ctx + op.positions[t]) * row;
-  const float* src = op.rows + t * row;
-  for (int64_t c = threadIdx.x; c < row; c += blockDim.x) dst[c] = src[c];
+  float* dst = c.data + (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(pos)) * row;
+  // Latent rows whole; key/value rows from their two halves.
+  const int64_t first = op.values ? c.k_dims : row;
+  const float* src = op.rows + t * first;
+  for (int64_t i = threadIdx.x; i < first; i += blockDim.x) dst[i] = src[i];
+  if (op.values)
+    for (int64_t i = threadIdx.x; i < c.v_dims; i += blockDim.x)
+      dst[c.k_dims + i] = op.values[t * c.v_dims + i];
+}
+
+constexpr int kGqaWarps = 4;       // (token, head) pairs per block
+constexpr int kGqaMaxPerLane = 8;  // head dims up to 256 over a warp's 32 lanes
+
+// One warp per (token, head): the query's dims spread over the lanes, each key scored by a warp
+// reduction, the running softmax and each lane's value columns updated key by key in order.
+__global__ void __launch_bounds__(kGqaWarps * 32) gqa_attention_kernel(AttentionOp op) {
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = int64_t(blockIdx.x) * kGqaWarps + threadIdx.x / 32;
+  if (pair >= op.n_tokens * op.n_heads) return;
+  const int64_t t = pair / op.n_heads, h = pair % op.n_heads;
+  const int64_t g = h / (op.n_heads / op.n_kv_heads), hd = op.head_dim, vd = op.v_head_dim;
+  const KvLayerView& c = op.cache;
+  const int64_t row = c.row(), pos = op.positions[t];
+  const float* rows = c.data + int64_t(op.seq_ids[t]) * c.n_ctx * row;
+  float q[kGqaMaxPerLane], acc[kGqaMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kGqaMaxPerLane; ++i) {
+    const int64_t d = lane + 32 * i;
+    q[i] = d < hd ? op.q[pair * hd + d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  // The sink is one more logit with no value: the running state starts from it.
+  float top = op.sinks ? op.sinks[h] : -INFINITY, sum = op.sinks ? 1.0f : 0.0f;
+  const int64_t first = op.window > 0 && pos - op.window + 1 > 0 ? pos - op.window + 1 : 0;
+  for (int64_t j = first; j <= pos; ++j) {
+    const float* key = rows + c.slot(j) * row + g * hd;
+    const float* value = rows + c.slot(j) * row + c.k_dims + g * vd;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGqaMaxPerLane; ++i)
+      if (lane + 32 * i < hd) dot = __fadd_rn(dot, __fmul_rn(q[i], key[lane + 32 * i]));
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    const float score = __fmul_rn(dot, op.scale);
+    const float new_top = fmaxf(top, score);
+    const float shrink = expf(__fsub_rn(top, new_top)), p = expf(__fsub_rn(score, new_top));
+    sum = __fadd_rn(__fmul_rn(sum, shrink), p);
+#pragma unroll
+    for (int i = 0; i < kGqaMaxPerLane; ++i)
+      if (lane + 32 * i < vd)
+        acc[i] = __fadd_rn(__fmul_rn(acc[i], shrink), __fmul_rn(p, value[lane + 32 * i]));
+    top = new_top;
+  }
+#pragma unroll
+  for (int i = 0; i < kGqaMaxPerLane; ++i)
+    if (lane + 32 * i < vd) op.output[pair * vd + lane + 32 * i] = acc[i] / sum;
 }
 
 struct MlaArgs {
@@ -346,6 +402,16 @@ void rope(const RopeOp& op, cudaStream_t stream) {
 void kv_store(const KvStoreOp& op, cudaStream_t stream) {
   kv_store_kernel<<<unsigned(op.n_tokens), 256, 0, stream>>>(op);
   TANDEM_CUDA_CHECK_LAUNCH(kv_store_kernel);
+}
+
+void gqa_attention(const AttentionOp& op, cudaStream_t stream) {
+  if (op.head_dim > 32 * kGqaMaxPerLane || op.v_head_dim > 32 * kGqaMaxPerLane)
+    cuda_failed(cudaErrorInvalidValue, "grouped-query attention with heads above 256 dims",
+                __FILE__, __LINE__);
+  const int64_t pairs = op.n_tokens * op.n_heads;
+  gqa_attention_kernel<<<unsigned((pairs + kGqaWarps - 1) / kGqaWarps), kGqaWarps * 32, 0,
+                         stream>>>(op);
+  TANDEM_CUDA_CHECK_LAUNCH(gqa_attention_kernel);
 }
 
 int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads) {

@@ -468,6 +468,7 @@ void CudaBackend::matmul(const MatmulOp& op) {
                        .output_stride = op.weight.rows,
                        .n_tokens = op.n_tokens};
   tiled(op.kernels, op.n_tokens) ? matmul_tiled(m, stream_) : matmul_rows(m, stream_);
+  if (op.bias) add_row_bias(op.output, op.bias, op.n_tokens, op.weight.rows, stream_);
 }
 
 void CudaBackend::rms_norm(const RmsNormOp& op) {
@@ -540,9 +541,9 @@ void CudaBackend::mla_attention(const MlaAttentionOp& op) {
 }
 
 void CudaBackend::attention(const AttentionOp& op) {
-  (void)op;
-  fail("{}: grouped-query attention has no CUDA kernel yet; run this model's attention on the CPU",
-       name_);
+  if (op.n_tokens == 0) return;
+  activate();
+  cuda::gqa_attention(op, stream_);
 }
 
 void CudaBackend::moe_route(const MoeRouteOp& op) {
@@ -587,6 +588,8 @@ void CudaBackend::moe(const MoeOp& op) {
         "{}: expert gate and up matrices stored in different formats ({} and {}) are not "
         "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them alike",
         name_, dtype_name(op.gate.type), dtype_name(op.up.type));
+  const ExpertBiases biases{
+      .gate = op.gate_bias, .up = op.up_bias, .down = op.down_bias, .activation = op.activation};
   // Decode with 8-bit activations where the policy allows them and the format has the step
   // (MoeOp::activations; quant/block_dot_q8.h): the inputs quantized once per product.
   const bool eight = op.activations == ActivationBits::Eight && !use_tiles;
@@ -595,21 +598,21 @@ void CudaBackend::moe(const MoeOp& op) {
         scratch(kInputQ8, size_t(op.n_tokens * (op.dim / 32)) * kActQ8Bytes));
     quantize_q8(op.input, op.n_tokens * op.dim, input_q8, stream_);
     expert_gate_up_q8(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim,
-                      op.gate.row_bytes, op.gate.matrix_bytes(), input_q8, s, act, stream_);
+                      op.gate.row_bytes, op.gate.matrix_bytes(), input_q8, s, act, biases, stream_);
   } else {
-    expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim,
-                   op.gate.row_bytes, op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act,
-                   use_tiles, stream_);
+    expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim, op.gate.row_bytes,
+                   op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act, use_tiles, biases,
+                   stream_);
   }
   if (eight && matmul_supports_q8(op.down.type) && op.ffn_dims % 32 == 0) {
     auto* act_q8 = static_cast<blocks::ActQ8*>(
         scratch(kActQ8, size_t(n_slots * (op.ffn_dims / 32)) * kActQ8Bytes));
     quantize_q8(act, n_slots * op.ffn_dims, act_q8, stream_);
     expert_down_q8(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
-                   op.down.matrix_bytes(), act_q8, s, op.slots, stream_);
+                   op.down.matrix_bytes(), act_q8, s, op.slots, biases, stream_);
   } else {
     expert_down(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
-                op.down.matrix_bytes(), act, s, op.slots, use_tiles, stream_);
+                op.down.matrix_bytes(), act, s, op.slots, use_tiles, biases, stream_);
   }
 }
 

@@ -62,6 +62,14 @@ __global__ void add_parts_kernel(float* y, Parts parts, int64_t n) {
   }
 }
 
+// out[t][r] += bias[r]: a product's bias, after the product (MatmulOp::bias).
+__global__ void add_row_bias_kernel(float* out, const float* bias, int64_t n_tokens, int64_t rows) {
+  const int64_t n = n_tokens * rows;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __fadd_rn(out[i], bias[i % rows]);
+}
+
 __global__ void fill_kernel(float* y, float value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -113,6 +121,13 @@ void add_parts(float* y, std::span<const float* const> parts, int64_t n, cudaStr
     add_parts_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, some, n);
     TANDEM_CUDA_CHECK_LAUNCH(add_parts_kernel);
   }
+}
+
+void add_row_bias(float* out, const float* bias, int64_t n_tokens, int64_t rows,
+                  cudaStream_t stream) {
+  add_row_bias_kernel<<<blocks_for(n_tokens * rows, 256), 256, 0, stream>>>(out, bias, n_tokens,
+                                                                            rows);
+  TANDEM_CUDA_CHECK_LAUNCH(add_row_bias_kernel);
 }
 
 void fill(float* y, float value, int64_t n, cudaStream_t stream) {

@@ -63,16 +63,24 @@ struct ExpertSlots {
   const int32_t* n_tiles = nullptr;     // [1]
   int64_t max_slots = 0, max_tiles = 0, top_k = 1;
 };
-// act[i] = silu(gate_e · x_t) * (up_e · x_t) for sorted entry i (expert e, token t), [max_slots,
-// ffn]: `tiled` picks the tensor-core tiles, else one warp per row and entry.
+// The activation of the expert FFNs and their per-expert biases (MoeOp, core/backend.h), by local
+// expert: gate [held, ffn], up [held, ffn], down [held, dim]; null where the model has none.
+struct ExpertBiases {
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  const float* down = nullptr;
+  FfnActivation activation = FfnActivation::SwiGlu;
+};
+// act[i] = activation(gate_e · x_t + bias, up_e · x_t + bias) for sorted entry i (expert e, token
+// t), [max_slots, ffn]: `tiled` picks the tensor-core tiles, else one warp per row and entry.
 void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
                     uint64_t row_bytes, uint64_t mat_bytes, const float* input,
                     const ExpertSlots& s, float* gate_out, float* up_out, float* act, bool tiled,
-                    cudaStream_t stream);
-// slots[order[i]] = down_e · act[i], [*, dim].
+                    const ExpertBiases& b, cudaStream_t stream);
+// slots[order[i]] = down_e · act[i] + bias, [*, dim].
 void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                  uint64_t mat_bytes, const float* act, const ExpertSlots& s, float* slots,
-                 bool tiled, cudaStream_t stream);
+                 bool tiled, const ExpertBiases& b, cudaStream_t stream);
 
 // The 8-bit path of the expert products (quant/block_dot_q8.h: dp4a on ActQ8 activations, one
 // scale per 32), for MoeOp::activations == Eight at decode (the rows kernels; prompts keep the
@@ -84,10 +92,11 @@ void quantize_q8(const float* x, int64_t n, blocks::ActQ8* out, cudaStream_t str
 // [tokens, dim / 32] blocks, `act` [max_slots, ffn / 32].
 void expert_gate_up_q8(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
                        uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
-                       const ExpertSlots& s, float* act, cudaStream_t stream);
+                       const ExpertSlots& s, float* act, const ExpertBiases& b,
+                       cudaStream_t stream);
 void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                     uint64_t mat_bytes, const blocks::ActQ8* act, const ExpertSlots& s,
-                    float* slots, cudaStream_t stream);
+                    float* slots, const ExpertBiases& b, cudaStream_t stream);
 
 // ---- cuda_moe.cu ----
 
@@ -105,8 +114,14 @@ void pick_replicas(const ReplicaPickOp& op, cudaStream_t stream);
 
 // ---- cuda_attention.cu ----
 
+// RoPE, adjacent pairs or NeoX halves; the KV store of latent or key/value rows, at a ring's slot
+// for a sliding-window layer.
 void rope(const RopeOp& op, cudaStream_t stream);
 void kv_store(const KvStoreOp& op, cudaStream_t stream);
+// Grouped-query attention (AttentionOp): one warp per (token, head) walks the token's keys in
+// order with a running maximum and sum (the sink, when there is one, starts them), so a token's
+// result is summed in one order whatever shares its step.
+void gqa_attention(const AttentionOp& op, cudaStream_t stream);
 // The part of MLA between the two per-head projections: for each (token, head) the scores of
 // [q_lat | q_rope] against the cache rows of the token's sequence up to its position, softmax,
 // and o_lat = Σ p_j · latent_j. q_lat [T, H, kv_lora]; q (for the rope part) [T, H, q_stride];
@@ -127,6 +142,9 @@ void add(float* y, const float* x, int64_t n, cudaStream_t stream);
 // y += parts[0], += parts[1], ... in order (any number of parts; a launch per eight).
 void add_parts(float* y, std::span<const float* const> parts, int64_t n, cudaStream_t stream);
 void fill(float* y, float value, int64_t n, cudaStream_t stream);
+// out[t][r] += bias[r] for n_tokens rows of `rows` floats (MatmulOp::bias).
+void add_row_bias(float* out, const float* bias, int64_t n_tokens, int64_t rows,
+                  cudaStream_t stream);
 void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
                int64_t row_len, cudaStream_t stream);
 // output[i] = dequantize(table row ids[i]).

@@ -22,6 +22,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/ffn_activation.h"
 #include "quant/block_decode.h"
 #include "quant/block_dot.h"
 #include "quant/block_dot_q8.h"
@@ -414,13 +415,22 @@ struct Q8Input {
   }
 };
 
-// act[i][r] = silu(gate_e[r] · x) * (up_e[r] · x) for the entry's token x: the gate and up rows
-// share the staged activations.
+// The activation of one entry's gate and up products with the expert's biases added first (the
+// CPU's order: the products, the adds, then the activation).
+__device__ __forceinline__ float expert_activation(const ExpertBiases& b, int64_t expert,
+                                                   int64_t ffn, int64_t row, float g, float u) {
+  if (b.gate) g = __fadd_rn(g, b.gate[expert * ffn + row]);
+  if (b.up) u = __fadd_rn(u, b.up[expert * ffn + row]);
+  return ffn_activation(b.activation, g, u);
+}
+
+// act[i][r] = activation(gate_e[r] · x, up_e[r] · x) for the entry's token x: the gate and up
+// rows share the staged activations.
 template <class Dec, int R, class Input>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
                         uint64_t row_bytes, uint64_t mat_bytes, Input input, ExpertSlots s,
-                        float* act) {
+                        float* act, ExpertBiases b) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
@@ -436,16 +446,17 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   input.template dots<Dec, 2 * R>(rows, dim, s.order[entry] / s.top_k, acc);
   if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float g = acc[2 * r][0], u = acc[2 * r + 1][0];
-      if (row0 + r < ffn) act[int64_t(entry) * ffn + row0 + r] = g / (1.0f + expf(-g)) * u;
-    }
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < ffn)
+        act[int64_t(entry) * ffn + row0 + r] = expert_activation(
+            b, s.expert_of[entry], ffn, row0 + r, acc[2 * r][0], acc[2 * r + 1][0]);
 }
 
 template <class Dec, int R, class Input>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_down_rows(const uint8_t* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
-                     uint64_t mat_bytes, Input act, ExpertSlots s, float* slots) {
+                     uint64_t mat_bytes, Input act, ExpertSlots s, float* slots,
+                     const float* down_bias) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;
@@ -460,29 +471,34 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (row0 + r < dim) slots[int64_t(s.order[entry]) * dim + row0 + r] = acc[r][0];
+      if (row0 + r < dim)
+        slots[int64_t(s.order[entry]) * dim + row0 + r] =
+            down_bias
+                ? __fadd_rn(acc[r][0], down_bias[int64_t(s.expert_of[entry]) * dim + row0 + r])
+                : acc[r][0];
 }
 
 template <class Dec, class Input>
 void launch_expert_gate_up(const void* gate, const void* up, int64_t ffn, int64_t dim,
                            uint64_t row_bytes, uint64_t mat_bytes, const Input& input,
-                           const ExpertSlots& s, float* act, cudaStream_t stream) {
+                           const ExpertSlots& s, float* act, const ExpertBiases& b,
+                           cudaStream_t stream) {
   constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
   const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
   expert_gate_up_rows<Dec, R, Input><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
       static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim, row_bytes,
-      mat_bytes, input, s, act);
+      mat_bytes, input, s, act, b);
   TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
 }
 
 template <class Dec, class Input>
 void launch_expert_down(const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                         uint64_t mat_bytes, const Input& act, const ExpertSlots& s, float* slots,
-                        cudaStream_t stream) {
+                        const float* down_bias, cudaStream_t stream) {
   constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
   const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
   expert_down_rows<Dec, R, Input><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-      static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots);
+      static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots, down_bias);
   TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
 }
 
@@ -499,13 +515,24 @@ __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, bool aligne
   }
 }
 
-__global__ void silu_mul_kernel(const float* gate, const float* up, float* act,
-                                const int32_t* n_active, int64_t ffn) {
-  const int64_t n = int64_t(n_active[0]) * ffn;
+// The tiled path's activation, after its gate and up products.
+__global__ void expert_activation_kernel(const float* gate, const float* up, float* act,
+                                         ExpertSlots s, int64_t ffn, ExpertBiases b) {
+  const int64_t n = int64_t(s.n_active[0]) * ffn;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    act[i] = expert_activation(b, s.expert_of[i / ffn], ffn, i % ffn, gate[i], up[i]);
+}
+
+// The tiled down products' biases: slots[order[i]] += bias of entry i's expert.
+__global__ void expert_down_bias_kernel(float* slots, ExpertSlots s, int64_t dim,
+                                        const float* bias) {
+  const int64_t n = int64_t(s.n_active[0]) * dim;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    act[i] = g / (1.0f + expf(-g)) * up[i];
+    const int64_t entry = i / dim, r = i % dim;
+    float& y = slots[int64_t(s.order[entry]) * dim + r];
+    y = __fadd_rn(y, bias[int64_t(s.expert_of[entry]) * dim + r]);
   }
 }
 
@@ -580,38 +607,44 @@ void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream) {
 void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
                     uint64_t row_bytes, uint64_t mat_bytes, const float* input,
                     const ExpertSlots& s, float* gate_out, float* up_out, float* act, bool tiled,
-                    cudaStream_t stream) {
+                    const ExpertBiases& b, cudaStream_t stream) {
   visit_or_fail(type, [&](auto dec) {
     using Dec = decltype(dec);
     const auto* gate_bytes = static_cast<const uint8_t*>(gate);
     const auto* up_bytes = static_cast<const uint8_t*>(up);
     if (!tiled) {
       launch_expert_gate_up<Dec>(gate, up, ffn, dim, row_bytes, mat_bytes,
-                                 F32Input{input, aligned16(input) && dim % 4 == 0}, s, act, stream);
+                                 F32Input{input, aligned16(input) && dim % 4 == 0}, s, act, b,
+                                 stream);
       return;
     }
     const ExpertMap gate_map{gate_bytes, mat_bytes, s, input, dim, gate_out, ffn, /*down=*/false};
     const ExpertMap up_map{up_bytes, mat_bytes, s, input, dim, up_out, ffn, /*down=*/false};
     launch_tiled<Dec>(gate_map, ffn, dim, row_bytes, unsigned(s.max_tiles), 1, stream);
     launch_tiled<Dec>(up_map, ffn, dim, row_bytes, unsigned(s.max_tiles), 1, stream);
-    silu_mul_kernel<<<1024, 256, 0, stream>>>(gate_out, up_out, act, s.n_active, ffn);
-    TANDEM_CUDA_CHECK_LAUNCH(silu_mul_kernel);
+    expert_activation_kernel<<<1024, 256, 0, stream>>>(gate_out, up_out, act, s, ffn, b);
+    TANDEM_CUDA_CHECK_LAUNCH(expert_activation_kernel);
   });
 }
 
 void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                  uint64_t mat_bytes, const float* act, const ExpertSlots& s, float* slots,
-                 bool tiled, cudaStream_t stream) {
+                 bool tiled, const ExpertBiases& b, cudaStream_t stream) {
   visit_or_fail(type, [&](auto dec) {
     using Dec = decltype(dec);
     const auto* down_bytes = static_cast<const uint8_t*>(down);
     if (!tiled) {
       launch_expert_down<Dec>(down, dim, ffn, row_bytes, mat_bytes,
-                              F32Input{act, aligned16(act) && ffn % 4 == 0}, s, slots, stream);
+                              F32Input{act, aligned16(act) && ffn % 4 == 0}, s, slots, b.down,
+                              stream);
       return;
     }
     const ExpertMap map{down_bytes, mat_bytes, s, act, ffn, slots, dim, /*down=*/true};
     launch_tiled<Dec>(map, dim, ffn, row_bytes, unsigned(s.max_tiles), 1, stream);
+    if (b.down) {
+      expert_down_bias_kernel<<<1024, 256, 0, stream>>>(slots, s, dim, b.down);
+      TANDEM_CUDA_CHECK_LAUNCH(expert_down_bias_kernel);
+    }
   });
 }
 
@@ -637,19 +670,20 @@ void visit_q8_or_fail(DType type, Fn&& fn) {
 
 void expert_gate_up_q8(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
                        uint64_t row_bytes, uint64_t mat_bytes, const blocks::ActQ8* input,
-                       const ExpertSlots& s, float* act, cudaStream_t stream) {
+                       const ExpertSlots& s, float* act, const ExpertBiases& b,
+                       cudaStream_t stream) {
   visit_q8_or_fail(type, [&](auto dec, auto dot) {
     launch_expert_gate_up<decltype(dec)>(gate, up, ffn, dim, row_bytes, mat_bytes,
-                                         Q8Input<decltype(dot)>{input}, s, act, stream);
+                                         Q8Input<decltype(dot)>{input}, s, act, b, stream);
   });
 }
 
 void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint64_t row_bytes,
                     uint64_t mat_bytes, const blocks::ActQ8* act, const ExpertSlots& s,
-                    float* slots, cudaStream_t stream) {
+                    float* slots, const ExpertBiases& b, cudaStream_t stream) {
   visit_q8_or_fail(type, [&](auto dec, auto dot) {
     launch_expert_down<decltype(dec)>(down, dim, ffn, row_bytes, mat_bytes,
-                                      Q8Input<decltype(dot)>{act}, s, slots, stream);
+                                      Q8Input<decltype(dot)>{act}, s, slots, b.down, stream);
   });
 }
 
