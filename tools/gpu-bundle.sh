@@ -2,7 +2,7 @@
 # Prepares what tools/gpu-check.sh runs on a GPU machine that has the NVIDIA driver and a CUDA
 # toolkit but none of Debian's -dev libraries (the lent H200 machines): tandem and the CUDA tests
 # built here for one GPU architecture, the shared libraries they need beyond the C library and
-# the driver, and the fixtures the checks read, in gpu-bundle/ (git-ignored). It must stay under
+# the driver, and the fixtures the checks read (tools/gpu/fixtures.txt), in gpu-bundle/ (git-ignored). It must stay under
 # the 64 MiB that travel with a device run; the size is printed.
 #
 # Usage: tools/gpu-bundle.sh [OUT_DIR]      (default gpu-bundle)
@@ -30,10 +30,16 @@ for binary in build/release/bin/tandem build/release/tests/cuda/cuda_tests build
     while read -r lib; do cp -L -n "$lib" "$stage/lib/"; done
 done
 rm -rf "$out"
-mkdir -p "$out/fixtures"
+mkdir -p "$out"
 tar -C "$stage" -cJf "$out/binaries.tar.xz" bin lib
-for f in micro-v2-F32.gguf micro-v3-F32.gguf small-v3-Q4_K_M.gguf check.py \
-         micro-v2-F32.{p1,p2,chat}.json micro-v3-F32.{p1,p2,chat}.json small-v3-Q4_K_M.{p1,p2,chat}.exact.json; do
-  cp "$fixtures/$f" "$out/fixtures/"
-done
+# The fixtures compressed too (random F32 weights still shrink by a third): the list grew with the
+# architectures past what fits the 64 MiB as plain files.
+files=(check.py)
+while read -r model; do
+  [[ -z $model || $model == \#* ]] && continue
+  refs=json
+  [[ $model != *F32 ]] && refs=exact.json
+  files+=("$model.gguf" "$model".{p1,p2,chat}."$refs")
+done <tools/gpu/fixtures.txt
+tar -C "$fixtures" -cf - "${files[@]}" | xz -T2 -6 >"$out/fixtures.tar.xz"
 echo "$out: $(du -sh "$out" | cut -f1) (limit 64 MiB with the working tree); sm_$arch"

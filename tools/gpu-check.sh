@@ -4,8 +4,9 @@
 #   1. the CUDA tests: every op against the CPU backend, captures, host tasks, the fixture models
 #      on cuda:0 and on a hybrid plan (tests/cuda); then (informational) cuda_matmul_bench, the
 #      decode products on a lite layer's shapes by rows per warp;
-#   2. every F32 fixture and the Q4_K_M fixture with the fixtures' own checker (check.py), on
-#      cuda:0 alone and on a hybrid plan (experts 0-3 of every layer on the CPU);
+#   2. the fixtures of tools/gpu/fixtures.txt (F32 and quantized, every architecture) with the
+#      fixtures' own checker (check.py), on cuda:0 alone and on a hybrid plan (experts 0-3 of
+#      every layer on the CPU);
 #   3. the lite-shaped model (generated there, Q4_K_M, 9.7 GiB) with `tandem bench`, fully on
 #      the GPU (the default precision, and --precision int16: F32 activations everywhere) and
 #      hybrid (experts 0-31 of every layer on the CPU): tokens/s, the GPU's bandwidth roofline,
@@ -55,7 +56,9 @@ run() {
 [[ -f $bundle/binaries.tar.xz ]] || { echo "no $bundle/binaries.tar.xz: run tools/gpu-bundle.sh first" >&2; exit 2; }
 tar -C "$work" -xJf "$bundle/binaries.tar.xz"
 export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export TANDEM_FIXTURES_DIR=$(cd "$bundle/fixtures" && pwd)
+mkdir -p "$work/fixtures"
+tar -C "$work/fixtures" -xJf "$bundle/fixtures.tar.xz"
+export TANDEM_FIXTURES_DIR=$work/fixtures
 export XDG_CACHE_HOME=$work/cache  # measured rates: fresh for this machine
 tandem=$work/bin/tandem
 fixtures=$TANDEM_FIXTURES_DIR
@@ -83,10 +86,17 @@ timeout 60 "$work/bin/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.txt"
 
 # 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan.
 hybrid_rules=tests/fixtures/plans/attention_on_gpu_experts_split.yaml
+fixture_refs=()
+while read -r model; do
+  [[ -z $model || $model == \#* ]] && continue
+  refs=json
+  [[ $model != *F32 ]] && refs=exact.json
+  fixture_refs+=("$model".{p1,p2,chat}."$refs")
+done <tools/gpu/fixtures.txt
 for plan in gpu hybrid; do
   plan_args=(--devices cuda:0)
   [[ $plan == hybrid ]] && plan_args+=(--rules "$hybrid_rules")
-  for ref in micro-v2-F32.{p1,p2,chat}.json micro-v3-F32.{p1,p2,chat}.json small-v3-Q4_K_M.{p1,p2,chat}.exact.json; do
+  for ref in "${fixture_refs[@]}"; do
     model=${ref%%.*}
     candidate=$work/$plan.$ref
     run "fixture.$plan.${ref%.json}" 60 bash -c "\"$tandem\" eval \"$fixtures/$model.gguf\" --ref \"$fixtures/$ref\" \
