@@ -219,6 +219,28 @@ TEST(Matmul, Int16ActivationsStayAccurateWithOutlierChannels) {
   std::printf("  worst normalized error with outlier channels %.3g (bound 1e-4)\n", worst);
 }
 
+// Formats without token lanes (F32, F16, BF16) run a prompt a block of tokens at a time: a token's
+// outputs are those it gets alone, across the blocks' edges (16 tokens of 2048 F32 per block).
+TEST(Matmul, PlainRowsOverTokenBlocksGiveEachTokenItsOwnResult) {
+  ThreadPool pool(2);
+  const int64_t rows = 40, cols = 2048, n_tokens = 37;
+  for (DType type : {DType::F32, DType::BF16}) {
+    const std::vector<uint8_t> weights = make_weights(type, rows, cols, 9);
+    const std::vector<float> x = gaussian(size_t(n_tokens * cols), 10);
+    for (CpuIsa isa : supported_cpu_isas()) {
+      const std::vector<float> all =
+          run(isa, type, weights, rows, cols, x, n_tokens, pool, ActPrecision::Int16);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+        const std::vector<float> alone =
+            run(isa, type, weights, rows, cols, one, 1, pool, ActPrecision::Int16);
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + t * rows))
+            << dtype_name(type) << " " << cpu_isa_name(isa) << " token " << t;
+      }
+    }
+  }
+}
+
 TEST(Matmul, ManyRowsSplitOverThreadsMatchReference) {
   // Enough rows for many tasks per thread, with a ragged last tile.
   ThreadPool pool(2);

@@ -281,17 +281,27 @@ LanesMatmul lanes_args(const ReadyMatmul& m) {
           .output = m.output};
 }
 
-// Rows [first, last) of `m` for all its tokens: each weight row is fetched from memory once and
-// reused from L1 for every token.
+// Rows [first, last) of `m` for all its tokens, a block of tokens at a time: the block's
+// activations stay in L2 while every row passes over them, each row from L1 for the block's
+// tokens. (Row by row over all tokens streamed a prompt's activations, 4 MiB of F32 for 512
+// tokens of 2048, from memory once per row: Qwen3's F32 router of 128 rows spent 3.6% of a
+// prompt there.) Each output is one dot, whatever the order.
 void run_plain_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   if (m.lanes) {
     m.lanes(lanes_args(m), first, last);
     return;
   }
-  for (int64_t row = first; row < last; ++row) {
-    const uint8_t* weight_row = m.weights + size_t(row) * m.weight_stride;
-    for (int64_t token = 0; token < m.n_tokens; ++token)
-      m.output[token * m.rows + row] = m.dot(weight_row, m.act + size_t(token) * m.act_stride, m.cols);
+  constexpr size_t kBlockActBytes = 128 * 1024;
+  const int64_t block =
+      std::max<int64_t>(1, int64_t(kBlockActBytes / std::max<size_t>(m.act_stride, 1)));
+  for (int64_t first_token = 0; first_token < m.n_tokens; first_token += block) {
+    const int64_t last_token = std::min(m.n_tokens, first_token + block);
+    for (int64_t row = first; row < last; ++row) {
+      const uint8_t* weight_row = m.weights + size_t(row) * m.weight_stride;
+      for (int64_t token = first_token; token < last_token; ++token)
+        m.output[token * m.rows + row] =
+            m.dot(weight_row, m.act + size_t(token) * m.act_stride, m.cols);
+    }
   }
 }
 
