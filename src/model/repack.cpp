@@ -31,14 +31,15 @@ bool copied_key(std::string_view key) {
 }  // namespace
 
 bool is_repackable_matrix(std::string_view name) {
-  // deepseek2 tensors used only as the weight of a matmul (model/deepseek2.cpp binds them with
-  // WeightBinder::matrix/matrices; attn_k_b and attn_v_b are one matmul per head in the
-  // attention, each head's [512, 128] or [128, 512] matrix whole groups of 16 rows). Not
-  // token_embd (rows looked up one at a time), not attn_kv_b (dequantized and split at load),
-  // not the router (F32 anyway).
+  // Tensors used only as the weight of a matmul (the architectures bind them with
+  // WeightBinder::matrix/matrices): deepseek2's MLA projections (attn_k_b and attn_v_b are one
+  // matmul per head, each head's [512, 128] or [128, 512] matrix whole groups of 16 rows), the
+  // grouped-query attention's attn_q/k/v/output, the FFNs and experts. Not token_embd (rows
+  // looked up one at a time), not attn_kv_b (dequantized and split at load), not the router
+  // (F32 anyway).
   static const std::regex matmul_weight(
-      R"(output\.weight|blk\.\d+\.(attn_q|attn_q_a|attn_q_b|attn_kv_a_mqa|attn_output|)"
-      R"(attn_k_b|attn_v_b|ffn_gate|ffn_up|ffn_down|ffn_(gate|up|down)_(exps|shexp))\.weight)");
+      R"(output\.weight|blk\.\d+\.(attn_q|attn_k|attn_v|attn_q_a|attn_q_b|attn_kv_a_mqa|)"
+      R"(attn_output|attn_k_b|attn_v_b|ffn_gate|ffn_up|ffn_down|ffn_(gate|up|down)_(exps|shexp))\.weight)");
   return std::regex_match(name.begin(), name.end(), matmul_weight);
 }
 
