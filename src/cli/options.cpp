@@ -28,9 +28,11 @@ void add_precision_option(CLI::App* cmd, EngineOptions& options) {
            options.precision = name == "int16" ? PrecisionPolicy::Int16 : PrecisionPolicy::FfnInt8;
          },
          "activations of the CPU's quantized products: ffn-int8 (default: the experts' and FFNs' "
-         "products with 8-bit activations, as llama.cpp takes them everywhere; attention, router "
-         "and output head with 16-bit) or int16 (every product with 16-bit activations: closest "
-         "to F32, prompts ~1.15x slower). GPUs multiply F32 activations either way")
+         "products with 8-bit activations, as llama.cpp takes them everywhere, and the attention "
+         "projections of qwen3moe and gpt-oss; the other attention, router and output head with "
+         "16-bit) or int16 (every product with 16-bit activations: closest "
+         "to F32, prompts ~1.15x slower). GPUs follow it for the experts at decode (8-bit "
+         "activations with ffn-int8) and multiply F32 activations elsewhere")
       ->check(CLI::IsMember({"ffn-int8", "int16"}))
       ->default_str("ffn-int8");
 }

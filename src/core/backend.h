@@ -86,8 +86,8 @@ enum class KernelChoice : uint8_t {
 // quantized kernels take 16-bit activations (one scale per 32 elements; within ~1e-5 of F32) and,
 // where an op allows it, 8-bit ones (the vpdpbusd kernels: 1.5x the 16-bit ones' throughput,
 // ~250x coarser); the CUDA backend takes it at decode (dp4a steps on activations quantized per
-// 32, quant/block_dot_q8.h) and keeps F32 activations in its prompt tiles. Which ops allow 8 bits is
-// the precision policy (PrecisionPolicy in model/deepseek2.h).
+// 32, quant/block_dot_q8.h) and keeps F32 activations in its prompt tiles. Which ops allow 8 bits
+// is the precision policy (PrecisionPolicy in model/model.h).
 enum class ActivationBits : uint8_t { Sixteen, Eight };
 
 struct MatmulOp {
@@ -99,6 +99,8 @@ struct MatmulOp {
   // [rows] F32 added to every token's output, or null: the bits of the product and then an add
   // (gpt-oss and GLM have biases on their attention projections, gpt-oss on its router).
   const float* bias = nullptr;
+  // The CPU's integer products; GPUs keep F32 activations for single matrices either way.
+  ActivationBits activations = ActivationBits::Sixteen;
 };
 
 struct RmsNormOp {

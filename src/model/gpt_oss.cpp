@@ -39,7 +39,8 @@ class GptOssModel final : public Transformer {
                   .rope = rope,
                   .scale = mscale * mscale / std::sqrt(float(hp.head_dim)),
                   .needs_output_bias = true,
-                  .needs_sinks = true};
+                  .needs_sinks = true,
+                  .projections_like_ffn = true};
     // The router's logits (with its bias) both choose the experts and, softmaxed over the k
     // chosen, weigh them; experts have biases and the clamped SwiGLU.
     const MoeConfig moe{.gating = MoeGating::SoftmaxOfTopK,

@@ -42,6 +42,7 @@ void Transformer::gqa_attention(const GqaConfig& c, const GqaWeights& w, LayerSt
   Backend& be = s.be;
   const int64_t T = s.n_tokens, H = c.n_head, KV = c.n_head_kv, hd = c.head_dim;
   const KernelChoice kernels = s.batch.kernels;
+  const ActivationBits bits = c.projections_like_ffn ? ffn_activations_ : ActivationBits::Sixteen;
   float* q = s.ws.get(W::kQuery, T * H * hd);  // [T, H, hd]
   float* k = s.ws.get(W::kKeys, T * KV * hd);  // [T, KV, hd]
   float* v = s.ws.get(W::kValues, T * KV * c.v_head_dim);
@@ -51,19 +52,22 @@ void Transformer::gqa_attention(const GqaConfig& c, const GqaWeights& w, LayerSt
              .output = q,
              .n_tokens = T,
              .kernels = kernels,
-             .bias = w.q_bias});
+             .bias = w.q_bias,
+             .activations = bits});
   be.matmul({.weight = w.k,
              .input = s.h,
              .output = k,
              .n_tokens = T,
              .kernels = kernels,
-             .bias = w.k_bias});
+             .bias = w.k_bias,
+             .activations = bits});
   be.matmul({.weight = w.v,
              .input = s.h,
              .output = v,
              .n_tokens = T,
              .kernels = kernels,
-             .bias = w.v_bias});
+             .bias = w.v_bias,
+             .activations = bits});
   if (w.q_norm) {  // each head normed on its own, before rope
     be.rms_norm({.input = q,
                  .weight = w.q_norm,
@@ -122,7 +126,8 @@ void Transformer::gqa_attention(const GqaConfig& c, const GqaWeights& w, LayerSt
              .output = s.out,
              .n_tokens = T,
              .kernels = kernels,
-             .bias = w.output_bias});
+             .bias = w.output_bias,
+             .activations = bits});
 }
 
 }  // namespace tandem

@@ -83,12 +83,14 @@ struct Batch {
 };
 
 // Which products may take 8-bit activations (ActivationBits in core/backend.h). Decided by the
-// fixtures (README "Precision"): with the feed-forward products in 8 bits every fixture check
-// passes, closer to the exact references than llama.cpp; with every product in 8 bits a V3 check
-// fails (its sigmoid group routing flips on small errors), so attention, router and output head
-// keep 16.
+// fixtures (docs/correctness.md "Precision"): with the feed-forward products in 8 bits every
+// fixture check passes, closer to the exact references than llama.cpp; with every product in 8
+// bits a V3 and a GLM-4.5 check fail (their sigmoid expert selection flips on small errors), so
+// their attention keeps 16. qwen3moe's and gpt-oss's softmax routers pass with the attention
+// projections in 8 bits too (GqaConfig::projections_like_ffn); router and output head keep 16.
 enum class PrecisionPolicy : uint8_t {
-  FfnInt8,  // default: routed experts, shared experts and dense FFNs in 8 bits, the rest in 16
+  FfnInt8,  // default: routed experts, shared experts and dense FFNs in 8 bits (and the attention
+            // projections of qwen3moe and gpt-oss), the rest in 16
   Int16,    // every product in 16 bits: the closest to the F32 reference (~1e-3 logits)
 };
 

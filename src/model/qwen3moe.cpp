@@ -27,7 +27,8 @@ class Qwen3MoeModel final : public Transformer {
                   .v_head_dim = hp.v_head_dim,
                   .rope = {.rope_dims = hp.head_dim, .freq_base = hp.rope_freq_base, .neox = true},
                   .scale = 1.0f / std::sqrt(float(hp.head_dim)),
-                  .needs_qk_norm = true};
+                  .needs_qk_norm = true,
+                  .projections_like_ffn = true};
     // Qwen3 always renormalises the chosen experts' probabilities (norm_topk_prob).
     const MoeConfig moe{.gating = MoeGating::Softmax, .normalize = true};
     bind_embeddings_and_head();  // the small Qwen3 models tie the head to token_embd

@@ -84,6 +84,10 @@ class Transformer : public Model {
     // Tensors a file of the architecture must have; the others are bound when present.
     bool needs_qkv_bias = false, needs_output_bias = false, needs_qk_norm = false;
     bool needs_sinks = false;
+    // The q/k/v/output projections take the FFNs' activation bits (8 under ffn-int8) rather than
+    // 16: for architectures whose quantized fixtures pass so (qwen3moe, gpt-oss: softmax routing;
+    // not deepseek2 or glm4moe, whose sigmoid selection flips experts on small errors).
+    bool projections_like_ffn = false;
   };
   struct GqaWeights {
     WeightView q, k,
@@ -212,7 +216,9 @@ class Transformer : public Model {
   // Graphs of decode steps (set_graphs_enabled).
   Backend* graph_device_ = nullptr;
   bool graphs_enabled_ = true;
-  ActivationBits ffn_activations_ = ActivationBits::Eight;  // of every MoeOp (set_precision)
+  // Of every MoeOp and dense FFN, and of the attention projections where GqaConfig allows it
+  // (set_precision).
+  ActivationBits ffn_activations_ = ActivationBits::Eight;
   std::vector<GraphEntry> graphs_;
   std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
 };

@@ -17,6 +17,7 @@
 #include "backends/moe_routing.h"
 #include "backends/rope_angles.h"
 #include "core/backend.h"
+#include "quant/formats.h"
 
 namespace tandem {
 namespace {
@@ -230,6 +231,47 @@ WeightView f32_matrix(const std::vector<float>& values, int64_t rows, int64_t co
 
 float clamped(float gate, float up) {
   return ffn_activation(FfnActivation::SwiGluClamped, gate, up);
+}
+
+// MatmulOp::activations reaches the kernels: 8 bits are cpu::matmul's Int8 products bit for bit,
+// and differ from the 16-bit ones (so the field is not ignored) by about the 8-bit rounding.
+TEST(GqaOps, MatmulTakesTheActivationBitsItIsGiven) {
+  std::mt19937 rng(6);
+  cpu::CpuBackend cpu(2);
+  const int64_t rows = 32, cols = 256;
+  const std::vector<float> w = random_floats(size_t(rows * cols), rng, -1, 1);
+  std::vector<BlockQ8_0> q8(size_t(rows * cols / 32));
+  quant::quantize_q8_0(w.data(), q8.data(), int64_t(q8.size()));
+  const WeightView view{.type = DType::Q8_0,
+                        .data = q8.data(),
+                        .cols = cols,
+                        .rows = rows,
+                        .n_mats = 1,
+                        .row_bytes = uint64_t(cols / 32) * sizeof(BlockQ8_0)};
+  ThreadPool pool(2);
+  for (int64_t T : {1, 5, 40}) {
+    const std::vector<float> x = random_floats(size_t(T * cols), rng, -1, 1);
+    std::vector<float> eight(size_t(T * rows)), sixteen(size_t(T * rows)), direct(size_t(T * rows));
+    cpu.matmul({.weight = view,
+                .input = x.data(),
+                .output = eight.data(),
+                .n_tokens = T,
+                .activations = ActivationBits::Eight});
+    cpu.matmul({.weight = view, .input = x.data(), .output = sixteen.data(), .n_tokens = T});
+    cpu::matmul({.weight_type = DType::Q8_0,
+                 .weights = q8.data(),
+                 .rows = rows,
+                 .cols = cols,
+                 .input = x.data(),
+                 .n_tokens = T,
+                 .output = direct.data(),
+                 .precision = cpu::ActPrecision::Int8},
+                pool);
+    EXPECT_EQ(eight, direct) << T << " tokens";
+    EXPECT_NE(eight, sixteen) << T << " tokens";
+    for (size_t i = 0; i < eight.size(); ++i)
+      EXPECT_NEAR(eight[i], sixteen[i], 0.05 * (1 + std::abs(sixteen[i]))) << T << " tokens, " << i;
+  }
 }
 
 // A product's bias is the product and then an add, bit for bit.

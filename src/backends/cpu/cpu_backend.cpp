@@ -99,7 +99,8 @@ void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 }
 
 void CpuBackend::matmul(const MatmulOp& op) {
-  matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels);
+  matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels,
+              op.activations == ActivationBits::Eight ? ActPrecision::Int8 : ActPrecision::Int16);
   if (op.bias)
     for (int64_t t = 0; t < op.n_tokens; ++t)
       add(op.output + t * op.weight.rows, op.bias, op.weight.rows);

@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
 
  private:
   void matmul_rows(const WeightView& w, const float* input, int64_t n_tokens, float* output,
-                   KernelChoice kernels);
+                   KernelChoice kernels, ActPrecision precision = ActPrecision::Int16);
 
   std::string name_;
   ThreadPool pool_;

@@ -109,7 +109,7 @@ void CpuBackend::moe_reduce(const MoeReduceOp& op) {
 }
 
 void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_tokens,
-                             float* output, KernelChoice kernels) {
+                             float* output, KernelChoice kernels, ActPrecision precision) {
   cpu::matmul({.weight_type = w.type,
                .weights = w.data,
                .rows = w.rows,
@@ -117,6 +117,7 @@ void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_
                .input = input,
                .n_tokens = n_tokens,
                .output = output,
+               .precision = precision,
                .kernels = kernels},
               pool_);
 }
