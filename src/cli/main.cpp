@@ -11,9 +11,10 @@
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "tandem: runs giant Mixture-of-Experts models (DeepSeek-V2/V3/R1 family) on CPUs and "
-      "GPUs.\nThe CUDA backend is built but has not yet run on a GPU (tools/gpu-check.sh verifies it);\n"
-      "not yet built: NUMA placement (see README.md)."};
+      "tandem: runs giant Mixture-of-Experts models (DeepSeek-V2/V3/R1, Kimi-K2, Qwen3-MoE, "
+      "gpt-oss, GLM-4.5) on CPUs and GPUs.\nThe CUDA backend has run deepseek2 models on one "
+      "H200; qwen3moe, gpt-oss and glm4moe have not yet\nrun on a GPU (tools/gpu-check.sh "
+      "verifies it). Not yet built: NUMA placement, several machines (see README.md)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::register_commands(app);
