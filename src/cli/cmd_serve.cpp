@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -15,17 +16,33 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/progress.h"
+#include "plan/hardware.h"
 #include "runtime/batch_scheduler.h"
 #include "runtime/engine.h"
 #include "server/http_server.h"
 
 namespace tandem::cli {
 
+namespace {
+
+// --cache-ram in bytes, after loading (the weights' memory is taken by then).
+uint64_t prefix_cache_bytes(int64_t cache_ram_mib) {
+  if (cache_ram_mib >= 0) return uint64_t(cache_ram_mib) << 20;
+  const uint64_t free = plan::available_ram_bytes();
+  if (cache_ram_mib == -1) return free / 2;
+  return std::min<uint64_t>(free / 4, uint64_t(8192) << 20);
+}
+
+}  // namespace
+
 void register_serve(CLI::App& app) {
   struct Options {
     EngineOptions engine;
     server::ServerOptions server;
     std::string chat_template;
+    int64_t cache_ram_mib = -2;  // -2: auto; -1: no limit but the free memory; 0: off
+    bool no_prefix_cache = false;
   };
   auto o = std::make_shared<Options>();
   o->engine.n_seq = 4;
@@ -54,6 +71,26 @@ void register_serve(CLI::App& app) {
                   "blocks) comes back as reasoning_content; none: inline in the content")
       ->check(CLI::IsMember({"auto", "none"}))
       ->capture_default_str();
+  cmd->add_option("--cache-ram", o->cache_ram_mib,
+                  "MiB of host memory for the prefix cache, the KV rows of earlier prompts that "
+                  "later prompts starting the same way reuse (llama.cpp: -cram); default: a "
+                  "quarter of the memory free after loading, at most 8192; -1: half of it; 0: off")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 40));
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "evaluate every prompt whole (the same as --cache-ram 0)");
+  cmd->add_option("--max-connections", o->server.max_connections,
+                  "connections served at once, idle ones included, each on its own thread; "
+                  "more wait for one to close")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 65536));
+  cmd->add_option("--max-header-bytes", o->server.max_header_bytes,
+                  "request line and headers larger than this get 431")
+      ->capture_default_str()
+      ->check(CLI::Range(1024, 1 << 20));
+  cmd->add_option("--max-body-bytes", o->server.max_body_bytes,
+                  "request bodies larger than this get 413")
+      ->capture_default_str()
+      ->check(CLI::Range(1024, 1 << 30));
   cmd->add_option("--timeout", o->server.read_timeout_s, "seconds a client may stay silent mid-request")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
@@ -88,7 +125,13 @@ void register_serve(CLI::App& app) {
     std::unique_ptr<BatchScheduler> scheduler;
     try {
       engine = std::make_unique<Engine>(o->engine);
-      scheduler = std::make_unique<BatchScheduler>(*engine, o->server.max_queued);
+      const uint64_t cache_bytes = prefix_cache_bytes(o->no_prefix_cache ? 0 : o->cache_ram_mib);
+      scheduler = std::make_unique<BatchScheduler>(*engine, o->server.max_queued, cache_bytes);
+      std::fprintf(stderr, "tandem serve: prefix cache: %s\n",
+                   cache_bytes ? fmt::format("up to {} of host memory (--cache-ram)",
+                                             format_bytes(cache_bytes))
+                                     .c_str()
+                               : "off");
       const std::vector<std::string> devices = engine->device_names();
       const std::string placement =
           devices.size() == 1 ? fmt::format("all on the CPU ({} threads)", engine->n_threads())

@@ -155,19 +155,6 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
-uint64_t available_ram_bytes() {
-  // MemAvailable: free memory plus what the kernel can reclaim (page cache), which is what a
-  // process can take without swapping. Weights mapped from the file live in that page cache.
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);) {
-    if (!line.starts_with("MemAvailable:")) continue;
-    std::istringstream fields(line.substr(13));
-    uint64_t kib = 0;
-    if (fields >> kib) return kib * 1024;
-  }
-  return 0;
-}
-
 int numa_node_count() {
   int nodes = 0;
   std::error_code ec;
@@ -404,6 +391,19 @@ Hardware detect_host(int32_t threads, bool measure_bandwidth) {
 }
 
 }  // namespace
+
+uint64_t available_ram_bytes() {
+  // MemAvailable: free memory plus what the kernel can reclaim (page cache), which is what a
+  // process can take without swapping. Weights mapped from the file live in that page cache.
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("MemAvailable:")) continue;
+    std::istringstream fields(line.substr(13));
+    uint64_t kib = 0;
+    if (fields >> kib) return kib * 1024;
+  }
+  return 0;
+}
 
 double measure_memory_bandwidth(int32_t threads) {
   return measure_triad_bandwidth(threads, available_ram_bytes());

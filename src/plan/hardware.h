@@ -78,6 +78,9 @@ const char* link_name(LinkKind kind);
 // "a6000", "a100", "a100-80g", "h100", "h200", "l40s", "5090") optionally with ":NNGiB" or
 // ":NNNGBps" overrides. Throws tandem::Error naming the text and the accepted forms.
 DeviceSpec parse_gpu(std::string_view text, int32_t index, DeviceKind kind = DeviceKind::Cuda);
+// MemAvailable: what a process can take now without swapping (free memory and reclaimable page
+// cache, where mapped weights live); 0 when unknown.
+uint64_t available_ram_bytes();
 // "192GiB", "512GB", "1TiB"; throws with the accepted forms.
 uint64_t parse_bytes(std::string_view text);
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/engine.h"
+#include "runtime/kv_cache.h"
 #include "runtime/output_text.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
@@ -14,9 +15,10 @@
 namespace tandem {
 namespace {
 
-// Prompts are evaluated in chunks at fixed offsets (0, 512, 1024, ...) whatever else is running,
-// so a request's arithmetic is the same alone or batched; a prompt step takes at most this many
-// tokens in all, which bounds its activations and how long it holds decode up.
+// Prompts are evaluated in chunks at fixed offsets (0, 512, 1024, ...) whatever else is running
+// and wherever the prefix cache left off, so a request's arithmetic is the same alone or batched,
+// cached or not; a prompt step takes at most this many tokens in all, which bounds its
+// activations and how long it holds decode up.
 constexpr int64_t kPromptChunk = 512;
 constexpr int64_t kPromptStepTokens = 2048;
 
@@ -34,9 +36,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-void RequestState::append(std::string text, int32_t token, TokenLogprob* logprob) {
+void RequestState::append(int32_t choice, std::string text, int32_t token, TokenLogprob* logprob) {
   std::lock_guard lock(mutex_);
-  if (pieces_.empty() || pieces_.back().text.size() >= 4096) pieces_.emplace_back();
+  if (pieces_.empty() || pieces_.back().choice != choice || pieces_.back().text.size() >= 4096)
+    pieces_.push_back({.choice = choice});
   Piece& piece = pieces_.back();  // a slow reader gets what piled up in one piece
   piece.text += text;
   if (token >= 0) piece.tokens.push_back(token);
@@ -44,35 +47,64 @@ void RequestState::append(std::string text, int32_t token, TokenLogprob* logprob
   changed_.notify_all();
 }
 
-void RequestState::end(std::string reason, int32_t completion_tokens, std::string error) {
+void RequestState::end(int32_t choice, std::string reason, int32_t completion_tokens,
+                       std::string error) {
   std::lock_guard lock(mutex_);
-  if (ended_) return;
-  completion_tokens_ = completion_tokens;
-  finish_reason_ = std::move(reason);
-  error_ = std::move(error);
-  ended_ = true;
+  Choice& c = choices_[size_t(choice)];
+  if (c.ended) return;
+  c.completion_tokens = completion_tokens;
+  c.finish_reason = std::move(reason);
+  if (error_.empty()) error_ = std::move(error);
+  c.ended = true;
+  ++ended_;
   changed_.notify_all();
 }
 
 bool RequestState::next(Piece& piece) {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return !pieces_.empty() || ended_; });
+  changed_.wait(lock, [&] { return !pieces_.empty() || ended_ == int32_t(choices_.size()); });
   if (pieces_.empty()) return false;
   piece = std::move(pieces_.front());
   pieces_.pop_front();
   return true;
 }
 
+std::string RequestState::failure() const {
+  for (const char* reason : {"error", "cancelled"})
+    for (const Choice& c : choices_)
+      if (c.finish_reason == reason) return reason;
+  return {};
+}
+
+int32_t RequestState::completion_tokens() const {
+  int32_t total = 0;
+  for (const Choice& c : choices_) total += c.completion_tokens;
+  return total;
+}
+
+// Choice `choice` of a request samples with the request's seed + choice.
+SamplerParams choice_sampling(SamplerParams params, int32_t choice) {
+  params.seed += uint64_t(choice);
+  return params;
+}
+
 struct BatchScheduler::Slot {
-  Slot(CompletionRequest r, std::shared_ptr<RequestState> s, const Engine& engine)
+  Slot(CompletionRequest r, std::shared_ptr<RequestState> s, int32_t c, const Engine& engine)
       : request(std::move(r)),
         state(std::move(s)),
-        sampler(request.options.sampling, int32_t(engine.n_vocab())),
+        choice(c),
+        sampler(choice_sampling(request.options.sampling, c), int32_t(engine.n_vocab())),
         output(engine.tokenizer(), request.options.stop) {
     sampler.accept(request.prompt);
   }
+  void end(std::string reason, int32_t completion_tokens, std::string error = {}) {
+    finished = true;
+    state->end(choice, std::move(reason), completion_tokens, std::move(error));
+  }
   CompletionRequest request;
   std::shared_ptr<RequestState> state;
+  int32_t choice;
+  int32_t follows = -1;  // the slot whose prompt evaluation this choice waits to copy, or -1
   Sampler sampler;
   OutputText output;
   int64_t prompt_done = 0;  // prompt tokens in the cache
@@ -84,8 +116,11 @@ struct BatchScheduler::Slot {
   bool in_prompt() const { return prompt_done < int64_t(request.prompt.size()); }
 };
 
-BatchScheduler::BatchScheduler(Engine& engine, int32_t max_queued)
+BatchScheduler::BatchScheduler(Engine& engine, int32_t max_queued, uint64_t prefix_cache_bytes)
     : engine_(engine), max_queued_(max_queued), slots_(size_t(engine.n_seq())) {
+  if (prefix_cache_bytes > 0)
+    prefix_cache_ = std::make_unique<PrefixCache>(engine.kv_cache(), prefix_cache_bytes);
+  stats_.prefix_cache_budget = prefix_cache_bytes;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -103,7 +138,12 @@ std::shared_ptr<RequestState> BatchScheduler::submit(CompletionRequest request) 
   for (const std::string& stop : request.options.stop)
     if (stop.empty()) fail("stop strings must not be empty");
   validate(request.options.sampling);
-  auto state = std::make_shared<RequestState>();
+  if (request.n < 1 || request.n > int32_t(slots_.size()))
+    fail(
+        "n is {} but the server runs {} sequences at once; ask for 1 to {} choices, or start the "
+        "server with a larger --parallel",
+        request.n, slots_.size(), slots_.size());
+  auto state = std::make_shared<RequestState>(request.n);
   state->prompt_tokens_ = int32_t(request.prompt.size());
   std::lock_guard lock(mutex_);
   if (stopping_) fail("the server is shutting down");
@@ -136,16 +176,17 @@ void BatchScheduler::loop() {
       };
       work_.wait(lock, [&] { return stopping_ || !queue_.empty() || busy(); });
       if (stopping_) {
-        for (auto& [request, state] : queue_) state->end("cancelled", 0);
+        for (auto& [request, state] : queue_)
+          for (int32_t c = 0; c < request.n; ++c) state->end(c, "cancelled", 0);
         queue_.clear();
         for (auto& slot : slots_)
-          if (slot) slot->state->end("cancelled", slot->generated);
+          if (slot) slot->end("cancelled", slot->generated);
         return;
       }
     }
     admit();
     for (auto& slot : slots_)
-      if (slot && slot->state->cancelled()) slot->finished = true, slot->state->end("cancelled", slot->generated);
+      if (slot && slot->state->cancelled()) slot->end("cancelled", slot->generated);
     retire_finished();
     const bool prompts = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && s->in_prompt(); });
     const bool decodes = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && !s->in_prompt(); });
@@ -159,21 +200,53 @@ void BatchScheduler::loop() {
 }
 
 void BatchScheduler::admit() {
-  std::lock_guard lock(mutex_);
-  for (auto& slot : slots_) {
-    if (slot || queue_.empty()) continue;
-    auto [request, state] = std::move(queue_.front());
-    queue_.pop_front();
-    slot = std::make_unique<Slot>(std::move(request), std::move(state), engine_);
+  std::vector<size_t> leaders;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<size_t> free;
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (!slots_[s]) free.push_back(s);
+    // In order of arrival: a request of n choices waits for n free slots, and those behind it wait
+    // with it (no request is passed over for ever).
+    size_t next_free = 0;
+    while (!queue_.empty() && free.size() - next_free >= size_t(queue_.front().first.n)) {
+      auto [request, state] = std::move(queue_.front());
+      queue_.pop_front();
+      const size_t leader = free[next_free];
+      for (int32_t c = 0; c < request.n; ++c) {
+        const size_t s = free[next_free++];
+        slots_[s] = std::make_unique<Slot>(request, state, c, engine_);
+        if (c > 0) slots_[s]->follows = int32_t(leader);
+      }
+      leaders.push_back(leader);
+    }
+    stats_.queued = int64_t(queue_.size());
+    stats_.running =
+        std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
   }
-  stats_.queued = int64_t(queue_.size());
-  stats_.running = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+  // Outside the lock: copying a long prefix's rows takes a while, and clients submit meanwhile.
+  for (size_t s : leaders) restore_prefix(*slots_[s], int32_t(s));
+}
+
+void BatchScheduler::restore_prefix(Slot& slot, int32_t seq) {
+  if (!prefix_cache_) return;
+  // The last prompt token is always evaluated: its logits give the first token.
+  const std::vector<int32_t>& prompt = slot.request.prompt;
+  const int64_t reused = prefix_cache_->restore(prompt, int64_t(prompt.size()) - 1, seq);
+  slot.prompt_done = slot.n_past = reused;
+  slot.state->cached_tokens_ = int32_t(reused);
+  std::lock_guard lock(mutex_);
+  stats_.prefix_cache = prefix_cache_->stats();
 }
 
 void BatchScheduler::retire_finished() {
   int64_t cached = 0;
-  for (auto& slot : slots_) {
+  for (auto& slot : slots_)
     if (slot && slot->finished) slot.reset();
+  for (auto& slot : slots_) {
+    // A choice whose leader ended before its prompt did (cancelled, failed) evaluates the prompt
+    // itself.
+    if (slot && slot->follows >= 0 && !slots_[size_t(slot->follows)]) slot->follows = -1;
     if (slot) cached += slot->n_past;
   }
   auto choices = engine_.routing_counts_by_device();  // read here: only this thread evaluates
@@ -188,9 +261,10 @@ void BatchScheduler::prompt_step() {
   std::vector<Slot*> ending;  // slots whose prompt this step completes, in row order
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot* slot = slots_[s].get();
-    if (!slot || !slot->in_prompt()) continue;
+    if (!slot || !slot->in_prompt() || slot->follows >= 0) continue;
     const int64_t first = slot->prompt_done;
-    const int64_t last = std::min<int64_t>(first + kPromptChunk, int64_t(slot->request.prompt.size()));
+    const int64_t last = std::min<int64_t>((first / kPromptChunk + 1) * kPromptChunk,
+                                           int64_t(slot->request.prompt.size()));
     if (!tokens_.empty() && int64_t(tokens_.size()) + (last - first) > kPromptStepTokens) break;
     for (int64_t i = first; i < last; ++i) {
       tokens_.push_back(slot->request.prompt[size_t(i)]);
@@ -207,7 +281,7 @@ void BatchScheduler::prompt_step() {
     engine_.evaluate_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::Tiled, logits_);
   } catch (const std::exception& e) {
     for (auto& slot : slots_)
-      if (slot && slot->in_prompt()) slot->finished = true, slot->state->end("error", slot->generated, e.what());
+      if (slot && slot->in_prompt()) slot->end("error", slot->generated, e.what());
     return;
   }
   {
@@ -223,8 +297,34 @@ void BatchScheduler::prompt_step() {
     slot.n_past = slot.prompt_done;
     i = j;
   }
+  if (prefix_cache_ && !ending.empty()) {
+    // Before decoding writes past the prompts (and over the oldest rows of window layers' rings).
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (slots_[s] && std::find(ending.begin(), ending.end(), slots_[s].get()) != ending.end())
+        prefix_cache_->store(slots_[s]->request.prompt, int32_t(s));
+    std::lock_guard lock(mutex_);
+    stats_.prefix_cache = prefix_cache_->stats();
+  }
   const size_t n_vocab = size_t(engine_.n_vocab());
-  for (size_t r = 0; r < ending.size(); ++r) sample_and_emit(*ending[r], logits_.data() + r * n_vocab);
+  for (size_t r = 0; r < ending.size(); ++r) {
+    const size_t leader = size_t(std::find_if(slots_.begin(), slots_.end(),
+                                              [&](const auto& s) { return s.get() == ending[r]; }) -
+                                 slots_.begin());
+    start_followers(leader, logits_.data() + r * n_vocab);
+    sample_and_emit(*ending[r], logits_.data() + r * n_vocab);
+  }
+}
+
+void BatchScheduler::start_followers(size_t leader, const float* logits) {
+  const int64_t length = slots_[leader]->n_past;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot* slot = slots_[s].get();
+    if (!slot || slot->follows != int32_t(leader)) continue;
+    engine_.kv_cache().copy_sequence(int64_t(leader), int64_t(s), length);
+    slot->prompt_done = slot->n_past = length;
+    slot->follows = -1;
+    sample_and_emit(*slot, logits);
+  }
 }
 
 void BatchScheduler::decode_step() {
@@ -244,7 +344,7 @@ void BatchScheduler::decode_step() {
   try {
     engine_.evaluate_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::PerToken, logits_);
   } catch (const std::exception& e) {
-    for (Slot* slot : fed) slot->finished = true, slot->state->end("error", slot->generated, e.what());
+    for (Slot* slot : fed) slot->end("error", slot->generated, e.what());
     return;
   }
   {
@@ -264,8 +364,7 @@ void BatchScheduler::decode_step() {
 void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
   const int32_t max_tokens = slot.request.options.max_tokens;
   if (slot.generated >= max_tokens) {  // max_tokens 0: the prompt only
-    slot.finished = true;
-    slot.state->end("length", 0);
+    slot.end("length", 0);
     return;
   }
   std::span<const float> row(logits, size_t(engine_.n_vocab()));
@@ -291,15 +390,14 @@ void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
   if (slot.output.finished()) {
     // The end-of-generation token has no text of its own; a stop string's token had the text
     // before the stop string.
-    if (!text.empty() || !end_of_generation) slot.state->append(std::move(text), end_of_generation ? -1 : token, with);
-    slot.finished = true;
-    slot.state->end("stop", slot.generated);
+    if (!text.empty() || !end_of_generation)
+      slot.state->append(slot.choice, std::move(text), end_of_generation ? -1 : token, with);
+    slot.end("stop", slot.generated);
   } else if (slot.generated >= max_tokens || slot.n_past + 1 >= engine_.n_ctx()) {
-    slot.state->append(text + slot.output.finish(), token, with);
-    slot.finished = true;
-    slot.state->end("length", slot.generated);
+    slot.state->append(slot.choice, text + slot.output.finish(), token, with);
+    slot.end("length", slot.generated);
   } else {
-    slot.state->append(std::move(text), token, with);
+    slot.state->append(slot.choice, std::move(text), token, with);
     slot.next_token = token;
   }
   std::lock_guard lock(mutex_);

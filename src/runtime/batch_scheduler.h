@@ -6,6 +6,9 @@
 // most. Because the kernel choice is fixed per kind of step, a request's tokens do not depend on
 // what else runs with it (batch invariance, see KernelChoice in core/backend.h).
 //
+// A prompt starts from the longest prefix another prompt left in the prefix cache (when one is
+// given a budget): only the rest is evaluated, and the reply is the same bits either way.
+//
 // Requests beyond the free slots wait in a bounded queue; submit() refuses beyond that (the
 // server answers 429). A request whose client goes away is cancelled and its slot freed at the
 // next step.
@@ -19,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/prefix_cache.h"
 #include "runtime/session.h"
 
 namespace tandem {
@@ -28,6 +32,9 @@ class Engine;
 struct CompletionRequest {
   std::vector<int32_t> prompt;
   GenerateOptions options;    // max_tokens, sampling (with its seed), stop strings
+  // Choices sampled from the one prompt, each on its own slot: the prompt is evaluated once and
+  // its KV rows copied; choice i samples with seed + i, so it is the solo request with that seed.
+  int32_t n = 1;
   int32_t top_logprobs = -1;  // -1: no log-probabilities; else each token's and the top N's
   bool ignore_eos = false;    // never sample end-of-generation tokens (benchmarks, as llama.cpp)
 };
@@ -41,16 +48,20 @@ struct TokenLogprob {
 };
 
 // One request's progress, shared by the scheduler (writes) and its client (reads). The client
-// waits for pieces with next(); the scheduler appends them after every step.
+// waits for pieces with next(); the scheduler appends them after every step, each for one of the
+// request's choices.
 class RequestState {
  public:
+  explicit RequestState(int32_t n_choices = 1) : choices_(size_t(n_choices)) {}
+
   struct Piece {
+    int32_t choice = 0;                  // which of the request's choices it continues
     std::string text;                    // text released (may be empty)
     std::vector<int32_t> tokens;         // tokens generated (not the end-of-generation token)
     std::vector<TokenLogprob> logprobs;  // one per token when the request asked for them
   };
 
-  // Blocks until there is new output or the request has ended; returns false once everything
+  // Blocks until there is new output or every choice has ended; returns false once everything
   // has been taken and the request is over.
   bool next(Piece& piece);
   // Asks the scheduler to stop this request at its next step (client gone, stop button).
@@ -58,23 +69,40 @@ class RequestState {
   bool cancelled() const { return cancelled_.load(); }
 
   // After next() returned false:
-  const std::string& finish_reason() const { return finish_reason_; }  // stop, length, cancelled, error
-  const std::string& error() const { return error_; }
+  int32_t n_choices() const { return int32_t(choices_.size()); }
+  // stop, length, cancelled, error
+  const std::string& finish_reason(int32_t choice = 0) const {
+    return choices_[size_t(choice)].finish_reason;
+  }
+  // "error" or "cancelled" when some choice ended so (its reply is incomplete), else "".
+  std::string failure() const;
+  const std::string& error() const { return error_; }  // the first choice's error that had one
   int32_t prompt_tokens() const { return prompt_tokens_; }
-  int32_t completion_tokens() const { return completion_tokens_; }  // tokens sampled
+  int32_t completion_tokens(int32_t choice) const {
+    return choices_[size_t(choice)].completion_tokens;
+  }
+  int32_t completion_tokens() const;                        // of all choices
+  int32_t cached_tokens() const { return cached_tokens_; }  // prompt tokens from the prefix cache
 
  private:
   friend class BatchScheduler;
-  void append(std::string text, int32_t token, TokenLogprob* logprob);
-  void end(std::string reason, int32_t completion_tokens, std::string error = {});
+  struct Choice {
+    bool ended = false;
+    std::string finish_reason;
+    int32_t completion_tokens = 0;
+  };
+  void append(int32_t choice, std::string text, int32_t token, TokenLogprob* logprob);
+  void end(int32_t choice, std::string reason, int32_t completion_tokens, std::string error = {});
 
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Piece> pieces_;
-  bool ended_ = false;
+  std::vector<Choice> choices_;
+  int32_t ended_ = 0;  // choices ended
   std::atomic<bool> cancelled_{false};
-  std::string finish_reason_, error_;
-  int32_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  std::string error_;
+  int32_t prompt_tokens_ = 0;
+  std::atomic<int32_t> cached_tokens_{0};  // set when the request takes its slots
 };
 
 struct SchedulerStats {
@@ -83,17 +111,21 @@ struct SchedulerStats {
   double prompt_seconds = 0, decode_seconds = 0;  // forward time of each kind of step
   uint64_t decode_tokens = 0;                     // tokens fed by decode steps
   int64_t cached_tokens = 0;                      // KV cache rows held by running requests
+  PrefixCache::Stats prefix_cache;                // all zero when there is none
+  uint64_t prefix_cache_budget = 0;
   std::vector<std::pair<std::string, uint64_t>> expert_choices;  // per device, since load
 };
 
 class BatchScheduler {
  public:
-  // Serves up to engine.n_seq() requests at once, `max_queued` more waiting.
-  BatchScheduler(Engine& engine, int32_t max_queued);
+  // Serves up to engine.n_seq() requests at once, `max_queued` more waiting; prompts' KV rows are
+  // kept for later prompts in up to `prefix_cache_bytes` of host memory (0: no prefix cache).
+  BatchScheduler(Engine& engine, int32_t max_queued, uint64_t prefix_cache_bytes = 0);
   ~BatchScheduler();  // cancels everything and joins the loop
 
   // Queues a request; nullptr when the queue is full. Throws tandem::Error for a request that
-  // can never run (empty prompt, prompt as long as the context, bad sampling values).
+  // can never run (empty prompt, prompt as long as the context, bad sampling values, more choices
+  // than slots). A request of n choices starts when n slots are free.
   std::shared_ptr<RequestState> submit(CompletionRequest request);
   // Stops admitting; running and queued requests end as "cancelled" at the next step.
   void shutdown();
@@ -103,9 +135,12 @@ class BatchScheduler {
   struct Slot;
   void loop();
   void admit();
+  void restore_prefix(Slot& slot, int32_t seq);
   void prompt_step();
   void decode_step();
   void sample_and_emit(Slot& slot, const float* logits);
+  // The other choices of the request whose prompt `leader` just finished: its rows and logits.
+  void start_followers(size_t leader, const float* logits);
   void retire_finished();
 
   Engine& engine_;
@@ -116,6 +151,7 @@ class BatchScheduler {
   bool stopping_ = false;
   SchedulerStats stats_;
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_seq]; null = free (loop thread only)
+  std::unique_ptr<PrefixCache> prefix_cache_;  // loop thread only; null: none
   bool prompt_turn_ = true;
   std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
   std::vector<float> logits_;

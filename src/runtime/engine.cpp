@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
@@ -17,25 +16,12 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
+#include "plan/hardware.h"
 #include "runtime/device_setup.h"
 #include "runtime/kv_cache.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
-namespace {
-
-// MemAvailable from /proc/meminfo, or 0 when unknown.
-uint64_t available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
-
-}  // namespace
 
 Engine::Engine(const EngineOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -111,7 +97,7 @@ Engine::Engine(const EngineOptions& options) {
   const std::span<const KvLayerShape> kv_layers = info.kv;
   if (options.n_ctx <= 0 && devices.layers.front() == backends_[0].get()) {
     // Default: the model's context, but never more cache than half the free memory.
-    const uint64_t budget = available_memory_bytes() / 2;
+    const uint64_t budget = plan::available_ram_bytes() / 2;
     auto bytes = [&](int64_t ctx) {
       return KvCache::bytes_per_sequence(kv_layers, ctx, kMaxStepTokens) * uint64_t(options.n_seq);
     };

@@ -86,6 +86,8 @@ class Engine {
   // The furthest back a sequence holding `length` positions may be cut to and continued (0 but
   // for models with sliding-window layers, whose caches keep only their last rows).
   int64_t earliest_rewind(int64_t length) const;
+  // The KV cache itself: the prefix cache copies prompts' rows out of it and back between steps.
+  KvCache& kv_cache() { return *cache_; }
 
  private:
   std::unique_ptr<gguf::GgufFile> file_;

@@ -44,6 +44,7 @@ KvCache::KvCache(std::span<Backend* const> layer_devices, std::span<const KvLaye
                       .ring = rows < n_ctx});
     windows_.push_back(rows < n_ctx ? shape.window : 0);
     buffers_.push_back(std::move(buffer));
+    devices_.push_back(layer_devices[il]);
     bytes_ += bytes;
   }
 }
@@ -61,6 +62,65 @@ int64_t KvCache::earliest_rewind(int64_t length) const {
     earliest = std::max(earliest, length - views_[il].n_ctx + windows_[il] - 1);
   }
   return std::max<int64_t>(earliest, 0);
+}
+
+int64_t KvCache::max_window() const {
+  return *std::max_element(windows_.begin(), windows_.end());
+}
+
+int64_t KvCache::min_ring_rows() const {
+  int64_t rows = n_ctx_;
+  for (size_t il = 0; il < views_.size(); ++il)
+    if (windows_[il] > 0) rows = std::min(rows, views_[il].n_ctx);
+  return rows;
+}
+
+uint64_t KvCache::floats_of_rows(int64_t n, bool rings) const {
+  uint64_t floats = 0;
+  for (size_t il = 0; il < views_.size(); ++il)
+    if (rings || windows_[il] == 0) floats += uint64_t(n * views_[il].row());
+  return floats;
+}
+
+template <class Copy>
+void KvCache::for_each_run(int64_t seq, int64_t first, int64_t n, bool rings, Copy&& copy) const {
+  TANDEM_CHECK(seq >= 0 && seq < n_seq_ && first >= 0 && n >= 0 && first + n <= n_ctx_);
+  int64_t offset = 0;  // floats of the host rows before this layer's
+  for (size_t il = 0; il < views_.size(); ++il) {
+    const KvLayerView& v = views_[il];
+    if (windows_[il] > 0 && !rings) continue;
+    TANDEM_CHECK(n <= v.n_ctx);
+    for (int64_t done = 0; done < n;) {
+      const int64_t slot = v.slot(first + done);
+      const int64_t run = std::min(n - done, v.n_ctx - slot);  // up to the ring's end
+      copy(il, (seq * v.n_ctx + slot) * v.row(), offset + done * v.row(), run * v.row());
+      done += run;
+    }
+    offset += n * v.row();
+  }
+}
+
+void KvCache::read_rows(int64_t seq, int64_t first, int64_t n, bool rings, float* dst) const {
+  for_each_run(seq, first, n, rings, [&](size_t il, int64_t at, int64_t host_at, int64_t floats) {
+    devices_[il]->copy_to_host(dst + host_at, views_[il].data + at, size_t(floats) * sizeof(float));
+  });
+}
+
+void KvCache::write_rows(int64_t seq, int64_t first, int64_t n, bool rings, const float* src) {
+  for_each_run(seq, first, n, rings, [&](size_t il, int64_t at, int64_t host_at, int64_t floats) {
+    devices_[il]->copy_from_host(views_[il].data + at, src + host_at,
+                                 size_t(floats) * sizeof(float));
+  });
+}
+
+void KvCache::copy_sequence(int64_t from, int64_t to, int64_t length) {
+  TANDEM_CHECK(from >= 0 && from < n_seq_ && to >= 0 && to < n_seq_ && length <= n_ctx_);
+  for (size_t il = 0; il < views_.size(); ++il) {
+    const KvLayerView& v = views_[il];
+    const int64_t rows = v.ring ? v.n_ctx : length;
+    devices_[il]->copy_rows(v.data + to * v.n_ctx * v.row(), v.row(),
+                            v.data + from * v.n_ctx * v.row(), v.row(), rows, v.row());
+  }
 }
 
 }  // namespace tandem

@@ -42,11 +42,32 @@ class KvCache {
   // The furthest back a sequence that has stored `length` positions may be cut to and continued:
   // a ring holds its last rows only, so cutting further loses keys a later query sees.
   int64_t earliest_rewind(int64_t length) const;
+  // The widest window of the ring layers (0 when there are none).
+  int64_t max_window() const;
+  // The fewest rows a ring layer keeps per sequence (n_ctx when there are no rings): a sequence
+  // that has stored `length` positions still holds the ring rows of [length - this, length).
+  int64_t min_ring_rows() const;
+
+  // Host copies of one sequence's rows of positions [first, first + n), layer after layer in
+  // layer order, each layer's rows in position order; ring layers only when `rings` (their rows
+  // must still be held). The prefix cache keeps prompts' rows with these.
+  uint64_t floats_of_rows(int64_t n, bool rings) const;
+  void read_rows(int64_t seq, int64_t first, int64_t n, bool rings, float* dst) const;
+  void write_rows(int64_t seq, int64_t first, int64_t n, bool rings, const float* src);
+  // Gives sequence `to` the rows of positions [0, length) of sequence `from` (a ring layer: its
+  // whole ring), on each layer's device: choices of one prompt share its evaluation.
+  void copy_sequence(int64_t from, int64_t to, int64_t length);
 
  private:
+  // Calls copy(layer, floats from the start of the layer's view, position offset, rows) for each
+  // contiguous run of the positions' rows (a ring's run wraps at most once).
+  template <class Copy>
+  void for_each_run(int64_t seq, int64_t first, int64_t n, bool rings, Copy&& copy) const;
+
   int64_t n_ctx_, n_seq_;
   uint64_t bytes_ = 0;
   std::vector<std::shared_ptr<DeviceBuffer>> buffers_;
+  std::vector<Backend*> devices_;  // [layer] the device holding its buffer
   std::vector<KvLayerView> views_;
   std::vector<int64_t> windows_;  // [layer] window of each ring layer, 0 otherwise
 };

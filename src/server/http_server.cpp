@@ -13,6 +13,7 @@
 #include "runtime/batch_scheduler.h"
 #include "runtime/engine.h"
 #include "server/api_error.h"
+#include "server/connection_pool.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -43,7 +44,7 @@ struct StreamState {
   std::shared_ptr<RequestState> request;
   ResponseMeta meta;
   bool include_usage = false, logprobs = false, first = true;
-  ReasoningSplitter reasoning;  // the reply's reasoning apart from its answer
+  std::vector<ReasoningSplitter> reasoning;  // each choice's reasoning apart from its answer
 };
 
 }  // namespace
@@ -68,10 +69,10 @@ struct HttpServer::Impl {
   explicit Impl(ServerOptions o) : options(std::move(o)) {
     std::random_device random;
     id_prefix = fmt::format("{:08x}", random());
-    // Every open connection holds a thread while it streams: room for all slots, the queue and
-    // a few more (health checks, metrics, clients being refused).
-    const size_t threads = size_t(std::max(16, options.max_queued + 24));
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    // Every open connection holds a thread while it lasts, idle ones included: the pool grows
+    // to --max-connections so idle and slow clients never make others wait (connection_pool.h).
+    const size_t threads = options.max_connections;
+    http.new_task_queue = [threads] { return new ConnectionPool(threads); };
     http.set_payload_max_length(options.max_body_bytes);
     http.set_read_timeout(options.read_timeout_s, 0);
     http.set_write_timeout(options.read_timeout_s, 0);
@@ -83,6 +84,17 @@ struct HttpServer::Impl {
 
   void routes() {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // httplib bounds each header line; the whole header block is bounded here
+      // (--max-header-bytes).
+      size_t header_bytes = req.method.size() + req.target.size() + req.version.size() + 4;
+      for (const auto& [name, value] : req.headers) header_bytes += name.size() + value.size() + 4;
+      if (header_bytes > options.max_header_bytes) {
+        send_error(res, 431,
+                   fmt::format("the request's headers take {} bytes, more than the server's "
+                               "--max-header-bytes {}",
+                               header_bytes, options.max_header_bytes));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
           req.get_header_value("Authorization") != "Bearer " + options.api_key) {
         send_error(res, 401, "a valid API key is required: send 'Authorization: Bearer <key>'", {},
@@ -223,33 +235,42 @@ struct HttpServer::Impl {
     const ReasoningFormat format = chat && options.reasoning_format != "none"
                                        ? reasoning_format_of(m->chat_template)
                                        : ReasoningFormat::None;
-    ReasoningSplitter splitter(format, parsed.starts_in_reasoning);
+    // Each choice's reasoning apart from its answer.
+    const std::vector<ReasoningSplitter> splitters(
+        size_t(state->n_choices()), ReasoningSplitter(format, parsed.starts_in_reasoning));
     if (!parsed.stream) {
-      std::string text, reasoning;
-      std::vector<TokenLogprob> logprobs;
-      RequestState::Piece piece;
-      auto add = [&](const ReasoningSplitter::Delta& d) {
-        text += d.content, reasoning += d.reasoning;
+      std::vector<ReasoningSplitter> reasoning = splitters;
+      std::vector<ChoiceOutput> choices(reasoning.size());
+      std::vector<std::vector<TokenLogprob>> logprobs(reasoning.size());
+      auto add = [&](size_t c, const ReasoningSplitter::Delta& d) {
+        choices[c].text += d.content, choices[c].reasoning += d.reasoning;
       };
+      RequestState::Piece piece;
       while (state->next(piece)) {
-        add(splitter.push(piece.text));
-        logprobs.insert(logprobs.end(), piece.logprobs.begin(), piece.logprobs.end());
+        const size_t c = size_t(piece.choice);
+        add(c, reasoning[c].push(piece.text));
+        logprobs[c].insert(logprobs[c].end(), piece.logprobs.begin(), piece.logprobs.end());
       }
-      add(splitter.finish());
-      if (state->finish_reason() == "error") return send_error(res, 500, state->error(), {}, "server_error");
-      if (state->finish_reason() == "cancelled")
+      for (size_t c = 0; c < choices.size(); ++c) {
+        add(c, reasoning[c].finish());
+        choices[c].finish_reason = state->finish_reason(int32_t(c));
+        if (parsed.logprobs) choices[c].logprobs = &logprobs[c];
+      }
+      if (state->failure() == "error")
+        return send_error(res, 500, state->error(), {}, "server_error");
+      if (state->failure() == "cancelled")
         return send_error(res, 503, "the server is shutting down; the request was cancelled", {}, "unavailable");
-      res.set_content(
-          full_response(meta, text, state->finish_reason(), parsed.logprobs ? &logprobs : nullptr,
-                        tokenizer, {state->prompt_tokens(), state->completion_tokens()}, reasoning),
-          "application/json");
+      res.set_content(full_response(meta, choices, tokenizer,
+                                    {state->prompt_tokens(), state->completion_tokens(),
+                                     state->cached_tokens()}),
+                      "application/json");
       return;
     }
     auto stream = std::make_shared<StreamState>(StreamState{.request = state,
                                                             .meta = meta,
                                                             .include_usage = parsed.include_usage,
                                                             .logprobs = parsed.logprobs,
-                                                            .reasoning = splitter});
+                                                            .reasoning = splitters});
     auto stream_in_flight = std::make_shared<InFlight>(std::move(in_flight_guard));
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
@@ -264,29 +285,42 @@ struct HttpServer::Impl {
             return true;
           };
           RequestState::Piece piece;
+          const int32_t n_choices = int32_t(stream->reasoning.size());
           if (stream->first && stream->meta.chat) {  // the role comes first, before any token
             stream->first = false;
-            return write(sse(stream_chunk(stream->meta, "", true, nullptr, tokenizer, std::nullopt)));
+            for (int32_t c = 0; c < n_choices; ++c)
+              if (!write(sse(
+                      stream_chunk(stream->meta, c, "", true, nullptr, tokenizer, std::nullopt))))
+                return false;
+            return true;
           }
           if (stream->request->next(piece)) {
-            const ReasoningSplitter::Delta d = stream->reasoning.push(piece.text);
+            const ReasoningSplitter::Delta d =
+                stream->reasoning[size_t(piece.choice)].push(piece.text);
             if (d.empty() && piece.logprobs.empty()) return true;
-            return write(sse(stream_chunk(stream->meta, d.content, false,
+            return write(sse(stream_chunk(stream->meta, piece.choice, d.content, false,
                                           stream->logprobs ? &piece.logprobs : nullptr, tokenizer,
                                           std::nullopt, d.reasoning)));
           }
           const RequestState& r = *stream->request;
-          if (const ReasoningSplitter::Delta d = stream->reasoning.finish(); !d.empty())
-            if (!write(sse(stream_chunk(stream->meta, d.content, false, nullptr, tokenizer,
-                                        std::nullopt, d.reasoning))))
-              return false;
-          if (r.finish_reason() == "error" || r.finish_reason() == "cancelled") {
-            const std::string message = r.finish_reason() == "error" ? r.error() : "the server is shutting down";
+          for (int32_t c = 0; c < n_choices; ++c)
+            if (const ReasoningSplitter::Delta d = stream->reasoning[size_t(c)].finish();
+                !d.empty())
+              if (!write(sse(stream_chunk(stream->meta, c, d.content, false, nullptr, tokenizer,
+                                          std::nullopt, d.reasoning))))
+                return false;
+          if (const std::string failure = r.failure(); !failure.empty()) {
+            const std::string message =
+                failure == "error" ? r.error() : "the server is shutting down";
             if (!write(sse(json{{"error", {{"message", message}, {"type", "server_error"}}}}.dump()))) return false;
           } else {
-            if (!write(sse(stream_chunk(stream->meta, "", false, nullptr, tokenizer, r.finish_reason())))) return false;
+            for (int32_t c = 0; c < n_choices; ++c)
+              if (!write(sse(stream_chunk(stream->meta, c, "", false, nullptr, tokenizer,
+                                          r.finish_reason(c)))))
+                return false;
             if (stream->include_usage &&
-                !write(sse(usage_chunk(stream->meta, {r.prompt_tokens(), r.completion_tokens()}))))
+                !write(sse(usage_chunk(
+                    stream->meta, {r.prompt_tokens(), r.completion_tokens(), r.cached_tokens()}))))
               return false;
           }
           if (!write("data: [DONE]\n\n")) return false;

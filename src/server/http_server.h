@@ -31,6 +31,10 @@ struct ServerOptions {
   std::string model_alias;         // the model's name in /v1/models and in responses
   int32_t max_queued = 32;         // requests waiting beyond the busy slots before 429
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies get 413
+  size_t max_header_bytes = 16384;          // request line and headers; more gets 431
+  // Connections read and answered at once, each on a thread of its own while it lasts (a
+  // connection beyond these waits for one to end). Idle and slow clients take one each.
+  size_t max_connections = 1024;
   int read_timeout_s = 10;         // a client that sends nothing for this long is dropped
   int32_t default_max_tokens = 0;  // when a request names none; 0 = until the context is full
   // "auto": a reasoning model's reasoning goes to reasoning_content (Harmony's analysis channel,

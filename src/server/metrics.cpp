@@ -36,6 +36,21 @@ std::string render_metrics(const SchedulerStats& s, const HttpCounters& http, in
          double(n_seq * n_ctx));
   metric(out, "kv_cache_usage_ratio", "gauge", "kv_cache_tokens / kv_cache_capacity_tokens",
          n_seq * n_ctx > 0 ? double(s.cached_tokens) / double(n_seq * n_ctx) : 0.0);
+  const PrefixCache::Stats& pc = s.prefix_cache;
+  metric(out, "prefix_cache_hit_tokens_total", "counter",
+         "prompt tokens whose KV rows came from the prefix cache instead of being evaluated",
+         double(pc.hit_tokens));
+  metric(out, "prefix_cache_lookups_total", "counter", "requests that looked up the prefix cache",
+         double(pc.lookups));
+  metric(out, "prefix_cache_hits_total", "counter", "requests that reused a cached prefix",
+         double(pc.hits));
+  metric(out, "prefix_cache_bytes", "gauge", "host memory holding cached prefixes' KV rows",
+         double(pc.bytes));
+  metric(out, "prefix_cache_budget_bytes", "gauge", "the prefix cache's limit (--cache-ram)",
+         double(s.prefix_cache_budget));
+  metric(out, "prefix_cache_evicted_blocks_total", "counter",
+         "cached blocks dropped, least recently used first, to stay within the budget",
+         double(pc.evicted_blocks));
   out += "# HELP tandem_expert_choices_total routed-expert choices since load, by the device holding the expert\n";
   out += "# TYPE tandem_expert_choices_total counter\n";
   for (const auto& [device, count] : s.expert_choices)

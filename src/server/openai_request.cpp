@@ -75,7 +75,8 @@ void parse_common(const json& body, const PromptContext& context, const char* pr
     if (!v->is_string()) bad("model", "'model' must be a string");
     out.model = v->get<std::string>();
   }
-  if (integer(body, "n", 1, 1, 1) != 1) bad("n", "only n = 1 is supported");
+  // n choices: choice i samples with seed + i (see CompletionRequest); at most the server's slots.
+  out.completion.n = int32_t(integer(body, "n", 1, 1, 256));
   out.stream = boolean(body, "stream", false);
   out.completion.ignore_eos = boolean(body, "ignore_eos", false);  // llama.cpp's extension
   if (const json* v = field(body, "stream_options")) {

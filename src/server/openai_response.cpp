@@ -16,7 +16,8 @@ std::string dump(const json& value) { return value.dump(-1, ' ', false, json::er
 json usage_json(Usage usage) {
   return {{"prompt_tokens", usage.prompt_tokens},
           {"completion_tokens", usage.completion_tokens},
-          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
 json token_entry(const Tokenizer& tokenizer, int32_t id, float logprob) {
@@ -59,32 +60,39 @@ json envelope(const ResponseMeta& meta, const char* object) {
 
 }  // namespace
 
-std::string full_response(const ResponseMeta& meta, const std::string& text,
-                          const std::string& finish_reason,
-                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
-                          Usage usage, const std::string& reasoning) {
+std::string full_response(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
+                          const Tokenizer& tokenizer, Usage usage) {
   json out = envelope(meta, meta.chat ? "chat.completion" : "text_completion");
-  json choice = {{"index", 0}, {"finish_reason", finish_reason},
-                 {"logprobs", logprobs ? logprobs_json(meta.chat, *logprobs, tokenizer, 0) : json(nullptr)}};
-  if (meta.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    if (!reasoning.empty()) choice["message"]["reasoning_content"] = reasoning;
-  } else
-    choice["text"] = text;
-  out["choices"] = json::array({choice});
+  out["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    json choice = {{"index", i},
+                   {"finish_reason", c.finish_reason},
+                   {"logprobs", c.logprobs ? logprobs_json(meta.chat, *c.logprobs, tokenizer, 0)
+                                           : json(nullptr)}};
+    if (meta.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
+    } else {
+      choice["text"] = c.text;
+    }
+    out["choices"].push_back(std::move(choice));
+  }
   out["usage"] = usage_json(usage);
   return dump(out);
 }
 
-std::string stream_chunk(const ResponseMeta& meta, const std::string& text, bool first,
-                         const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
+std::string stream_chunk(const ResponseMeta& meta, int32_t index, const std::string& text,
+                         bool first, const std::vector<TokenLogprob>* logprobs,
+                         const Tokenizer& tokenizer,
                          const std::optional<std::string>& finish_reason,
                          const std::string& reasoning) {
   json out = envelope(meta, meta.chat ? "chat.completion.chunk" : "text_completion");
-  json choice = {{"index", 0},
+  json choice = {{"index", index},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
-                 {"logprobs", logprobs && !logprobs->empty() ? logprobs_json(meta.chat, *logprobs, tokenizer, 0)
-                                                             : json(nullptr)}};
+                 {"logprobs", logprobs && !logprobs->empty()
+                                  ? logprobs_json(meta.chat, *logprobs, tokenizer, 0)
+                                  : json(nullptr)}};
   if (meta.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

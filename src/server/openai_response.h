@@ -23,19 +23,25 @@ struct ResponseMeta {
 
 struct Usage {
   int32_t prompt_tokens = 0, completion_tokens = 0;
+  int32_t cached_tokens = 0;  // of the prompt, taken from the prefix cache
 };
 
-// A non-streamed response. `logprobs` null when the request did not ask for them. Chat: a
+// One choice of a whole response. `logprobs` null when the request did not ask for them. Chat: a
 // non-empty `reasoning` goes in message.reasoning_content.
-std::string full_response(const ResponseMeta& meta, const std::string& text,
-                          const std::string& finish_reason,
-                          const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
-                          Usage usage, const std::string& reasoning = {});
+struct ChoiceOutput {
+  std::string text, reasoning, finish_reason;
+  const std::vector<TokenLogprob>* logprobs = nullptr;
+};
 
-// One streamed chunk: `text` as the delta (chat: the first chunk also carries the role; a
-// non-empty `reasoning` goes in delta.reasoning_content), `finish_reason` on the last one.
-std::string stream_chunk(const ResponseMeta& meta, const std::string& text, bool first,
-                         const std::vector<TokenLogprob>* logprobs, const Tokenizer& tokenizer,
+// A non-streamed response with its choices, indexed in order.
+std::string full_response(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
+                          const Tokenizer& tokenizer, Usage usage);
+
+// One streamed chunk of choice `index`: `text` as the delta (chat: the first chunk also carries
+// the role; a non-empty `reasoning` goes in delta.reasoning_content), `finish_reason` on the last.
+std::string stream_chunk(const ResponseMeta& meta, int32_t index, const std::string& text,
+                         bool first, const std::vector<TokenLogprob>* logprobs,
+                         const Tokenizer& tokenizer,
                          const std::optional<std::string>& finish_reason,
                          const std::string& reasoning = {});
 

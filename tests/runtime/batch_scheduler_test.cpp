@@ -138,6 +138,43 @@ TEST_F(Scheduler, ImpossibleRequestsAreErrorsAndAFullQueueRefuses) {
   EXPECT_NE(scheduler.submit(request(0, 2)), nullptr);
 }
 
+TEST_F(Scheduler, ChoicesAreTheSoloRequestsWithSeedPlusTheirIndexFromOnePromptEvaluation) {
+  BatchScheduler scheduler(*engine_, 4);
+  CompletionRequest r = request(4, 16);  // sampled
+  r.ignore_eos = true;
+  std::vector<Outcome> solo;
+  for (uint64_t c = 0; c < 3; ++c) {
+    CompletionRequest one = r;
+    one.options.sampling.seed += c;
+    solo.push_back(drain(*scheduler.submit(one)));
+  }
+  const uint64_t prompt_tokens_before = scheduler.stats().prompt_tokens;
+  r.n = 3;
+  const std::shared_ptr<RequestState> state = scheduler.submit(r);
+  std::vector<Outcome> choices(3);
+  RequestState::Piece piece;
+  while (state->next(piece)) {
+    Outcome& out = choices[size_t(piece.choice)];
+    out.text += piece.text;
+    out.tokens.insert(out.tokens.end(), piece.tokens.begin(), piece.tokens.end());
+    for (const TokenLogprob& t : piece.logprobs) out.logprobs.push_back(t.logprob);
+  }
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(choices[c].tokens, solo[c].tokens) << "choice " << c;
+    EXPECT_EQ(choices[c].logprobs, solo[c].logprobs) << "choice " << c;
+    EXPECT_EQ(choices[c].text, solo[c].text) << "choice " << c;
+    EXPECT_EQ(state->finish_reason(int32_t(c)), "length");
+    EXPECT_EQ(state->completion_tokens(int32_t(c)), 16);
+  }
+  EXPECT_NE(choices[0].tokens, choices[1].tokens);  // different seeds, different samples
+  EXPECT_EQ(state->completion_tokens(), 48);
+  // The prompt was evaluated once for the three.
+  EXPECT_EQ(scheduler.stats().prompt_tokens - prompt_tokens_before, r.prompt.size());
+
+  r.n = 9;  // more than the 8 slots
+  EXPECT_THROW(scheduler.submit(r), Error);
+}
+
 TEST_F(Scheduler, ShutdownEndsRunningRequestsAsCancelled) {
   std::shared_ptr<RequestState> state;
   {

@@ -78,7 +78,8 @@ TEST_F(OpenAiRequest, WrongValuesAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param("{" + m + R"(, "top_p": 0})"), "top_p");
   EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": -2})"), "max_tokens");
   EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": 1.5})"), "max_tokens");
-  EXPECT_EQ(rejected_param("{" + m + R"(, "n": 3})"), "n");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "n": 0})"), "n");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "n": 1.5})"), "n");
   EXPECT_EQ(rejected_param("{" + m + R"(, "stop": [1]})"), "stop");
   EXPECT_EQ(rejected_param("{" + m + R"(, "seed": "s"})"), "seed");
   EXPECT_EQ(rejected_param(R"({"messages": [{"role": "robot", "content": "Hi"}]})"), "messages[0].role");
