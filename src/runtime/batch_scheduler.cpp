@@ -9,6 +9,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 #include "runtime/output_text.h"
+#include "text/json_sampling.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 
@@ -96,6 +97,8 @@ struct BatchScheduler::Slot {
         sampler(choice_sampling(request.options.sampling, c), int32_t(engine.n_vocab())),
         output(engine.tokenizer(), request.options.stop) {
     sampler.accept(request.prompt);
+    if (request.json_schema)
+      json = std::make_unique<JsonSampling>(engine.tokenizer(), request.json_schema);
   }
   void end(std::string reason, int32_t completion_tokens, std::string error = {}) {
     finished = true;
@@ -106,6 +109,7 @@ struct BatchScheduler::Slot {
   int32_t choice;
   int32_t follows = -1;  // the slot whose prompt evaluation this choice waits to copy, or -1
   Sampler sampler;
+  std::unique_ptr<JsonSampling> json;  // the reply's JSON constraint, if any
   OutputText output;
   int64_t prompt_done = 0;  // prompt tokens in the cache
   int64_t n_past = 0;       // tokens in the cache
@@ -138,6 +142,14 @@ std::shared_ptr<RequestState> BatchScheduler::submit(CompletionRequest request) 
   for (const std::string& stop : request.options.stop)
     if (stop.empty()) fail("stop strings must not be empty");
   validate(request.options.sampling);
+  if (request.json_schema) {
+    const int64_t shortest = JsonRecognizer(*request.json_schema).min_remaining();
+    if (request.options.max_tokens < shortest)
+      fail(
+          "max_tokens is {} but the shortest reply the JSON schema allows takes up to {} tokens; "
+          "raise max_tokens",
+          request.options.max_tokens, shortest);
+  }
   if (request.n < 1 || request.n > int32_t(slots_.size()))
     fail(
         "n is {} but the server runs {} sequences at once; ask for 1 to {} choices, or start the "
@@ -376,7 +388,21 @@ void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
       if (id && *id >= 0 && size_t(*id) < masked_.size()) masked_[size_t(*id)] = -INFINITY;
     row = masked_;
   }
-  const int32_t token = slot.sampler.sample(row);
+  int32_t token = -1;
+  if (slot.json) {
+    // Tokens that may follow this one: max_tokens and the context both end the reply.
+    const int64_t after =
+        std::min<int64_t>(max_tokens - slot.generated - 1, engine_.n_ctx() - slot.n_past - 2);
+    token = slot.json->sample(slot.sampler, row, after);
+    if (token < 0) {
+      slot.end("error", slot.generated,
+               "no token can continue the JSON reply within max_tokens and the context");
+      return;
+    }
+    slot.json->accept(token);
+  } else {
+    token = slot.sampler.sample(row);
+  }
   slot.sampler.accept(token);
   ++slot.generated;
   TokenLogprob logprob;
@@ -387,7 +413,10 @@ void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
   TokenLogprob* with = top >= 0 ? &logprob : nullptr;
   const bool end_of_generation = engine_.tokenizer().is_end_of_generation(token);
   std::string text = slot.output.push(token);
-  if (slot.output.finished()) {
+  if (slot.json && slot.json->complete()) {  // the document is whole: nothing may follow
+    slot.state->append(slot.choice, text + slot.output.finish(), token, with);
+    slot.end("stop", slot.generated);
+  } else if (slot.output.finished()) {
     // The end-of-generation token has no text of its own; a stop string's token had the text
     // before the stop string.
     if (!text.empty() || !end_of_generation)

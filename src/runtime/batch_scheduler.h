@@ -24,6 +24,7 @@
 
 #include "runtime/prefix_cache.h"
 #include "runtime/session.h"
+#include "text/json_constraint.h"
 
 namespace tandem {
 
@@ -35,6 +36,9 @@ struct CompletionRequest {
   // Choices sampled from the one prompt, each on its own slot: the prompt is evaluated once and
   // its KV rows copied; choice i samples with seed + i, so it is the solo request with that seed.
   int32_t n = 1;
+  // A JSON schema every choice's reply must follow (response_format), or null. The reply ends
+  // when its document is whole.
+  std::shared_ptr<const JsonSchema> json_schema;
   int32_t top_logprobs = -1;  // -1: no log-probabilities; else each token's and the top N's
   bool ignore_eos = false;    // never sample end-of-generation tokens (benchmarks, as llama.cpp)
 };

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/response_format.h"
 #include "text/tokenizer.h"
 
 namespace tandem::server {
@@ -77,6 +78,7 @@ void parse_common(const json& body, const PromptContext& context, const char* pr
   }
   // n choices: choice i samples with seed + i (see CompletionRequest); at most the server's slots.
   out.completion.n = int32_t(integer(body, "n", 1, 1, 256));
+  out.completion.json_schema = parse_response_format(body);
   out.stream = boolean(body, "stream", false);
   out.completion.ignore_eos = boolean(body, "ignore_eos", false);  // llama.cpp's extension
   if (const json* v = field(body, "stream_options")) {
