@@ -35,6 +35,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Choice `choice` of a request samples with the request's seed + choice.
+SamplerParams choice_sampling(SamplerParams params, int32_t choice) {
+  params.seed += uint64_t(choice);
+  return params;
+}
+
 }  // namespace
 
 void RequestState::append(int32_t choice, std::string text, int32_t token, TokenLogprob* logprob) {
@@ -81,12 +87,6 @@ int32_t RequestState::completion_tokens() const {
   int32_t total = 0;
   for (const Choice& c : choices_) total += c.completion_tokens;
   return total;
-}
-
-// Choice `choice` of a request samples with the request's seed + choice.
-SamplerParams choice_sampling(SamplerParams params, int32_t choice) {
-  params.seed += uint64_t(choice);
-  return params;
 }
 
 struct BatchScheduler::Slot {

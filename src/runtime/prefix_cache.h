@@ -25,7 +25,8 @@ class KvCache;
 
 class PrefixCache {
  public:
-  static constexpr int64_t kBlockTokens = 64;
+  static constexpr int64_t kBlockTokens =
+      16;  // vLLM's block size: the last partial block is evaluated again
 
   struct Stats {
     uint64_t bytes = 0, blocks = 0;

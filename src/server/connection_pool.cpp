@@ -1,6 +1,7 @@
 #include "server/connection_pool.h"
 
 #include <chrono>
+#include <system_error>
 #include <thread>
 
 namespace tandem::server {
@@ -18,10 +19,14 @@ void ConnectionPool::enqueue(std::function<void()> task) {
   // A new thread only when no thread is waiting for work: those waiting take it.
   if (idle_ < tasks_.size() && threads_ < max_threads_) {
     ++threads_;
-    std::thread([this] { work(); }).detach();
-  } else {
-    work_.notify_one();
+    try {
+      std::thread([this] { work(); }).detach();
+      return;
+    } catch (const std::system_error&) {
+      --threads_;  // out of threads (ulimit -u): the task waits for a running one
+    }
   }
+  work_.notify_one();
 }
 
 void ConnectionPool::work() {

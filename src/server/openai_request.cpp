@@ -219,8 +219,21 @@ std::string apply_template_response(std::string_view body_text, const PromptCont
       -1, ' ', false, json::error_handler_t::replace);
 }
 
+// Tool calls are not built yet: a request that offers tools gets a 400 saying so, rather than a
+// reply that silently never calls them. tool_choice "none" asks for no calls, so it is served.
+void refuse_tools(const json& body) {
+  const json* tools = field(body, "tools");
+  if (!tools || (tools->is_array() && tools->empty())) return;
+  const json* choice = field(body, "tool_choice");
+  if (choice && *choice == "none") return;
+  bad("tools",
+      "tool calls are not supported yet: send the request without 'tools', or with "
+      "'tool_choice': 'none' to have them ignored");
+}
+
 ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext& context) {
   const json body = parse_body(body_text);
+  refuse_tools(body);
   ChatPrompt prompt = render_chat(body, context);
   ParsedRequest out;
   out.chat_options = std::move(prompt.options);

@@ -45,6 +45,16 @@ uint64_t all_of(size_t n) {
   return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
 }
 
+// Of the `candidates` texts (a bit each), those whose byte at `pos` is `c`.
+uint64_t continuing(const std::vector<std::string>& texts, uint64_t candidates, int32_t pos,
+                    char c) {
+  uint64_t next = 0;
+  for (size_t i = 0; i < texts.size(); ++i)
+    if ((candidates >> i & 1) && pos < int32_t(texts[i].size()) && texts[i][size_t(pos)] == c)
+      next |= uint64_t(1) << i;
+  return next;
+}
+
 int64_t sum_required(const JsonSchemaNode& n, uint64_t mask, const JsonSchema& schema) {
   int64_t total = 0;
   for (size_t i = 0; i < n.names.size(); ++i)
@@ -245,11 +255,7 @@ bool JsonRecognizer::step(char c) {
               }
             return false;
           }
-          uint64_t next = 0;
-          for (size_t i = 0; i < n.names.size(); ++i)
-            if ((f.candidates >> i & 1) && f.count < int32_t(n.names[i].size()) &&
-                n.names[i][size_t(f.count)] == c)
-              next |= uint64_t(1) << i;
+          const uint64_t next = continuing(n.names, f.candidates, f.count, c);
           if (!next) return false;
           f.candidates = next;
           ++f.count;
@@ -320,11 +326,7 @@ bool JsonRecognizer::step(char c) {
     }
 
     case Type::Literal: {
-      uint64_t next = 0;
-      for (size_t i = 0; i < n.literals.size(); ++i)
-        if ((f.candidates >> i & 1) && f.count < int32_t(n.literals[i].size()) &&
-            n.literals[i][size_t(f.count)] == c)
-          next |= uint64_t(1) << i;
+      const uint64_t next = continuing(n.literals, f.candidates, f.count, c);
       if (!next) return false;
       f.candidates = next;
       ++f.count;

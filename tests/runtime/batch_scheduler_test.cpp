@@ -175,6 +175,17 @@ TEST_F(Scheduler, ChoicesAreTheSoloRequestsWithSeedPlusTheirIndexFromOnePromptEv
   EXPECT_THROW(scheduler.submit(r), Error);
 }
 
+TEST_F(Scheduler, AReplyThatFillsTheContextEndsWithLengthAndTheSlotServesAgain) {
+  BatchScheduler scheduler(*engine_, 4);
+  CompletionRequest r = request(3, 1000);  // more than the 96 positions of the context
+  r.ignore_eos = true;
+  const Outcome out = drain(*scheduler.submit(r));
+  EXPECT_EQ(out.finish_reason, "length");
+  EXPECT_EQ(int64_t(r.prompt.size()) + out.completion_tokens, engine_->n_ctx());
+  EXPECT_EQ(drain(*scheduler.submit(request(1, 4))).tokens,
+            drain(*scheduler.submit(request(1, 4))).tokens);
+}
+
 TEST_F(Scheduler, ShutdownEndsRunningRequestsAsCancelled) {
   std::shared_ptr<RequestState> state;
   {

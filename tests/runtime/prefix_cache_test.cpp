@@ -113,22 +113,25 @@ TEST(PrefixCache, RowsOnSimulatedDevicesAreCopiedThroughTheirBackends) {
   expect_same_replies_and_cache_hits(engine, 150);
 }
 
+// gpt-oss micro: window 8 on every other layer; with 1024 positions those layers keep a ring of
+// 8 + 512 rows, so a history of 700 tokens has lost its first rows there.
+std::unique_ptr<Engine> window_model() {
+  return std::make_unique<Engine>(
+      EngineOptions{.model_path = test::fixture("gpt-oss-micro-F32.gguf").string(),
+                    .n_threads = 2,
+                    .n_ctx = 1024,
+                    .n_seq = 2});
+}
+
 TEST(PrefixCache, WindowLayersRepliesAreTheSameBitsWithTheHistoryCachedOrEvaluated) {
-  // gpt-oss micro: window 8 on every other layer; with 1024 positions those layers keep a ring of
-  // 8 + 512 rows, so a 700-token history has lost its first rows there.
-  Engine engine({.model_path = test::fixture("gpt-oss-micro-F32.gguf").string(),
-                 .n_threads = 2,
-                 .n_ctx = 1024,
-                 .n_seq = 2});
-  ASSERT_TRUE(engine.kv_cache().has_rings());
-  expect_same_replies_and_cache_hits(engine, 700);
+  const std::unique_ptr<Engine> engine = window_model();
+  ASSERT_TRUE(engine->kv_cache().has_rings());
+  expect_same_replies_and_cache_hits(*engine, 700);
 }
 
 TEST(PrefixCache, APrefixWhoseWindowRowsWereOverwrittenIsNotReused) {
-  Engine engine({.model_path = test::fixture("gpt-oss-micro-F32.gguf").string(),
-                 .n_threads = 2,
-                 .n_ctx = 1024,
-                 .n_seq = 2});
+  const std::unique_ptr<Engine> model = window_model();
+  Engine& engine = *model;
   const std::vector<int32_t> history = tokens(900, 3, engine.n_vocab());
   const std::vector<int32_t> start(history.begin(), history.begin() + 300);
   BatchScheduler cached(engine, 4, uint64_t(64) << 20);

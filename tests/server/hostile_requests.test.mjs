@@ -39,6 +39,8 @@ const cases = [
   ['presence_penalty out of range', '/v1/chat/completions', chat({ presence_penalty: 3 }), 400],
   ['n above --parallel', '/v1/chat/completions', chat({ n: 3 }), 400],
   ['n = 0', '/v1/chat/completions', chat({ n: 0 }), 400],
+  ['tools (not built yet)', '/v1/chat/completions',
+   chat({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] }), 400],
   ['stop a number', '/v1/chat/completions', chat({ stop: 5 }), 400],
   ['empty stop string', '/v1/chat/completions', chat({ stop: [''] }), 400],
   ['five stop strings', '/v1/chat/completions', chat({ stop: ['a', 'b', 'c', 'd', 'e'] }), 400],
