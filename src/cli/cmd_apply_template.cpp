@@ -33,12 +33,26 @@ std::vector<ChatMessage> messages_of(const json& list, const std::string& where)
   if (!list.is_array()) fail("{}: expected a list of messages", where);
   std::vector<ChatMessage> messages;
   for (const json& m : list) {
+    // content may be null only beside tool_calls (an assistant turn that only calls tools).
+    const bool calls = m.is_object() && m.contains("tool_calls") && m["tool_calls"].is_array();
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-        !m["content"].is_string())
+        !(m["content"].is_string() || (calls && m["content"].is_null())))
       fail("{}: every message needs a string 'role' and 'content'", where);
-    ChatMessage message{m["role"].get<std::string>(), m["content"].get<std::string>()};
+    ChatMessage message{m["role"].get<std::string>(),
+                        m["content"].is_string() ? m["content"].get<std::string>() : std::string()};
     if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
       message.reasoning_content = m["reasoning_content"].get<std::string>();
+    if (calls) {
+      message.content_is_null = m["content"].is_null();
+      for (const json& c : m["tool_calls"]) {
+        if (!c.contains("function") || !c["function"].value("name", json()).is_string() ||
+            !c["function"].value("arguments", json()).is_string())
+          fail("{}: a tool call needs function.name and function.arguments strings", where);
+        message.tool_calls.push_back({.id = c.value("id", std::string()),
+                                      .name = c["function"]["name"].get<std::string>(),
+                                      .arguments = c["function"]["arguments"].get<std::string>()});
+      }
+    }
     messages.push_back(std::move(message));
   }
   return messages;

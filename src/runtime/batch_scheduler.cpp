@@ -9,7 +9,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 #include "runtime/output_text.h"
-#include "text/json_sampling.h"
+#include "text/constrained_sampling.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 
@@ -95,10 +95,10 @@ struct BatchScheduler::Slot {
         state(std::move(s)),
         choice(c),
         sampler(choice_sampling(request.options.sampling, c), int32_t(engine.n_vocab())),
-        output(engine.tokenizer(), request.options.stop) {
+        output(engine.tokenizer(), request.options.stop, request.render_special) {
     sampler.accept(request.prompt);
-    if (request.json_schema)
-      json = std::make_unique<JsonSampling>(engine.tokenizer(), request.json_schema);
+    if (request.constraint)
+      constraint = std::make_unique<ConstrainedSampling>(engine.tokenizer(), request.constraint());
   }
   void end(std::string reason, int32_t completion_tokens, std::string error = {}) {
     finished = true;
@@ -109,7 +109,7 @@ struct BatchScheduler::Slot {
   int32_t choice;
   int32_t follows = -1;  // the slot whose prompt evaluation this choice waits to copy, or -1
   Sampler sampler;
-  std::unique_ptr<JsonSampling> json;  // the reply's JSON constraint, if any
+  std::unique_ptr<ConstrainedSampling> constraint;  // the reply's grammar, if any
   OutputText output;
   int64_t prompt_done = 0;  // prompt tokens in the cache
   int64_t n_past = 0;       // tokens in the cache
@@ -142,12 +142,12 @@ std::shared_ptr<RequestState> BatchScheduler::submit(CompletionRequest request) 
   for (const std::string& stop : request.options.stop)
     if (stop.empty()) fail("stop strings must not be empty");
   validate(request.options.sampling);
-  if (request.json_schema) {
-    const int64_t shortest = JsonRecognizer(*request.json_schema).min_remaining();
+  if (request.constraint) {
+    const int64_t shortest = request.constraint()->min_remaining();
     if (request.options.max_tokens < shortest)
       fail(
-          "max_tokens is {} but the shortest reply the JSON schema allows takes up to {} tokens; "
-          "raise max_tokens",
+          "max_tokens is {} but the shortest reply the requested format allows (response_format, "
+          "or a required tool call) takes up to {} tokens; raise max_tokens",
           request.options.max_tokens, shortest);
   }
   if (request.n < 1 || request.n > int32_t(slots_.size()))
@@ -389,17 +389,17 @@ void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
     row = masked_;
   }
   int32_t token = -1;
-  if (slot.json) {
+  if (slot.constraint) {
     // Tokens that may follow this one: max_tokens and the context both end the reply.
     const int64_t after =
         std::min<int64_t>(max_tokens - slot.generated - 1, engine_.n_ctx() - slot.n_past - 2);
-    token = slot.json->sample(slot.sampler, row, after);
+    token = slot.constraint->sample(slot.sampler, row, after);
     if (token < 0) {
       slot.end("error", slot.generated,
-               "no token can continue the JSON reply within max_tokens and the context");
+               "no token can continue the constrained reply within max_tokens and the context");
       return;
     }
-    slot.json->accept(token);
+    slot.constraint->accept(token);
   } else {
     token = slot.sampler.sample(row);
   }
@@ -413,7 +413,7 @@ void BatchScheduler::sample_and_emit(Slot& slot, const float* logits) {
   TokenLogprob* with = top >= 0 ? &logprob : nullptr;
   const bool end_of_generation = engine_.tokenizer().is_end_of_generation(token);
   std::string text = slot.output.push(token);
-  if (slot.json && slot.json->complete()) {  // the document is whole: nothing may follow
+  if (slot.constraint && slot.constraint->complete()) {  // whole: nothing may follow
     slot.state->append(slot.choice, text + slot.output.finish(), token, with);
     slot.end("stop", slot.generated);
   } else if (slot.output.finished()) {

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,7 +25,7 @@
 
 #include "runtime/prefix_cache.h"
 #include "runtime/session.h"
-#include "text/json_constraint.h"
+#include "text/output_constraint.h"
 
 namespace tandem {
 
@@ -36,9 +37,11 @@ struct CompletionRequest {
   // Choices sampled from the one prompt, each on its own slot: the prompt is evaluated once and
   // its KV rows copied; choice i samples with seed + i, so it is the solo request with that seed.
   int32_t n = 1;
-  // A JSON schema every choice's reply must follow (response_format), or null. The reply ends
-  // when its document is whole.
-  std::shared_ptr<const JsonSchema> json_schema;
+  // The grammar every choice's reply must follow (response_format's JSON, a required tool call),
+  // or null: makes a fresh one per choice. The reply ends when it is whole.
+  std::function<std::unique_ptr<OutputConstraint>()> constraint;
+  // Control tokens' text stays in the reply (tool-call markers the server parses back).
+  bool render_special = false;
   int32_t top_logprobs = -1;  // -1: no log-probabilities; else each token's and the top N's
   bool ignore_eos = false;    // never sample end-of-generation tokens (benchmarks, as llama.cpp)
 };

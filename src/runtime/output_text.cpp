@@ -20,8 +20,9 @@ size_t partial_stop_length(std::string_view text, const std::vector<std::string>
 
 }  // namespace
 
-OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop)
-    : tokenizer_(tokenizer), stop_(std::move(stop)), decoder_(tokenizer) {}
+OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop,
+                       bool render_special)
+    : tokenizer_(tokenizer), stop_(std::move(stop)), decoder_(tokenizer, render_special) {}
 
 std::string OutputText::push(int32_t token) {
   if (finished_) return {};

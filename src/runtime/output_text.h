@@ -14,7 +14,9 @@ namespace tandem {
 
 class OutputText {
  public:
-  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  // `render_special`: control tokens other than end of generation give their text.
+  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop,
+             bool render_special = false);
 
   // Takes the next sampled token; returns the text it releases (possibly empty). After a token
   // that ends the output (end of generation, or a stop string completed) finished() is true and

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "server/web_page.h"
 #include "text/reasoning.h"
 #include "text/tokenizer.h"
+#include "text/tool_calls.h"
 
 namespace tandem::server {
 namespace {
@@ -45,7 +47,26 @@ struct StreamState {
   ResponseMeta meta;
   bool include_usage = false, logprobs = false, first = true;
   std::vector<ReasoningSplitter> reasoning;  // each choice's reasoning apart from its answer
+  // Tools offered: each choice's content from where a call section may start is held back until
+  // the reply ends, then parsed into calls (or sent as content if it is none).
+  std::optional<ChatTemplateKind> tools;
+  std::vector<std::string> held;
+  std::vector<std::string> finish_reasons;  // "tool_calls" where a choice made calls
+  std::string id_prefix;                    // of the calls' ids
+  uint64_t first_call_id = 0;               // 64 ids a choice
 };
+
+// Gives the calls of a reply ids and the reply the text around them; false (nothing changed)
+// when the reply holds no call.
+bool take_tool_calls(ChatTemplateKind kind, std::string& text, std::vector<ChatToolCall>& calls,
+                     const std::string& id_prefix, uint64_t& next_id) {
+  ToolReply reply = parse_tool_reply(kind, text);
+  if (reply.calls.empty()) return false;
+  for (ChatToolCall& call : reply.calls) call.id = fmt::format("call_{}{}", id_prefix, next_id++);
+  text = std::move(reply.content);
+  calls = std::move(reply.calls);
+  return true;
+}
 
 }  // namespace
 
@@ -255,6 +276,10 @@ struct HttpServer::Impl {
         add(c, reasoning[c].finish());
         choices[c].finish_reason = state->finish_reason(int32_t(c));
         if (parsed.logprobs) choices[c].logprobs = &logprobs[c];
+        uint64_t id = next_id.fetch_add(64);  // ids for the choice's calls
+        if (parsed.tool_calls && take_tool_calls(m->chat_template, choices[c].text,
+                                                 choices[c].tool_calls, id_prefix, id))
+          choices[c].finish_reason = "tool_calls";
       }
       if (state->failure() == "error")
         return send_error(res, 500, state->error(), {}, "server_error");
@@ -266,11 +291,17 @@ struct HttpServer::Impl {
                       "application/json");
       return;
     }
-    auto stream = std::make_shared<StreamState>(StreamState{.request = state,
-                                                            .meta = meta,
-                                                            .include_usage = parsed.include_usage,
-                                                            .logprobs = parsed.logprobs,
-                                                            .reasoning = splitters});
+    auto stream = std::make_shared<StreamState>(
+        StreamState{.request = state,
+                    .meta = meta,
+                    .include_usage = parsed.include_usage,
+                    .logprobs = parsed.logprobs,
+                    .reasoning = splitters,
+                    .tools = parsed.tool_calls ? std::optional(m->chat_template) : std::nullopt,
+                    .held = std::vector<std::string>(splitters.size()),
+                    .finish_reasons = {},
+                    .id_prefix = id_prefix,
+                    .first_call_id = next_id.fetch_add(64 * uint64_t(splitters.size()))});
     auto stream_in_flight = std::make_shared<InFlight>(std::move(in_flight_guard));
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
@@ -294,21 +325,43 @@ struct HttpServer::Impl {
                 return false;
             return true;
           }
+          // Content that may be the start of tool calls waits in `held` until the reply ends.
+          auto releasable = [&](size_t c, std::string content) {
+            if (!stream->tools) return content;
+            std::string& held = stream->held[c];
+            held += content;
+            const size_t n = tool_section_start(*stream->tools, held);
+            std::string out = held.substr(0, n);
+            held.erase(0, n);
+            return out;
+          };
           if (stream->request->next(piece)) {
-            const ReasoningSplitter::Delta d =
-                stream->reasoning[size_t(piece.choice)].push(piece.text);
+            ReasoningSplitter::Delta d = stream->reasoning[size_t(piece.choice)].push(piece.text);
+            d.content = releasable(size_t(piece.choice), std::move(d.content));
             if (d.empty() && piece.logprobs.empty()) return true;
             return write(sse(stream_chunk(stream->meta, piece.choice, d.content, false,
                                           stream->logprobs ? &piece.logprobs : nullptr, tokenizer,
                                           std::nullopt, d.reasoning)));
           }
           const RequestState& r = *stream->request;
-          for (int32_t c = 0; c < n_choices; ++c)
-            if (const ReasoningSplitter::Delta d = stream->reasoning[size_t(c)].finish();
-                !d.empty())
-              if (!write(sse(stream_chunk(stream->meta, c, d.content, false, nullptr, tokenizer,
-                                          std::nullopt, d.reasoning))))
-                return false;
+          stream->finish_reasons.assign(size_t(n_choices), "");
+          for (int32_t c = 0; c < n_choices; ++c) {
+            ReasoningSplitter::Delta d = stream->reasoning[size_t(c)].finish();
+            std::vector<ChatToolCall> calls;
+            if (stream->tools) {
+              std::string& held = stream->held[size_t(c)];
+              held += d.content;
+              uint64_t id = stream->first_call_id + 64 * uint64_t(c);
+              if (take_tool_calls(*stream->tools, held, calls, stream->id_prefix, id))
+                stream->finish_reasons[size_t(c)] = "tool_calls";
+              d.content = std::move(held);
+            }
+            if (!d.empty() && !write(sse(stream_chunk(stream->meta, c, d.content, false, nullptr,
+                                                      tokenizer, std::nullopt, d.reasoning))))
+              return false;
+            if (!calls.empty() && !write(sse(tool_calls_chunk(stream->meta, c, calls))))
+              return false;
+          }
           if (const std::string failure = r.failure(); !failure.empty()) {
             const std::string message =
                 failure == "error" ? r.error() : "the server is shutting down";
@@ -316,7 +369,9 @@ struct HttpServer::Impl {
           } else {
             for (int32_t c = 0; c < n_choices; ++c)
               if (!write(sse(stream_chunk(stream->meta, c, "", false, nullptr, tokenizer,
-                                          r.finish_reason(c)))))
+                                          stream->finish_reasons[size_t(c)].empty()
+                                              ? r.finish_reason(c)
+                                              : stream->finish_reasons[size_t(c)]))))
                 return false;
             if (stream->include_usage &&
                 !write(sse(usage_chunk(

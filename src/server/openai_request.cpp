@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "server/api_error.h"
 #include "server/response_format.h"
 #include "text/tokenizer.h"
+#include "text/tool_calls.h"
 
 namespace tandem::server {
 namespace {
@@ -78,7 +80,11 @@ void parse_common(const json& body, const PromptContext& context, const char* pr
   }
   // n choices: choice i samples with seed + i (see CompletionRequest); at most the server's slots.
   out.completion.n = int32_t(integer(body, "n", 1, 1, 256));
-  out.completion.json_schema = parse_response_format(body);
+  if (std::shared_ptr<const JsonSchema> schema = parse_response_format(body)) {
+    if (out.completion.constraint)
+      bad("response_format", "'response_format' cannot be combined with a required tool call");
+    out.completion.constraint = [schema] { return std::make_unique<JsonRecognizer>(*schema); };
+  }
   out.stream = boolean(body, "stream", false);
   out.completion.ignore_eos = boolean(body, "ignore_eos", false);  // llama.cpp's extension
   if (const json* v = field(body, "stream_options")) {
@@ -170,11 +176,38 @@ struct ChatPrompt {
   ChatOptions options;
 };
 
-ChatPrompt render_chat(const json& body, const PromptContext& context) {
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}].
+std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& param) {
+  if (!calls.is_array()) bad(param, "'tool_calls' must be a list");
+  std::vector<ChatToolCall> out;
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& c = calls[j];
+    const std::string at = fmt::format("{}[{}]", param, j);
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+      bad(at, "a tool call must be an object with a 'function'");
+    const json& f = c["function"];
+    if (!f.contains("name") || !f["name"].is_string())
+      bad(at + ".function.name", "a tool call needs a string 'name'");
+    if (!f.contains("arguments") || !f["arguments"].is_string())
+      bad(at + ".function.arguments", "a tool call's 'arguments' must be a string of JSON");
+    out.push_back(
+        {.id = c.contains("id") && c["id"].is_string() ? c["id"].get<std::string>() : std::string(),
+         .name = f["name"].get<std::string>(),
+         .arguments = f["arguments"].get<std::string>()});
+  }
+  return out;
+}
+
+// The prompt of a chat request; `tools_prompt` non-empty: the tools' description, given to the
+// model as the first system message (V3's template does not render tools itself).
+ChatPrompt render_chat(const json& body, const PromptContext& context,
+                       const std::string& tools_prompt = {}) {
   const json* messages = field(body, "messages");
   if (!messages) bad("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
   std::vector<ChatMessage> chat;
+  if (!tools_prompt.empty()) chat.push_back({"system", tools_prompt});
+  const bool tools_supported = supports_tool_calls(context.chat_template);
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& m = (*messages)[i];
     const std::string param = fmt::format("messages[{}]", i);
@@ -182,10 +215,24 @@ ChatPrompt render_chat(const json& body, const PromptContext& context) {
     if (!m.contains("role") || !m["role"].is_string()) bad(param + ".role", "a message needs a string 'role'");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";  // OpenAI's newer name for system prompts
-    if (role != "system" && role != "user" && role != "assistant")
-      bad(param + ".role", fmt::format("role '{}' is not supported; use system, user or assistant", role));
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad(param + ".role",
+          fmt::format("role '{}' is not supported; use system, user, assistant or tool", role));
+    if (role == "tool" && !tools_supported)
+      bad(param + ".role",
+          fmt::format("tool results need tool calls, which the {} chat template does not "
+                      "have in tandem yet",
+                      chat_template_name(context.chat_template)));
     const json& content = m.contains("content") ? m["content"] : json(nullptr);
     chat.push_back({role, text_of_content(content, i)});
+    if (role == "assistant" && field(m, "tool_calls")) {
+      if (!tools_supported)
+        bad(param + ".tool_calls",
+            fmt::format("the {} chat template does not have tool calls in tandem yet",
+                        chat_template_name(context.chat_template)));
+      chat.back().tool_calls = tool_calls_of(m["tool_calls"], param + ".tool_calls");
+      chat.back().content_is_null = content.is_null();
+    }
     // A reply's reasoning sent back apart from its content (DeepSeek's API shape).
     if (role == "assistant" && m.contains("reasoning_content") &&
         m["reasoning_content"].is_string())
@@ -214,28 +261,117 @@ ChatPrompt render_chat(const json& body, const PromptContext& context) {
 
 }  // namespace
 
-std::string apply_template_response(std::string_view body_text, const PromptContext& context) {
-  return json{{"prompt", render_chat(parse_body(body_text), context).text}}.dump(
-      -1, ' ', false, json::error_handler_t::replace);
+namespace {
+
+// `tools` and `tool_choice`: the tools the model may call and whether it must. Sets the request's
+// constraint for a required call; returns the tools' system prompt ("" when no tools are offered
+// or tool_choice is "none").
+std::string parse_tools(const json& body, const PromptContext& context, ParsedRequest& out) {
+  const json* tools = field(body, "tools");
+  const json* choice = field(body, "tool_choice");
+  if (!tools || (tools->is_array() && tools->empty())) {
+    if (choice && *choice != "none" && *choice != "auto")
+      bad("tool_choice", "'tool_choice' needs 'tools'");
+    return {};
+  }
+  if (!tools->is_array() || tools->size() > 64)
+    bad("tools", "'tools' must be a list of at most 64 tools");
+  std::string mode = "auto", named;
+  if (choice) {
+    if (choice->is_string()) {
+      mode = choice->get<std::string>();
+      if (mode != "none" && mode != "auto" && mode != "required")
+        bad("tool_choice",
+            "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+            "\"function\": {\"name\": ...}}");
+    } else if (choice->is_object() && choice->contains("function") &&
+               (*choice)["function"].is_object() && (*choice)["function"].contains("name") &&
+               (*choice)["function"]["name"].is_string()) {
+      mode = "named";
+      named = (*choice)["function"]["name"].get<std::string>();
+    } else {
+      bad("tool_choice",
+          "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": "
+          "...}}");
+    }
+  }
+  if (mode == "none") return {};
+  if (!supports_tool_calls(context.chat_template))
+    bad("tools",
+        fmt::format(
+            "the {} chat template does not have tool calls in tandem yet (DeepSeek-V3's does); "
+            "send the request without 'tools', or with 'tool_choice': 'none'",
+            chat_template_name(context.chat_template)));
+  auto specs = std::make_shared<std::vector<ToolSpec>>();
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json& t = (*tools)[i];
+    const std::string param = fmt::format("tools[{}]", i);
+    if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
+        !t.contains("function") || !t["function"].is_object())
+      bad(param,
+          "a tool must be {\"type\": \"function\", \"function\": {\"name\", \"description\", "
+          "\"parameters\"}}");
+    const json& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string())
+      bad(param + ".function.name", "a tool needs a string 'name'");
+    ToolSpec spec{.name = f["name"].get<std::string>()};
+    if (spec.name.empty() || spec.name.size() > 64 ||
+        !std::all_of(spec.name.begin(), spec.name.end(),
+                     [](char c) { return std::isalnum(uint8_t(c)) || c == '_' || c == '-'; }))
+      bad(param + ".function.name", "a tool's name must be 1 to 64 letters, digits, '_' or '-'");
+    for (const ToolSpec& other : *specs)
+      if (other.name == spec.name)
+        bad(param + ".function.name", fmt::format("two tools are named '{}'", spec.name));
+    if (f.contains("description")) {
+      if (!f["description"].is_string())
+        bad(param + ".function.description", "'description' must be a string");
+      spec.description = f["description"].get<std::string>();
+    }
+    const json parameters = f.contains("parameters") ? f["parameters"] : json{{"type", "object"}};
+    if (!parameters.is_object() || !parameters.contains("type") || parameters["type"] != "object")
+      bad(param + ".function.parameters",
+          "a tool's 'parameters' must be a JSON Schema of type object");
+    spec.parameters = compile_json_schema(parameters, param + ".function.parameters");
+    spec.parameters_json = parameters.dump();
+    specs->push_back(std::move(spec));
+  }
+  if (mode == "named") {
+    const auto it = std::find_if(specs->begin(), specs->end(),
+                                 [&](const ToolSpec& s) { return s.name == named; });
+    if (it == specs->end())
+      bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", named));
+  }
+  out.tool_calls = true;
+  out.completion.render_special = true;  // the call markers are control tokens
+  if (mode == "required" || mode == "named") {
+    std::shared_ptr<const std::vector<ToolSpec>> callable = specs;
+    if (mode == "named") {
+      auto one = std::make_shared<std::vector<ToolSpec>>();
+      for (const ToolSpec& s : *specs)
+        if (s.name == named) one->push_back(s);
+      callable = one;
+    }
+    const ChatTemplateKind kind = context.chat_template;
+    out.completion.constraint = [kind, callable] { return one_tool_call(kind, callable); };
+  }
+  return tool_system_prompt(context.chat_template, *specs);
 }
 
-// Tool calls are not built yet: a request that offers tools gets a 400 saying so, rather than a
-// reply that silently never calls them. tool_choice "none" asks for no calls, so it is served.
-void refuse_tools(const json& body) {
-  const json* tools = field(body, "tools");
-  if (!tools || (tools->is_array() && tools->empty())) return;
-  const json* choice = field(body, "tool_choice");
-  if (choice && *choice == "none") return;
-  bad("tools",
-      "tool calls are not supported yet: send the request without 'tools', or with "
-      "'tool_choice': 'none' to have them ignored");
+}  // namespace
+
+std::string apply_template_response(std::string_view body_text, const PromptContext& context) {
+  const json body = parse_body(body_text);
+  ParsedRequest unused;
+  const std::string tools_prompt = parse_tools(body, context, unused);
+  return json{{"prompt", render_chat(body, context, tools_prompt).text}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
 }
 
 ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext& context) {
   const json body = parse_body(body_text);
-  refuse_tools(body);
-  ChatPrompt prompt = render_chat(body, context);
   ParsedRequest out;
+  const std::string tools_prompt = parse_tools(body, context, out);
+  ChatPrompt prompt = render_chat(body, context, tools_prompt);
   out.chat_options = std::move(prompt.options);
   out.starts_in_reasoning = reply_starts_in_reasoning(context.chat_template, out.chat_options);
   out.completion.prompt =

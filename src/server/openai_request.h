@@ -27,6 +27,8 @@ struct ParsedRequest {
   // reasoning_effort), and whether the reply starts inside a reasoning block.
   ChatOptions chat_options;
   bool starts_in_reasoning = false;
+  // Tools were offered (tool_choice other than "none"): the reply's calls are parsed out of it.
+  bool tool_calls = false;
 };
 
 struct PromptContext {

@@ -53,6 +53,19 @@ json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs, const T
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
+// OpenAI's tool_calls list; streamed deltas also carry each call's index.
+json tool_calls_json(const std::vector<ChatToolCall>& calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json call = {{"id", calls[i].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) call["index"] = i;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 json envelope(const ResponseMeta& meta, const char* object) {
   return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model},
           {"system_fingerprint", "tandem"}};
@@ -73,6 +86,10 @@ std::string full_response(const ResponseMeta& meta, const std::vector<ChoiceOutp
     if (meta.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = tool_calls_json(c.tool_calls, false);
+      }
     } else {
       choice["text"] = c.text;
     }
@@ -103,6 +120,16 @@ std::string stream_chunk(const ResponseMeta& meta, int32_t index, const std::str
     choice["text"] = text;
   }
   out["choices"] = json::array({choice});
+  return dump(out);
+}
+
+std::string tool_calls_chunk(const ResponseMeta& meta, int32_t index,
+                             const std::vector<ChatToolCall>& calls) {
+  json out = envelope(meta, "chat.completion.chunk");
+  out["choices"] = json::array({{{"index", index},
+                                 {"delta", {{"tool_calls", tool_calls_json(calls, true)}}},
+                                 {"logprobs", nullptr},
+                                 {"finish_reason", nullptr}}});
   return dump(out);
 }
 

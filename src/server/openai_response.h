@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/batch_scheduler.h"
+#include "text/chat_template.h"
 
 namespace tandem {
 class Tokenizer;
@@ -31,6 +32,7 @@ struct Usage {
 struct ChoiceOutput {
   std::string text, reasoning, finish_reason;
   const std::vector<TokenLogprob>* logprobs = nullptr;
+  std::vector<ChatToolCall> tool_calls;  // chat: message.tool_calls (content null when empty)
 };
 
 // A non-streamed response with its choices, indexed in order.
@@ -44,6 +46,10 @@ std::string stream_chunk(const ResponseMeta& meta, int32_t index, const std::str
                          const Tokenizer& tokenizer,
                          const std::optional<std::string>& finish_reason,
                          const std::string& reasoning = {});
+
+// A streamed chunk of choice `index` carrying its tool calls whole (delta.tool_calls).
+std::string tool_calls_chunk(const ResponseMeta& meta, int32_t index,
+                             const std::vector<ChatToolCall>& calls);
 
 // The extra last chunk of stream_options.include_usage: no choices, the usage.
 std::string usage_chunk(const ResponseMeta& meta, Usage usage);

@@ -152,9 +152,12 @@ std::shared_ptr<const JsonSchema> parse_response_format(const json& body) {
       !format["json_schema"].contains("schema"))
     bad("response_format.json_schema",
         "'response_format.json_schema' must be an object with a 'schema'");
+  return compile_json_schema(format["json_schema"]["schema"], "response_format.json_schema.schema");
+}
+
+std::shared_ptr<const JsonSchema> compile_json_schema(const json& source, const std::string& path) {
   auto schema = std::make_shared<JsonSchema>();
-  const int32_t root =
-      compile(format["json_schema"]["schema"], "response_format.json_schema.schema", 0, *schema);
+  const int32_t root = compile(source, path, 0, *schema);
   // The root must be the last node: a builtin root (any value, boolean, null) gets a copy.
   if (root != schema->root()) schema->add(JsonSchemaNode(schema->node(root)));
   return schema;

@@ -8,6 +8,7 @@
 // ignores it.
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 #include "text/json_constraint.h"
 
@@ -15,5 +16,15 @@ namespace tandem::server {
 
 // The schema the reply must follow, or null for plain text. Throws ApiError (400) naming the field.
 std::shared_ptr<const JsonSchema> parse_response_format(const nlohmann::json& body);
+
+// A schema of the subset above, compiled; `path` names it in errors
+// ("tools[0].function.parameters").
+std::shared_ptr<const JsonSchema> compile_json_schema(const nlohmann::json& schema,
+                                                      const std::string& path);
+
+// A schema of the subset above, compiled; `path` names it in errors
+// ("tools[0].function.parameters").
+std::shared_ptr<const JsonSchema> compile_json_schema(const nlohmann::json& schema,
+                                                      const std::string& path);
 
 }  // namespace tandem::server

@@ -14,8 +14,9 @@ Role parse_role(const ChatMessage& message, size_t index) {
   if (message.role == "system") return Role::System;
   if (message.role == "user") return Role::User;
   if (message.role == "assistant") return Role::Assistant;
-  fail("chat message {} has role '{}'; the chat templates accept system, user and assistant", index,
-       message.role);
+  if (message.role == "tool") return Role::Tool;
+  fail("chat message {} has role '{}'; the chat templates accept system, user, assistant and tool",
+       index, message.role);
 }
 
 std::string_view strip(std::string_view s, std::string_view chars) {
@@ -59,6 +60,7 @@ std::string render_v2(std::span<const ChatMessage> messages, bool add_generation
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     switch (chat::parse_role(m, i)) {
+      case Role::Tool:  // refused before rendering (apply_chat_template)
       case Role::System:
         out += m.content;
         out += "\n\n";
@@ -102,11 +104,44 @@ std::string render_v3_family(std::span<const ChatMessage> messages, const ChatOp
   std::string out = bos_text;
   out += system_prompt;
   bool last_was_user = false;
+  // V3's tool markup, quirks included: `first_call` and `first_output` are set once for the whole
+  // conversation, and the calls' closing tokens follow only a second call of a turn.
+  bool in_tool_outputs = false, first_call = true, first_output = true;
   for (const ChatMessage& m : messages) {
     if (m.role == "user") {
+      in_tool_outputs = false;
       out += kUser;
       out += m.content;
       last_was_user = true;
+    } else if (m.role == "assistant" && variant == V3Variant::V3 && m.content_is_null) {
+      in_tool_outputs = false;
+      for (const ChatToolCall& call : m.tool_calls) {
+        const std::string body =
+            call.name + "\n```json\n" + call.arguments + "\n```<｜tool▁call▁end｜>";
+        if (first_call) {
+          out += kAssistant;
+          out += "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" + body;
+          first_call = false;
+        } else {
+          out += "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + body;
+          out += "<｜tool▁calls▁end｜>";
+          out += kEndOfSentence;
+        }
+      }
+      last_was_user = false;
+    } else if (m.role == "assistant" && in_tool_outputs) {
+      out += "<｜tool▁outputs▁end｜>";
+      out += m.content;
+      out += kEndOfSentence;
+      in_tool_outputs = false;
+      last_was_user = false;
+    } else if (m.role == "tool") {
+      in_tool_outputs = true;
+      out += first_output ? "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>"
+                          : "\n<｜tool▁output▁begin｜>";
+      out += m.content;
+      out += "<｜tool▁output▁end｜>";
+      first_output = false;
     } else if (m.role == "assistant") {
       if (variant != V3Variant::V31 || last_was_user) out += kAssistant;
       if (variant == V3Variant::V31 && last_was_user) out += kThinkEnd;
@@ -119,7 +154,8 @@ std::string render_v3_family(std::span<const ChatMessage> messages, const ChatOp
       last_was_user = false;
     }
   }
-  if (options.add_generation_prompt) {
+  if (in_tool_outputs) out += "<｜tool▁outputs▁end｜>";
+  if (options.add_generation_prompt && !in_tool_outputs) {
     if (variant == V3Variant::V31) {
       if (last_was_user) out += std::string(kAssistant) + (thinking ? "<think>" : "</think>");
     } else {
@@ -158,6 +194,13 @@ constexpr std::array<NamedKind, 14> kNames = {{
 std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,
                                 const ChatOptions& options, const std::string& bos_text) {
   for (size_t i = 0; i < messages.size(); ++i) chat::parse_role(messages[i], i);
+  if (kind != ChatTemplateKind::DeepSeekV3)
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (messages[i].role == "tool" || !messages[i].tool_calls.empty())
+        fail(
+            "chat message {} has a tool {}; the {} chat template does not render tool calls yet "
+            "(DeepSeek-V3's does)",
+            i, messages[i].role == "tool" ? "result" : "call", chat_template_name(kind));
   switch (kind) {
     case ChatTemplateKind::DeepSeekV2:
       return render_v2(messages, options.add_generation_prompt, bos_text);

@@ -1,9 +1,9 @@
 #pragma once
 // Chat prompts of the model families tandem runs, written out in C++ instead of interpreting
 // Jinja: the output is byte for byte what each model's own `tokenizer.chat_template` renders (with
-// transformers' settings) for conversations of system, user and assistant messages (tool calls
-// are not supported yet). tests/text/chat checks this against jinja2 rendering the fixtures' own
-// templates.
+// transformers' settings) for conversations of system, user and assistant messages, and for
+// DeepSeek-V3's template tool calls and tool results too (the other families refuse them for
+// now). tests/text/chat checks this against jinja2 rendering the fixtures' own templates.
 //
 //   DeepSeekV2   (V2-Chat, V2-Lite-Chat, Coder-V2-Instruct)
 //     BOS, then in message order: system "S\n\n", user "User: U\n\n",
@@ -35,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tandem {
 
@@ -50,9 +51,20 @@ enum class ChatTemplateKind {
   KimiK2,
 };
 
+// A function call an assistant turn made (OpenAI's tool_calls[i]).
+struct ChatToolCall {
+  std::string id;  // "call_..." as the reply gave it
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant" or "tool" (a call's result)
   std::string content;
+  // An assistant turn that only calls tools has no content (OpenAI's null), which templates
+  // render differently from an empty one.
+  bool content_is_null = false;
+  std::vector<ChatToolCall> tool_calls = {};
   // An assistant turn's reasoning given apart from its content (OpenAI clients that keep
   // `reasoning_content`); without it, templates look for <think> blocks in the content.
   std::optional<std::string> reasoning_content = std::nullopt;
@@ -69,7 +81,8 @@ struct ChatOptions {
 
 // The prompt text (special tokens written as text, to be tokenized with special-token parsing).
 // `bos_text` is the BOS token's text, e.g. "<｜begin▁of▁sentence｜>". Throws tandem::Error for a
-// role other than system/user/assistant, naming it.
+// role other than system/user/assistant/tool, naming it, and for tool calls or results in a
+// template that does not render them yet.
 std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,
                                 const ChatOptions& options, const std::string& bos_text);
 std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,

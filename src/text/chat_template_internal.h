@@ -9,8 +9,8 @@
 
 namespace tandem::chat {
 
-enum class Role { System, User, Assistant };
-// Throws an Error naming a role other than system, user and assistant.
+enum class Role { System, User, Assistant, Tool };
+// Throws an Error naming a role other than system, user, assistant and tool.
 Role parse_role(const ChatMessage& message, size_t index);
 
 // Python's str.strip(chars), lstrip, rstrip; whitespace by default.

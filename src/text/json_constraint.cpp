@@ -309,8 +309,9 @@ bool JsonRecognizer::step(char c) {
         return true;
       }
       if (f.pending > 0) {  // inside a UTF-8 character
-        if ((byte & 0xC0) != 0x80) return false;
+        if (byte < f.next_lo || byte > f.next_hi) return false;
         --f.pending;
+        f.next_lo = 0x80, f.next_hi = 0xBF;
         return true;
       }
       if (c == '"') return f.count >= n.min_length && (finish_value(), true);
@@ -322,6 +323,9 @@ bool JsonRecognizer::step(char c) {
                   : byte >= 0xE0 && byte <= 0xEF ? 2
                   : byte >= 0xF0 && byte <= 0xF4 ? 3
                                                  : 0;
+      // The second byte's range excludes overlong forms, surrogates and code points past U+10FFFF.
+      f.next_lo = byte == 0xE0 ? 0xA0 : byte == 0xF0 ? 0x90 : 0x80;
+      f.next_hi = byte == 0xED ? 0x9F : byte == 0xF4 ? 0x8F : 0xBF;
       return f.pending > 0;
     }
 

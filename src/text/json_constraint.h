@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "text/output_constraint.h"
+
 namespace tandem {
 
 struct JsonSchemaNode {
@@ -66,20 +68,27 @@ class JsonSchema {
   std::vector<JsonSchemaNode> nodes_;
 };
 
-class JsonRecognizer {
+class JsonRecognizer : public OutputConstraint {
  public:
   explicit JsonRecognizer(const JsonSchema& schema);
-  JsonRecognizer(const JsonRecognizer& other) { *this = other; }
+  JsonRecognizer(const JsonRecognizer& other) : OutputConstraint() { *this = other; }
   JsonRecognizer& operator=(const JsonRecognizer& other);  // copies the active frames only
 
   // Reads bytes; false when one cannot continue a document of the schema (the recognizer is
   // then in no defined state: try on a copy).
   bool feed(char c);
-  bool feed(std::string_view bytes);
+  bool feed(std::string_view bytes) override;
   // A whole document has been read (nothing may follow it).
-  bool complete() const;
+  bool complete() const override;
   // The fewest bytes that make the document complete from here.
-  int64_t min_remaining() const;
+  int64_t min_remaining() const override;
+
+  std::unique_ptr<OutputConstraint> clone() const override {
+    return std::make_unique<JsonRecognizer>(*this);
+  }
+  void copy_from(const OutputConstraint& other) override {
+    *this = static_cast<const JsonRecognizer&>(other);
+  }
 
  private:
   enum class Type : uint8_t { Value, Object, Array, String, Literal, Number };
@@ -88,6 +97,7 @@ class JsonRecognizer {
     Type type = Type::Value;
     uint8_t phase = 0;
     uint8_t pending = 0;      // string: UTF-8 continuation bytes or \u hex digits still to come
+    uint8_t next_lo = 0x80, next_hi = 0xBF;  // string: the next continuation byte's range
     int32_t count = 0;        // string: characters; array: items; key and literal: position
     int32_t current = -1;     // object: the property being read (-1: a key of any text)
     uint64_t used = 0;        // object: properties written

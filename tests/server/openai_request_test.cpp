@@ -80,7 +80,9 @@ TEST_F(OpenAiRequest, WrongValuesAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": 1.5})"), "max_tokens");
   EXPECT_EQ(rejected_param("{" + m + R"(, "n": 0})"), "n");
   const std::string tools = R"(, "tools": [{"type": "function", "function": {"name": "f"}}])";
-  EXPECT_EQ(rejected_param("{" + m + tools + "}"), "tools");  // not built yet: said, not ignored
+  EXPECT_EQ(rejected_param("{" + m + R"(, "tools": [{"type": "function", "function": {}}]})"),
+            "tools[0].function.name");
+  EXPECT_EQ(rejected_param("{" + m + tools + R"(, "tool_choice": "g"})"), "tool_choice");
   EXPECT_NO_THROW(parse_chat_request("{" + m + tools + R"(, "tool_choice": "none"})", context()));
   EXPECT_EQ(rejected_param("{" + m + R"(, "n": 1.5})"), "n");
   EXPECT_EQ(rejected_param("{" + m + R"(, "stop": [1]})"), "stop");

@@ -94,16 +94,26 @@ TEST(ChatTemplate, R1StripsEarlierReasoningAndOpensThinking) {
 }
 
 TEST(ChatTemplate, UnknownRoleIsAnErrorNamingIt) {
-  const std::vector<ChatMessage> messages = {{"user", "a"}, {"tool", "42"}};
+  const std::vector<ChatMessage> messages = {{"user", "a"}, {"robot", "42"}};
   for (auto kind :
        {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekV3, ChatTemplateKind::DeepSeekR1}) {
     try {
       render(kind, messages, true);
-      ADD_FAILURE() << "role 'tool' accepted";
+      ADD_FAILURE() << "role 'robot' accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("'tool'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'robot'"), std::string::npos) << e.what();
     }
   }
+  // Tool results: DeepSeek-V3's template renders them, the others refuse them by name.
+  const std::vector<ChatMessage> result = {{"user", "a"}, {"tool", "42"}};
+  EXPECT_NO_THROW(render(ChatTemplateKind::DeepSeekV3, result, true));
+  for (auto kind : {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekR1, ChatTemplateKind::Qwen3})
+    try {
+      render(kind, result, true);
+      ADD_FAILURE() << "a tool result accepted by " << chat_template_name(kind);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tool result"), std::string::npos) << e.what();
+    }
 }
 
 TEST(ChatTemplate, DetectsTheFixtureV3Template) {

@@ -75,6 +75,8 @@ TEST(JsonConstraint, WhatTheSchemaOrJsonForbidsFailsAtItsFirstByte) {
   EXPECT_EQ(accepted_prefix(s, R"({"name":"A","age":1,"score":1e123})"), 32u);  // a finite double
   EXPECT_EQ(accepted_prefix(s, "{\"name\":\"\x01\""), 9u);    // control characters are escaped
   EXPECT_EQ(accepted_prefix(s, "{\"name\":\"\xc3(\""), 10u);  // a broken UTF-8 character
+  EXPECT_EQ(accepted_prefix(s, "{\"name\":\"\xe0\x83\xae\""), 10u);  // an overlong form
+  EXPECT_EQ(accepted_prefix(s, "{\"name\":\"\xed\xa0\x80\""), 10u);  // a surrogate
   EXPECT_EQ(accepted_prefix(s, R"({"name":"A\q"})"), 11u);    // not an escape
   JsonRecognizer done(s);
   ASSERT_TRUE(done.feed(R"({"name":"A","age":1})"));
@@ -107,7 +109,7 @@ std::string random_document(const JsonSchema& schema, int64_t budget, std::mt199
   static const std::string alphabet = [] {
     std::string a;
     for (int c = 0x20; c < 0x7f; ++c) a += char(c);
-    a += "\xc3\xa9\xe2\x82\xac";  // bytes of é and €
+    for (int c = 0x80; c < 0x100; ++c) a += char(c);  // every byte, valid UTF-8 or not
     return a;
   }();
   JsonRecognizer r(schema);

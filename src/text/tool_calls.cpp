@@ -1,0 +1,240 @@
+#include "text/tool_calls.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kSep = "<｜tool▁sep｜>";
+constexpr std::string_view kArgsOpen = "\n```json\n";
+constexpr std::string_view kArgsClose = "\n```";
+
+std::string concat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
+void check_kind(ChatTemplateKind kind) {
+  if (!supports_tool_calls(kind))
+    fail("the {} chat template has no tool calls in tandem yet", chat_template_name(kind));
+}
+
+// Removes `prefix` from the front of `s`; false if `s` does not start with it.
+bool consume(std::string_view& s, std::string_view prefix) {
+  if (!s.starts_with(prefix)) return false;
+  s.remove_prefix(prefix.size());
+  return true;
+}
+
+// One call
+// "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>".
+std::optional<ChatToolCall> parse_call(std::string_view& s) {
+  if (!consume(s, kCallBegin) || !consume(s, "function") || !consume(s, kSep)) return std::nullopt;
+  const size_t name_end = s.find(kArgsOpen);
+  if (name_end == std::string_view::npos || name_end == 0) return std::nullopt;
+  ChatToolCall call{.id = {}, .name = std::string(s.substr(0, name_end)), .arguments = {}};
+  s.remove_prefix(name_end + kArgsOpen.size());
+  const size_t args_end = s.find(concat({kArgsClose, kCallEnd}));
+  if (args_end == std::string_view::npos) return std::nullopt;
+  call.arguments = std::string(s.substr(0, args_end));
+  s.remove_prefix(args_end + kArgsClose.size() + kCallEnd.size());
+  const nlohmann::json args =
+      nlohmann::json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
+  if (args.is_discarded() || !args.is_object()) return std::nullopt;
+  return call;
+}
+
+// The grammar of one call: the opening markers, a tool's name, its arguments as JSON of its
+// parameters (compact), the closing markers.
+class OneToolCall : public OutputConstraint {
+ public:
+  explicit OneToolCall(std::shared_ptr<const std::vector<ToolSpec>> tools)
+      : tools_(std::move(tools)) {
+    opening_ = concat({kCallsBegin, kCallBegin, "function", kSep});
+    closing_ = concat({kArgsClose, kCallEnd, kCallsEnd});
+    for (const ToolSpec& t : *tools_) {
+      heads_.push_back(concat({t.name, kArgsOpen}));
+      args_min_.push_back(JsonRecognizer(*t.parameters).min_remaining());
+    }
+    candidates_ = heads_.size() >= 64 ? ~uint64_t(0) : (uint64_t(1) << heads_.size()) - 1;
+  }
+  std::unique_ptr<OutputConstraint> clone() const override {
+    return std::make_unique<OneToolCall>(*this);
+  }
+  void copy_from(const OutputConstraint& other) override {
+    const auto& o = static_cast<const OneToolCall&>(other);
+    phase_ = o.phase_, pos_ = o.pos_, candidates_ = o.candidates_, chosen_ = o.chosen_;
+    if (o.args_) {
+      if (args_ && args_schema_ == o.args_schema_)
+        *args_ = *o.args_;
+      else
+        args_ = std::make_unique<JsonRecognizer>(*o.args_), args_schema_ = o.args_schema_;
+    } else {
+      args_.reset();
+    }
+  }
+  OneToolCall(const OneToolCall& o)
+      : OutputConstraint(),
+        tools_(o.tools_),
+        opening_(o.opening_),
+        closing_(o.closing_),
+        heads_(o.heads_),
+        args_min_(o.args_min_) {
+    copy_from(o);
+  }
+
+  bool feed(std::string_view bytes) override {
+    for (char c : bytes)
+      if (!feed(c)) return false;
+    return true;
+  }
+  bool complete() const override { return phase_ == Phase::Done; }
+  int64_t min_remaining() const override {
+    switch (phase_) {
+      case Phase::Opening:
+        return int64_t(opening_.size()) - pos_ + shortest_head_and_args(candidates_, 0) +
+               int64_t(closing_.size());
+      case Phase::Head:
+        return shortest_head_and_args(candidates_, pos_) + int64_t(closing_.size());
+      case Phase::Arguments:
+        return args_->min_remaining() + int64_t(closing_.size());
+      case Phase::Closing:
+        return int64_t(closing_.size()) - pos_;
+      case Phase::Done:
+        return 0;
+    }
+    return 0;
+  }
+  bool takes_control_tokens() const override {
+    return phase_ == Phase::Opening || phase_ == Phase::Closing;
+  }
+
+ private:
+  enum class Phase { Opening, Head, Arguments, Closing, Done };
+
+  int64_t shortest_head_and_args(uint64_t candidates, int32_t pos) const {
+    int64_t best = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i < heads_.size(); ++i)
+      if (candidates >> i & 1)
+        best = std::min(best, int64_t(heads_[i].size()) - pos + args_min_[i]);
+    return best;
+  }
+
+  bool feed(char c) {
+    switch (phase_) {
+      case Phase::Opening:
+        if (opening_[size_t(pos_)] != c) return false;
+        if (++pos_ == int32_t(opening_.size())) phase_ = Phase::Head, pos_ = 0;
+        return true;
+      case Phase::Head: {
+        uint64_t next = 0;
+        for (size_t i = 0; i < heads_.size(); ++i)
+          if ((candidates_ >> i & 1) && pos_ < int32_t(heads_[i].size()) &&
+              heads_[i][size_t(pos_)] == c)
+            next |= uint64_t(1) << i;
+        if (!next) return false;
+        candidates_ = next;
+        ++pos_;
+        for (size_t i = 0; i < heads_.size(); ++i)
+          if ((next >> i & 1) && int32_t(heads_[i].size()) == pos_) {  // names cannot hold "\n"
+            chosen_ = int32_t(i);
+            args_schema_ = (*tools_)[i].parameters.get();
+            args_ = std::make_unique<JsonRecognizer>(*args_schema_);
+            phase_ = Phase::Arguments;
+          }
+        return true;
+      }
+      case Phase::Arguments:
+        if (!args_->complete()) return args_->feed(c);
+        phase_ = Phase::Closing, pos_ = 0;
+        [[fallthrough]];
+      case Phase::Closing:
+        if (closing_[size_t(pos_)] != c) return false;
+        if (++pos_ == int32_t(closing_.size())) phase_ = Phase::Done;
+        return true;
+      case Phase::Done:
+        return false;
+    }
+    return false;
+  }
+
+  std::shared_ptr<const std::vector<ToolSpec>> tools_;
+  std::string opening_, closing_;
+  std::vector<std::string> heads_;  // each tool's name and the arguments' opening
+  std::vector<int64_t> args_min_;   // each tool's shortest arguments
+  Phase phase_ = Phase::Opening;
+  int32_t pos_ = 0;
+  uint64_t candidates_ = 0;
+  int32_t chosen_ = -1;
+  const JsonSchema* args_schema_ = nullptr;
+  std::unique_ptr<JsonRecognizer> args_;
+};
+
+}  // namespace
+
+bool supports_tool_calls(ChatTemplateKind kind) {
+  return kind == ChatTemplateKind::DeepSeekV3;
+}
+
+std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools) {
+  check_kind(kind);
+  std::string out = concat(
+      {"You can call functions. To call one, reply with exactly\n", kCallsBegin, kCallBegin,
+       "function", kSep, "NAME", kArgsOpen, "ARGUMENTS", kArgsClose, kCallEnd, kCallsEnd,
+       "\nwhere ARGUMENTS is a JSON object of the function's parameters. Each result comes back "
+       "in a tool output. The functions, one JSON object each:"});
+  for (const ToolSpec& t : tools) {
+    nlohmann::ordered_json f = {{"name", t.name}};
+    if (!t.description.empty()) f["description"] = t.description;
+    f["parameters"] = nlohmann::ordered_json::parse(t.parameters_json);
+    out += '\n';
+    out += f.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  }
+  return out;
+}
+
+ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text) {
+  check_kind(kind);
+  const size_t begin = text.find(kCallsBegin);
+  if (begin == std::string_view::npos) return {std::string(text), {}};
+  ToolReply reply{.content = std::string(text.substr(0, begin)), .calls = {}};
+  std::string_view rest = text.substr(begin + kCallsBegin.size());
+  for (;;) {
+    std::optional<ChatToolCall> call = parse_call(rest);
+    if (!call) return {std::string(text), {}};
+    reply.calls.push_back(std::move(*call));
+    if (rest.empty() || consume(rest, kCallsEnd)) break;  // a reply cut short after a call counts
+    consume(rest, "\n");
+  }
+  return reply;
+}
+
+size_t tool_section_start(ChatTemplateKind kind, std::string_view text) {
+  check_kind(kind);
+  const size_t begin = text.find(kCallsBegin);
+  if (begin != std::string_view::npos) return begin;
+  // An end of the text that is the start of the marker is held back.
+  for (size_t n = std::min(text.size(), kCallsBegin.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == kCallsBegin.substr(0, n)) return text.size() - n;
+  return text.size();
+}
+
+std::unique_ptr<OutputConstraint> one_tool_call(
+    ChatTemplateKind kind, std::shared_ptr<const std::vector<ToolSpec>> tools) {
+  check_kind(kind);
+  TANDEM_CHECK(!tools->empty() && tools->size() <= 64);
+  return std::make_unique<OneToolCall>(std::move(tools));
+}
+
+}  // namespace tandem

@@ -1,0 +1,55 @@
+#pragma once
+// Tool calls in a model family's own syntax: the tools described in the prompt, the calls parsed
+// back out of a reply, and the grammar of one call for `tool_choice: "required"`. DeepSeek-V3's
+// syntax only, for now (the other templates refuse tools):
+//
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//   ```json
+//   ARGUMENTS
+//   ```<｜tool▁call▁end｜>  (more calls: "\n<｜tool▁call▁begin｜>...")  <｜tool▁calls▁end｜>
+//
+// V3's chat template renders calls and results but never the tool list, so the list goes into the
+// system prompt, with the syntax (as llama.cpp does for templates without tool support).
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "text/chat_template.h"
+#include "text/json_constraint.h"
+#include "text/output_constraint.h"
+
+namespace tandem {
+
+struct ToolSpec {
+  std::string name;  // [A-Za-z0-9_-], 1 to 64 characters
+  std::string description;
+  std::string parameters_json;                   // the JSON Schema as the request gave it
+  std::shared_ptr<const JsonSchema> parameters;  // compiled (an object schema)
+};
+
+bool supports_tool_calls(ChatTemplateKind kind);
+
+// The system prompt that lists `tools` and shows how to call them.
+std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools);
+
+// A reply split into its text and its calls (ids left empty). A reply whose call section does
+// not parse whole (a broken marker, arguments that are not a JSON object) is all text: nothing
+// the model wrote is dropped.
+struct ToolReply {
+  std::string content;
+  std::vector<ChatToolCall> calls;
+};
+ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text);
+
+// How much of `text` (a reply so far) can be streamed as content: everything before the call
+// section, or before an end that may still become its opening marker.
+size_t tool_section_start(ChatTemplateKind kind, std::string_view text);
+
+// The grammar of a reply that is exactly one call of one of `tools`, its arguments following the
+// tool's parameters.
+std::unique_ptr<OutputConstraint> one_tool_call(ChatTemplateKind kind,
+                                                std::shared_ptr<const std::vector<ToolSpec>> tools);
+
+}  // namespace tandem

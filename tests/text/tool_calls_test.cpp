@@ -1,0 +1,143 @@
+// DeepSeek-V3 tool calls: replies split into text and calls (a section that does not parse whole
+// stays text), the streamable part of a reply held back at a possible marker, and the grammar of
+// a required call: a random writer that only takes allowed bytes always writes one call that
+// parses back, names a tool and has arguments of its parameters.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "text/tool_calls.h"
+
+namespace tandem {
+namespace {
+
+constexpr auto kV3 = ChatTemplateKind::DeepSeekV3;
+const std::string kCall = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>";
+
+std::string call_text(const std::string& name, const std::string& args) {
+  return kCall + name + "\n```json\n" + args + "\n```<｜tool▁call▁end｜>";
+}
+
+TEST(ToolCalls, RepliesSplitIntoTextAndCalls) {
+  const std::string reply = "Let me check." + std::string("<｜tool▁calls▁begin｜>") +
+                            call_text("get_weather", R"({"city": "Paris"})") + "\n" +
+                            call_text("f", "{}") + "<｜tool▁calls▁end｜>";
+  const ToolReply r = parse_tool_reply(kV3, reply);
+  EXPECT_EQ(r.content, "Let me check.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(r.calls[1].name, "f");
+  // Cut short after a whole call (max_tokens, end of generation): the call counts.
+  EXPECT_EQ(parse_tool_reply(kV3, "<｜tool▁calls▁begin｜>" + call_text("f", "{}")).calls.size(),
+            1u);
+}
+
+TEST(ToolCalls, ASectionThatDoesNotParseWholeStaysText) {
+  for (const std::string& bad :
+       {"<｜tool▁calls▁begin｜>" + call_text("f", "{not json"),
+        "<｜tool▁calls▁begin｜>" + call_text("f", "[1]"),     // arguments are an object
+        "<｜tool▁calls▁begin｜>" + kCall + "f\n```json\n{}",  // no end
+        std::string("no calls at all")}) {
+    const ToolReply r = parse_tool_reply(kV3, "x" + bad);
+    EXPECT_TRUE(r.calls.empty()) << bad;
+    EXPECT_EQ(r.content, "x" + bad);
+  }
+}
+
+TEST(ToolCalls, StreamingHoldsBackWhatMayBecomeTheMarker) {
+  EXPECT_EQ(tool_section_start(kV3, "Hello"), 5u);
+  EXPECT_EQ(tool_section_start(kV3, "Hello <｜tool"), 6u);
+  EXPECT_EQ(tool_section_start(kV3, "Hi<｜tool▁calls▁begin｜>more"), 2u);
+  EXPECT_EQ(tool_section_start(kV3, "a < b"), 5u);
+}
+
+TEST(ToolCalls, OtherTemplatesRefuseTools) {
+  EXPECT_FALSE(supports_tool_calls(ChatTemplateKind::Qwen3));
+  EXPECT_THROW(parse_tool_reply(ChatTemplateKind::Harmony, "x"), std::exception);
+}
+
+std::shared_ptr<const std::vector<ToolSpec>> weather_tools() {
+  auto tools = std::make_shared<std::vector<ToolSpec>>();
+  auto weather = std::make_shared<JsonSchema>();
+  const int32_t city =
+      weather->add({.kind = JsonSchemaNode::Kind::String, .min_length = 1, .max_length = 12});
+  const int32_t unit =
+      weather->add({.kind = JsonSchemaNode::Kind::Literals, .literals = {"\"c\"", "\"f\""}});
+  weather->add({.kind = JsonSchemaNode::Kind::Object,
+                .names = {"city", "unit"},
+                .properties = {city, unit},
+                .required = 0b1});
+  tools->push_back({.name = "get_weather",
+                    .description = "Weather now",
+                    .parameters_json = "{}",
+                    .parameters = weather});
+  tools->push_back({.name = "get_time",
+                    .description = "",
+                    .parameters_json = "{}",
+                    .parameters = std::make_shared<JsonSchema>(JsonSchema::any_object())});
+  return tools;
+}
+
+TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
+  const auto tools = weather_tools();
+  std::mt19937 rng(3);
+  std::string alphabet;
+  for (int c = 0x20; c < 0x100; ++c) alphabet += char(c);  // every byte is a token of its own
+  alphabet += '\n';
+  int weather_calls = 0;
+  for (int round = 0; round < 60; ++round) {
+    const std::unique_ptr<OutputConstraint> call = one_tool_call(kV3, tools);
+    const int64_t budget = call->min_remaining() + round;
+    std::string out;
+    const std::unique_ptr<OutputConstraint> trial = call->clone();
+    while (!call->complete()) {
+      // Any byte the grammar takes within the budget; the markers come whole, as their tokens do.
+      std::vector<std::string> allowed;
+      std::vector<std::string> candidates;
+      for (char c : alphabet) candidates.push_back(std::string(1, c));
+      for (const char* marker : {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
+                                 "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"})
+        if (call->takes_control_tokens()) candidates.push_back(marker);
+      for (const std::string& bytes : candidates) {
+        trial->copy_from(*call);
+        if (trial->feed(bytes) &&
+            (trial->complete() ||
+             trial->min_remaining() <= budget - int64_t(out.size()) - int64_t(bytes.size())))
+          allowed.push_back(bytes);
+      }
+      ASSERT_FALSE(allowed.empty()) << out;
+      const std::string& bytes =
+          allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+      ASSERT_TRUE(call->feed(bytes));
+      out += bytes;
+    }
+    const ToolReply reply = parse_tool_reply(kV3, out);
+    ASSERT_EQ(reply.calls.size(), 1u) << out;
+    EXPECT_EQ(reply.content, "");
+    const nlohmann::json args = nlohmann::json::parse(reply.calls[0].arguments);
+    if (reply.calls[0].name == "get_weather") {
+      ++weather_calls;
+      EXPECT_TRUE(args.contains("city") && args["city"].is_string()) << out;
+      for (const auto& [key, value] : args.items())
+        EXPECT_TRUE(key == "city" || key == "unit") << out;
+    } else {
+      EXPECT_EQ(reply.calls[0].name, "get_time");
+      EXPECT_TRUE(args.is_object());
+    }
+  }
+  EXPECT_GT(weather_calls, 0);
+}
+
+TEST(ToolCalls, TheSystemPromptListsEveryToolAndTheSyntax) {
+  const auto tools = weather_tools();
+  const std::string prompt = tool_system_prompt(kV3, *tools);
+  EXPECT_NE(prompt.find("<｜tool▁calls▁begin｜>"), std::string::npos);
+  EXPECT_NE(prompt.find(R"({"name":"get_weather","description":"Weather now","parameters":{}})"),
+            std::string::npos);
+  EXPECT_NE(prompt.find(R"({"name":"get_time","parameters":{}})"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem
