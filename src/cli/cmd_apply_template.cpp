@@ -13,11 +13,13 @@
 #include "gguf/gguf_file.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "text/tool_calls.h"
 
 namespace tandem::cli {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: a tools list keeps its keys in the file's order, as templates render them.
+using json = nlohmann::ordered_json;
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -114,6 +116,8 @@ void register_apply_template(CLI::App& app) {
         each.enable_thinking = kwargs["enable_thinking"].get<bool>();
       if (kwargs.contains("reasoning_effort"))
         each.reasoning_effort = kwargs["reasoning_effort"].get<std::string>();
+      if (kwargs.contains("tools"))
+        for (const json& tool : kwargs["tools"]) each.tools.push_back(python_json(tool));
       out.push_back(apply_chat_template(kind, messages_of(c.at("messages"), o->cases), each, bos));
     }
     std::cout << out.dump() << "\n";

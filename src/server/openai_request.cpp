@@ -198,10 +198,17 @@ std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& pa
   return out;
 }
 
-// The prompt of a chat request; `tools_prompt` non-empty: the tools' description, given to the
-// model as the first system message (V3's template does not render tools itself).
+// How the tools offered reach the prompt: a system message of tandem's (V3's template does not
+// render tools itself), or the list the template renders (Qwen3's).
+struct ToolPrompt {
+  std::string system;
+  std::vector<std::string> listed;  // each tool as the template's `tojson` writes it
+};
+
+// The prompt of a chat request, with the tools offered (if any).
 ChatPrompt render_chat(const json& body, const PromptContext& context,
-                       const std::string& tools_prompt = {}) {
+                       const ToolPrompt& tools = {}) {
+  const std::string& tools_prompt = tools.system;
   const json* messages = field(body, "messages");
   if (!messages) bad("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
@@ -239,6 +246,7 @@ ChatPrompt render_chat(const json& body, const PromptContext& context,
       chat.back().reasoning_content = m["reasoning_content"].get<std::string>();
   }
   ChatPrompt out;
+  out.options.tools = tools.listed;
   if (const json* effort = field(body, "reasoning_effort")) {
     if (!effort->is_string() || (*effort != "low" && *effort != "medium" && *effort != "high"))
       bad("reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
@@ -264,9 +272,11 @@ ChatPrompt render_chat(const json& body, const PromptContext& context,
 namespace {
 
 // `tools` and `tool_choice`: the tools the model may call and whether it must. Sets the request's
-// constraint for a required call; returns the tools' system prompt ("" when no tools are offered
-// or tool_choice is "none").
-std::string parse_tools(const json& body, const PromptContext& context, ParsedRequest& out) {
+// constraint for a required call; returns how the tools reach the prompt (nothing when no tools
+// are offered or tool_choice is "none"). `body_text` gives the tools' keys in the client's order,
+// which templates that list tools keep.
+ToolPrompt parse_tools(const json& body, std::string_view body_text, const PromptContext& context,
+                       ParsedRequest& out) {
   const json* tools = field(body, "tools");
   const json* choice = field(body, "tool_choice");
   if (!tools || (tools->is_array() && tools->empty())) {
@@ -299,7 +309,8 @@ std::string parse_tools(const json& body, const PromptContext& context, ParsedRe
   if (!supports_tool_calls(context.chat_template))
     bad("tools",
         fmt::format(
-            "the {} chat template does not have tool calls in tandem yet (DeepSeek-V3's does); "
+            "the {} chat template does not have tool calls in tandem yet (DeepSeek-V3's and "
+            "Qwen3's do); "
             "send the request without 'tools', or with 'tool_choice': 'none'",
             chat_template_name(context.chat_template)));
   auto specs = std::make_shared<std::vector<ToolSpec>>();
@@ -354,7 +365,12 @@ std::string parse_tools(const json& body, const PromptContext& context, ParsedRe
     const ChatTemplateKind kind = context.chat_template;
     out.completion.constraint = [kind, callable] { return one_tool_call(kind, callable); };
   }
-  return tool_system_prompt(context.chat_template, *specs);
+  ToolPrompt prompt{.system = tool_system_prompt(context.chat_template, *specs), .listed = {}};
+  if (prompt.system.empty()) {  // the template lists them
+    const auto ordered = nlohmann::ordered_json::parse(body_text);
+    for (const auto& tool : ordered["tools"]) prompt.listed.push_back(python_json(tool));
+  }
+  return prompt;
 }
 
 }  // namespace
@@ -362,16 +378,16 @@ std::string parse_tools(const json& body, const PromptContext& context, ParsedRe
 std::string apply_template_response(std::string_view body_text, const PromptContext& context) {
   const json body = parse_body(body_text);
   ParsedRequest unused;
-  const std::string tools_prompt = parse_tools(body, context, unused);
-  return json{{"prompt", render_chat(body, context, tools_prompt).text}}.dump(
+  const ToolPrompt tools = parse_tools(body, body_text, context, unused);
+  return json{{"prompt", render_chat(body, context, tools).text}}.dump(
       -1, ' ', false, json::error_handler_t::replace);
 }
 
 ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext& context) {
   const json body = parse_body(body_text);
   ParsedRequest out;
-  const std::string tools_prompt = parse_tools(body, context, out);
-  ChatPrompt prompt = render_chat(body, context, tools_prompt);
+  const ToolPrompt tools = parse_tools(body, body_text, context, out);
+  ChatPrompt prompt = render_chat(body, context, tools);
   out.chat_options = std::move(prompt.options);
   out.starts_in_reasoning = reply_starts_in_reasoning(context.chat_template, out.chat_options);
   out.completion.prompt =
@@ -383,6 +399,9 @@ ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext
     bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   out.completion.top_logprobs = out.logprobs ? int32_t(top) : -1;
   parse_common(body, context, "messages", out);
+  // A constrained reply (JSON, a required call) is the answer from its first token: no reasoning
+  // block opens it, whatever the template's thinking default.
+  if (out.completion.constraint) out.starts_in_reasoning = false;
   return out;
 }
 

@@ -194,12 +194,12 @@ constexpr std::array<NamedKind, 14> kNames = {{
 std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,
                                 const ChatOptions& options, const std::string& bos_text) {
   for (size_t i = 0; i < messages.size(); ++i) chat::parse_role(messages[i], i);
-  if (kind != ChatTemplateKind::DeepSeekV3)
+  if (kind != ChatTemplateKind::DeepSeekV3 && kind != ChatTemplateKind::Qwen3)
     for (size_t i = 0; i < messages.size(); ++i)
       if (messages[i].role == "tool" || !messages[i].tool_calls.empty())
         fail(
             "chat message {} has a tool {}; the {} chat template does not render tool calls yet "
-            "(DeepSeek-V3's does)",
+            "(DeepSeek-V3's and Qwen3's do)",
             i, messages[i].role == "tool" ? "result" : "call", chat_template_name(kind));
   switch (kind) {
     case ChatTemplateKind::DeepSeekV2:

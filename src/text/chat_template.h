@@ -2,8 +2,9 @@
 // Chat prompts of the model families tandem runs, written out in C++ instead of interpreting
 // Jinja: the output is byte for byte what each model's own `tokenizer.chat_template` renders (with
 // transformers' settings) for conversations of system, user and assistant messages, and for
-// DeepSeek-V3's template tool calls and tool results too (the other families refuse them for
-// now). tests/text/chat checks this against jinja2 rendering the fixtures' own templates.
+// the tool calls, tool results and tool lists of DeepSeek-V3's and Qwen3's templates (the other
+// families refuse them for now). tests/text/chat checks this against jinja2 rendering the fixtures'
+// own templates.
 //
 //   DeepSeekV2   (V2-Chat, V2-Lite-Chat, Coder-V2-Instruct)
 //     BOS, then in message order: system "S\n\n", user "User: U\n\n",
@@ -77,6 +78,9 @@ struct ChatOptions {
   std::optional<bool> enable_thinking = std::nullopt;
   std::string reasoning_effort = "medium";  // Harmony: low, medium or high
   std::string date;  // Harmony's "Current date" (YYYY-MM-DD); empty: today, UTC
+  // The tools offered, each as the template's `tool | tojson` writes it (python_json in
+  // text/tool_calls.h), for templates that list them themselves (Qwen3).
+  std::vector<std::string> tools = {};
 };
 
 // The prompt text (special tokens written as text, to be tokenized with special-token parsing).

@@ -30,6 +30,18 @@ SplitTurn split_reasoning(const ChatMessage& m) {
           std::string(lstrip(after_last(content, kThinkEnd), "\n"))};
 }
 
+// Qwen3's "last query": the last user message that is not a tool response wrapped in
+// <tool_response> tags, or the last message when there is none.
+int64_t qwen3_last_query(std::span<const ChatMessage> messages) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string_view c = messages[i].content;
+    if (messages[i].role == "user" &&
+        !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>")))
+      return int64_t(i);
+  }
+  return int64_t(messages.size()) - 1;
+}
+
 // The index of the last user message, or -1.
 int64_t last_user_index(std::span<const ChatMessage> messages) {
   int64_t last = -1;
@@ -55,9 +67,32 @@ std::string today_utc() {
 std::string render_chatml(std::span<const ChatMessage> messages, const ChatOptions& options,
                           bool qwen3) {
   std::string out;
-  const int64_t last_query = last_user_index(messages);
-  for (size_t i = 0; i < messages.size(); ++i) {
+  const int64_t last_query = qwen3 ? qwen3_last_query(messages) : last_user_index(messages);
+  size_t first = 0;
+  if (qwen3 && !options.tools.empty()) {
+    // Qwen3's template lists the tools in the system message, after the system prompt if any.
+    out += "<|im_start|>system\n";
+    if (!messages.empty() && messages[0].role == "system") {
+      out += messages[0].content + "\n\n";
+      first = 1;
+    }
+    out +=
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+        "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const std::string& tool : options.tools) out += "\n" + tool;
+    out +=
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    if (m.role == "tool") {  // consecutive results share one user turn
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      continue;
+    }
     if (m.role != "assistant") {
       out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       continue;
@@ -76,6 +111,11 @@ std::string render_chatml(std::span<const ChatMessage> messages, const ChatOptio
       out += lstrip(turn.content, "\n");
     } else {
       out += turn.content;
+    }
+    for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+      if (k > 0 || !turn.content.empty()) out += "\n";
+      out += "<tool_call>\n{\"name\": \"" + m.tool_calls[k].name +
+             "\", \"arguments\": " + m.tool_calls[k].arguments + "}\n</tool_call>";
     }
     out += "<|im_end|>\n";
   }

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "text/chat_template_internal.h"
 
 namespace tandem {
 namespace {
@@ -55,16 +56,30 @@ std::optional<ChatToolCall> parse_call(std::string_view& s) {
   return call;
 }
 
-// The grammar of one call: the opening markers, a tool's name, its arguments as JSON of its
-// parameters (compact), the closing markers.
+// A family's call, around its name and its arguments.
+struct CallSyntax {
+  std::string opening;     // before the name
+  std::string after_name;  // between the name and the arguments
+  std::string closing;     // after the arguments
+};
+
+CallSyntax call_syntax(ChatTemplateKind kind) {
+  if (kind == ChatTemplateKind::Qwen3)
+    return {"<tool_call>\n{\"name\": \"", "\", \"arguments\": ", "}\n</tool_call>"};
+  return {concat({kCallsBegin, kCallBegin, "function", kSep}), std::string(kArgsOpen),
+          concat({kArgsClose, kCallEnd, kCallsEnd})};
+}
+
+// The grammar of one call: the opening, a tool's name, its arguments as JSON of its parameters
+// (compact), the closing.
 class OneToolCall : public OutputConstraint {
  public:
-  explicit OneToolCall(std::shared_ptr<const std::vector<ToolSpec>> tools)
+  OneToolCall(std::shared_ptr<const std::vector<ToolSpec>> tools, const CallSyntax& syntax)
       : tools_(std::move(tools)) {
-    opening_ = concat({kCallsBegin, kCallBegin, "function", kSep});
-    closing_ = concat({kArgsClose, kCallEnd, kCallsEnd});
+    opening_ = syntax.opening;
+    closing_ = syntax.closing;
     for (const ToolSpec& t : *tools_) {
-      heads_.push_back(concat({t.name, kArgsOpen}));
+      heads_.push_back(t.name + syntax.after_name);
       args_min_.push_back(JsonRecognizer(*t.parameters).min_remaining());
     }
     candidates_ = heads_.size() >= 64 ? ~uint64_t(0) : (uint64_t(1) << heads_.size()) - 1;
@@ -181,14 +196,74 @@ class OneToolCall : public OutputConstraint {
   std::unique_ptr<JsonRecognizer> args_;
 };
 
+// Qwen3: "<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>" blocks, one per call,
+// after the text.
+ToolReply parse_qwen3(std::string_view text) {
+  constexpr std::string_view open = "<tool_call>", close = "</tool_call>";
+  const size_t begin = text.find(open);
+  if (begin == std::string_view::npos) return {std::string(text), {}};
+  ToolReply reply{.content = std::string(chat::rstrip(text.substr(0, begin), "\n")), .calls = {}};
+  std::string_view rest = text.substr(begin);
+  while (!rest.empty()) {
+    if (!consume(rest, open)) return {std::string(text), {}};
+    const size_t end = rest.find(close);
+    if (end == std::string_view::npos) return {std::string(text), {}};
+    const auto call = nlohmann::ordered_json::parse(rest.substr(0, end), nullptr, false);
+    rest.remove_prefix(end + close.size());
+    if (call.is_discarded() || !call.is_object() || !call.contains("name") ||
+        !call["name"].is_string() || !call.contains("arguments") || !call["arguments"].is_object())
+      return {std::string(text), {}};
+    reply.calls.push_back({.id = {},
+                           .name = call["name"].get<std::string>(),
+                           .arguments = call["arguments"].dump(
+                               -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+    rest = chat::lstrip(rest, "\n");
+  }
+  return reply;
+}
+
+std::string_view section_marker(ChatTemplateKind kind) {
+  return kind == ChatTemplateKind::Qwen3 ? std::string_view("<tool_call>") : kCallsBegin;
+}
+
 }  // namespace
 
 bool supports_tool_calls(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::DeepSeekV3;
+  return kind == ChatTemplateKind::DeepSeekV3 || kind == ChatTemplateKind::Qwen3;
+}
+
+std::string python_json(const nlohmann::ordered_json& value) {
+  using J = nlohmann::ordered_json;
+  const auto scalar = [](const J& v) {
+    return v.dump(-1, ' ', false, J::error_handler_t::replace);
+  };
+  std::string out;
+  if (value.is_array()) {
+    out = "[";
+    for (size_t i = 0; i < value.size(); ++i) {
+      if (i) out += ", ";
+      out += python_json(value[i]);
+    }
+    return out + "]";
+  }
+  if (value.is_object()) {
+    out = "{";
+    bool first = true;
+    for (const auto& [key, item] : value.items()) {
+      if (!first) out += ", ";
+      out += scalar(J(key));
+      out += ": ";
+      out += python_json(item);
+      first = false;
+    }
+    return out + "}";
+  }
+  return scalar(value);
 }
 
 std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools) {
   check_kind(kind);
+  if (kind == ChatTemplateKind::Qwen3) return {};  // its template lists the tools itself
   std::string out = concat(
       {"You can call functions. To call one, reply with exactly\n", kCallsBegin, kCallBegin,
        "function", kSep, "NAME", kArgsOpen, "ARGUMENTS", kArgsClose, kCallEnd, kCallsEnd,
@@ -206,6 +281,7 @@ std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> 
 
 ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text) {
   check_kind(kind);
+  if (kind == ChatTemplateKind::Qwen3) return parse_qwen3(text);
   const size_t begin = text.find(kCallsBegin);
   if (begin == std::string_view::npos) return {std::string(text), {}};
   ToolReply reply{.content = std::string(text.substr(0, begin)), .calls = {}};
@@ -222,11 +298,12 @@ ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text) {
 
 size_t tool_section_start(ChatTemplateKind kind, std::string_view text) {
   check_kind(kind);
-  const size_t begin = text.find(kCallsBegin);
+  const std::string_view marker = section_marker(kind);
+  const size_t begin = text.find(marker);
   if (begin != std::string_view::npos) return begin;
   // An end of the text that is the start of the marker is held back.
-  for (size_t n = std::min(text.size(), kCallsBegin.size() - 1); n > 0; --n)
-    if (text.substr(text.size() - n) == kCallsBegin.substr(0, n)) return text.size() - n;
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return text.size() - n;
   return text.size();
 }
 
@@ -234,7 +311,7 @@ std::unique_ptr<OutputConstraint> one_tool_call(
     ChatTemplateKind kind, std::shared_ptr<const std::vector<ToolSpec>> tools) {
   check_kind(kind);
   TANDEM_CHECK(!tools->empty() && tools->size() <= 64);
-  return std::make_unique<OneToolCall>(std::move(tools));
+  return std::make_unique<OneToolCall>(std::move(tools), call_syntax(kind));
 }
 
 }  // namespace tandem

@@ -1,7 +1,9 @@
 #pragma once
 // Tool calls in a model family's own syntax: the tools described in the prompt, the calls parsed
-// back out of a reply, and the grammar of one call for `tool_choice: "required"`. DeepSeek-V3's
-// syntax only, for now (the other templates refuse tools):
+// back out of a reply, and the grammar of one call for `tool_choice: "required"`. Qwen3's
+// template lists the tools itself and takes calls as
+// "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>"; DeepSeek-V3's (the other
+// templates refuse tools for now):
 //
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
 //   ```json
@@ -11,6 +13,7 @@
 // V3's chat template renders calls and results but never the tool list, so the list goes into the
 // system prompt, with the syntax (as llama.cpp does for templates without tool support).
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,6 +33,10 @@ struct ToolSpec {
 };
 
 bool supports_tool_calls(ChatTemplateKind kind);
+
+// `value` as Python's json.dumps writes it (", " and ": " separators, no ASCII escaping, keys in
+// their order): how Hugging Face templates' `tojson` lists tools.
+std::string python_json(const nlohmann::ordered_json& value);
 
 // The system prompt that lists `tools` and shows how to call them.
 std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools);

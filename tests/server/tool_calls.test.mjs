@@ -2,7 +2,8 @@
 // random weights: tool_choice "required" and a named tool always give a call whose arguments
 // parse and follow the tool's parameters (whole and streamed); a round trip with the call and its
 // result sent back is answered; "auto" answers; malformed tools and tool choices get a 400 naming
-// the field; a template without tool calls in tandem refuses tools rather than ignoring them.
+// the field; Qwen3's syntax the same way; a template without tool calls in tandem refuses tools
+// rather than ignoring them.
 import OpenAI from 'openai';
 import { check, finish, fixture, postJson, startServer } from './harness.mjs';
 
@@ -111,19 +112,40 @@ try {
   await server.stop();
 }
 
-// A template whose tool syntax tandem does not have yet: tools are refused, not ignored.
-const qwen = await startServer(fixture('qwen3moe-micro-F32.gguf'), ['--ctx', '256']);
+// Qwen3's template lists the tools itself and takes calls in <tool_call> tags: a required call
+// from random weights parses and follows its tool, and comes back as tool_calls.
+const qwen = await startServer(fixture('qwen3moe-micro-F32.gguf'), ['--ctx', '1024']);
 try {
-  const r = await postJson(qwen.base, '/v1/chat/completions', { messages, tools, max_tokens: 4 });
+  for (let seed = 0; seed < 3; seed++) {
+    // Thinking on (the template's default) and off: a required call is the answer either way.
+    const r = await postJson(qwen.base, '/v1/chat/completions',
+                             { messages, tools, tool_choice: 'required', max_tokens: 200, seed,
+                               chat_template_kwargs: { enable_thinking: seed === 0 } });
+    const calls = r.json?.choices?.[0]?.message?.tool_calls || [];
+    check(r.status === 200 && calls.length === 1 && !argumentsFollow(calls[0]) &&
+          r.json.choices[0].finish_reason === 'tool_calls',
+          `Qwen3 required (seed ${seed}): a call that follows its tool`, r.text);
+  }
+  const prompt = await postJson(qwen.base, '/apply-template', { messages, tools });
+  check(prompt.status === 200 && prompt.json.prompt.includes('<tools>\n{"type": "function", "function": {"name": "get_weather"'),
+        'Qwen3: the template lists the tools in the order the client sent their keys', prompt.text);
+} finally {
+  await qwen.stop();
+}
+
+// A template whose tool syntax tandem does not have yet: tools are refused, not ignored.
+const harmony = await startServer(fixture('gpt-oss-micro-F32.gguf'), ['--ctx', '256']);
+try {
+  const r = await postJson(harmony.base, '/v1/chat/completions', { messages, tools, max_tokens: 4 });
   check(r.status === 400 && r.json?.error?.param === 'tools' && /not have tool calls/.test(r.text),
         'tools on a template without tool calls in tandem: 400 naming tools', r.text);
-  const none = await postJson(qwen.base, '/v1/chat/completions', { messages, tools, tool_choice: 'none', max_tokens: 4 });
+  const none = await postJson(harmony.base, '/v1/chat/completions', { messages, tools, tool_choice: 'none', max_tokens: 4 });
   check(none.status === 200, 'tool_choice none is served anywhere', none.text);
-  const result = await postJson(qwen.base, '/v1/chat/completions',
+  const result = await postJson(harmony.base, '/v1/chat/completions',
                                 { messages: [...messages, { role: 'tool', content: 'x' }], max_tokens: 4 });
   check(result.status === 400 && result.json?.error?.param === 'messages[1].role', 'a tool result there: 400',
         result.text);
 } finally {
-  await qwen.stop();
+  await harmony.stop();
 }
 finish('tool_calls');

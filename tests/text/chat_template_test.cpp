@@ -104,10 +104,11 @@ TEST(ChatTemplate, UnknownRoleIsAnErrorNamingIt) {
       EXPECT_NE(std::string(e.what()).find("'robot'"), std::string::npos) << e.what();
     }
   }
-  // Tool results: DeepSeek-V3's template renders them, the others refuse them by name.
+  // Tool results: DeepSeek-V3's and Qwen3's templates render them, the others refuse them.
   const std::vector<ChatMessage> result = {{"user", "a"}, {"tool", "42"}};
   EXPECT_NO_THROW(render(ChatTemplateKind::DeepSeekV3, result, true));
-  for (auto kind : {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekR1, ChatTemplateKind::Qwen3})
+  for (auto kind :
+       {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekR1, ChatTemplateKind::Harmony})
     try {
       render(kind, result, true);
       ADD_FAILURE() << "a tool result accepted by " << chat_template_name(kind);

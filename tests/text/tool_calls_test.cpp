@@ -53,8 +53,29 @@ TEST(ToolCalls, StreamingHoldsBackWhatMayBecomeTheMarker) {
   EXPECT_EQ(tool_section_start(kV3, "a < b"), 5u);
 }
 
+TEST(ToolCalls, Qwen3CallsAreJsonInToolCallTags) {
+  const auto kQwen3 = ChatTemplateKind::Qwen3;
+  const std::string call =
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\": [\"x\"]}}\n</tool_call>";
+  const ToolReply r = parse_tool_reply(kQwen3, "Sure.\n" + call + "\n" + call);
+  EXPECT_EQ(r.content, "Sure.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[1].name, "f");
+  EXPECT_EQ(r.calls[1].arguments, R"({"a":1,"b":["x"]})");  // compact, keys in their order
+  EXPECT_TRUE(
+      parse_tool_reply(kQwen3, "<tool_call>\n{\"name\": \"f\"}\n</tool_call>").calls.empty());
+  EXPECT_TRUE(
+      parse_tool_reply(kQwen3, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}").calls.empty());
+  EXPECT_EQ(tool_section_start(kQwen3, "ok <tool_c"), 3u);
+}
+
+TEST(ToolCalls, ToolsAreListedAsPythonsJsonDumpsWritesThem) {
+  const auto tool = nlohmann::ordered_json::parse(R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
+  EXPECT_EQ(python_json(tool), R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
+}
+
 TEST(ToolCalls, OtherTemplatesRefuseTools) {
-  EXPECT_FALSE(supports_tool_calls(ChatTemplateKind::Qwen3));
+  EXPECT_FALSE(supports_tool_calls(ChatTemplateKind::Harmony));
   EXPECT_THROW(parse_tool_reply(ChatTemplateKind::Harmony, "x"), std::exception);
 }
 
@@ -81,53 +102,56 @@ std::shared_ptr<const std::vector<ToolSpec>> weather_tools() {
 }
 
 TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
-  const auto tools = weather_tools();
-  std::mt19937 rng(3);
-  std::string alphabet;
-  for (int c = 0x20; c < 0x100; ++c) alphabet += char(c);  // every byte is a token of its own
-  alphabet += '\n';
-  int weather_calls = 0;
-  for (int round = 0; round < 60; ++round) {
-    const std::unique_ptr<OutputConstraint> call = one_tool_call(kV3, tools);
-    const int64_t budget = call->min_remaining() + round;
-    std::string out;
-    const std::unique_ptr<OutputConstraint> trial = call->clone();
-    while (!call->complete()) {
-      // Any byte the grammar takes within the budget; the markers come whole, as their tokens do.
-      std::vector<std::string> allowed;
-      std::vector<std::string> candidates;
-      for (char c : alphabet) candidates.push_back(std::string(1, c));
-      for (const char* marker : {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
-                                 "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"})
-        if (call->takes_control_tokens()) candidates.push_back(marker);
-      for (const std::string& bytes : candidates) {
-        trial->copy_from(*call);
-        if (trial->feed(bytes) &&
-            (trial->complete() ||
-             trial->min_remaining() <= budget - int64_t(out.size()) - int64_t(bytes.size())))
-          allowed.push_back(bytes);
+  for (const ChatTemplateKind kind : {kV3, ChatTemplateKind::Qwen3}) {
+    SCOPED_TRACE(chat_template_name(kind));
+    const auto tools = weather_tools();
+    std::mt19937 rng(3);
+    std::string alphabet;
+    for (int c = 0x20; c < 0x100; ++c) alphabet += char(c);  // every byte is a token of its own
+    alphabet += '\n';
+    int weather_calls = 0;
+    for (int round = 0; round < 60; ++round) {
+      const std::unique_ptr<OutputConstraint> call = one_tool_call(kind, tools);
+      const int64_t budget = call->min_remaining() + round;
+      std::string out;
+      const std::unique_ptr<OutputConstraint> trial = call->clone();
+      while (!call->complete()) {
+        // Any byte the grammar takes within the budget; the markers come whole, as their tokens do.
+        std::vector<std::string> allowed;
+        std::vector<std::string> candidates;
+        for (char c : alphabet) candidates.push_back(std::string(1, c));
+        for (const char* marker : {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
+                                   "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"})
+          if (call->takes_control_tokens()) candidates.push_back(marker);
+        for (const std::string& bytes : candidates) {
+          trial->copy_from(*call);
+          if (trial->feed(bytes) &&
+              (trial->complete() ||
+               trial->min_remaining() <= budget - int64_t(out.size()) - int64_t(bytes.size())))
+            allowed.push_back(bytes);
+        }
+        ASSERT_FALSE(allowed.empty()) << out;
+        const std::string& bytes =
+            allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+        ASSERT_TRUE(call->feed(bytes));
+        out += bytes;
       }
-      ASSERT_FALSE(allowed.empty()) << out;
-      const std::string& bytes =
-          allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
-      ASSERT_TRUE(call->feed(bytes));
-      out += bytes;
+      const ToolReply reply = parse_tool_reply(kind, out);
+      ASSERT_EQ(reply.calls.size(), 1u) << out;
+      EXPECT_EQ(reply.content, "");
+      const nlohmann::json args = nlohmann::json::parse(reply.calls[0].arguments);
+      if (reply.calls[0].name == "get_weather") {
+        ++weather_calls;
+        EXPECT_TRUE(args.contains("city") && args["city"].is_string()) << out;
+        for (const auto& [key, value] : args.items())
+          EXPECT_TRUE(key == "city" || key == "unit") << out;
+      } else {
+        EXPECT_EQ(reply.calls[0].name, "get_time");
+        EXPECT_TRUE(args.is_object());
+      }
     }
-    const ToolReply reply = parse_tool_reply(kV3, out);
-    ASSERT_EQ(reply.calls.size(), 1u) << out;
-    EXPECT_EQ(reply.content, "");
-    const nlohmann::json args = nlohmann::json::parse(reply.calls[0].arguments);
-    if (reply.calls[0].name == "get_weather") {
-      ++weather_calls;
-      EXPECT_TRUE(args.contains("city") && args["city"].is_string()) << out;
-      for (const auto& [key, value] : args.items())
-        EXPECT_TRUE(key == "city" || key == "unit") << out;
-    } else {
-      EXPECT_EQ(reply.calls[0].name, "get_time");
-      EXPECT_TRUE(args.is_object());
-    }
+    EXPECT_GT(weather_calls, 0);
   }
-  EXPECT_GT(weather_calls, 0);
 }
 
 TEST(ToolCalls, TheSystemPromptListsEveryToolAndTheSyntax) {
