@@ -270,7 +270,7 @@ void BatchScheduler::retire_finished() {
 
 void BatchScheduler::prompt_step() {
   tokens_.clear(), positions_.clear(), seq_ids_.clear(), rows_.clear();
-  std::vector<Slot*> ending;  // slots whose prompt this step completes, in row order
+  std::vector<size_t> ending;  // slots whose prompt this step completes, in row order
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot* slot = slots_[s].get();
     if (!slot || !slot->in_prompt() || slot->follows >= 0) continue;
@@ -285,7 +285,7 @@ void BatchScheduler::prompt_step() {
     }
     if (last == int64_t(slot->request.prompt.size())) {
       rows_.push_back(int32_t(tokens_.size()) - 1);
-      ending.push_back(slot);
+      ending.push_back(s);
     }
   }
   const auto start = std::chrono::steady_clock::now();
@@ -311,19 +311,14 @@ void BatchScheduler::prompt_step() {
   }
   if (prefix_cache_ && !ending.empty()) {
     // Before decoding writes past the prompts (and over the oldest rows of window layers' rings).
-    for (size_t s = 0; s < slots_.size(); ++s)
-      if (slots_[s] && std::find(ending.begin(), ending.end(), slots_[s].get()) != ending.end())
-        prefix_cache_->store(slots_[s]->request.prompt, int32_t(s));
+    for (size_t s : ending) prefix_cache_->store(slots_[s]->request.prompt, int32_t(s));
     std::lock_guard lock(mutex_);
     stats_.prefix_cache = prefix_cache_->stats();
   }
   const size_t n_vocab = size_t(engine_.n_vocab());
   for (size_t r = 0; r < ending.size(); ++r) {
-    const size_t leader = size_t(std::find_if(slots_.begin(), slots_.end(),
-                                              [&](const auto& s) { return s.get() == ending[r]; }) -
-                                 slots_.begin());
-    start_followers(leader, logits_.data() + r * n_vocab);
-    sample_and_emit(*ending[r], logits_.data() + r * n_vocab);
+    start_followers(ending[r], logits_.data() + r * n_vocab);
+    sample_and_emit(*slots_[ending[r]], logits_.data() + r * n_vocab);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "text/chat_template_internal.h"
+#include "text/tool_calls.h"
 
 namespace tandem {
 namespace chat {
@@ -194,7 +195,7 @@ constexpr std::array<NamedKind, 14> kNames = {{
 std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessage> messages,
                                 const ChatOptions& options, const std::string& bos_text) {
   for (size_t i = 0; i < messages.size(); ++i) chat::parse_role(messages[i], i);
-  if (kind != ChatTemplateKind::DeepSeekV3 && kind != ChatTemplateKind::Qwen3)
+  if (!supports_tool_calls(kind))
     for (size_t i = 0; i < messages.size(); ++i)
       if (messages[i].role == "tool" || !messages[i].tool_calls.empty())
         fail(
