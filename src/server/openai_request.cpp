@@ -198,8 +198,8 @@ std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& pa
   return out;
 }
 
-// How the tools offered reach the prompt: a system message of tandem's (V3's template does not
-// render tools itself), or the list the template renders (Qwen3's).
+// How the tools offered reach the prompt: a system message of tandem's (DeepSeek's templates do not
+// render tools themselves), or the list the template renders (Qwen3's).
 struct ToolPrompt {
   std::string system;
   std::vector<std::string> listed;  // each tool as the template's `tojson` writes it
@@ -213,7 +213,6 @@ ChatPrompt render_chat(const json& body, const PromptContext& context,
   if (!messages) bad("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
   std::vector<ChatMessage> chat;
-  if (!tools_prompt.empty()) chat.push_back({"system", tools_prompt});
   const bool tools_supported = supports_tool_calls(context.chat_template);
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& m = (*messages)[i];
@@ -244,6 +243,16 @@ ChatPrompt render_chat(const json& body, const PromptContext& context,
     if (role == "assistant" && m.contains("reasoning_content") &&
         m["reasoning_content"].is_string())
       chat.back().reasoning_content = m["reasoning_content"].get<std::string>();
+  }
+  // The tools' description follows the system prompt (DeepSeek-V3.1's model card puts it there;
+  // R1's template keeps only the last system message).
+  if (!tools_prompt.empty()) {
+    auto last_system = std::find_if(chat.rbegin(), chat.rend(),
+                                    [](const ChatMessage& m) { return m.role == "system"; });
+    if (last_system != chat.rend())
+      last_system->content += "\n\n" + tools_prompt;
+    else
+      chat.insert(chat.begin(), {"system", tools_prompt});
   }
   ChatPrompt out;
   out.options.tools = tools.listed;
@@ -309,10 +318,12 @@ ToolPrompt parse_tools(const json& body, std::string_view body_text, const Promp
   if (!supports_tool_calls(context.chat_template))
     bad("tools",
         fmt::format(
-            "the {} chat template does not have tool calls in tandem yet (DeepSeek-V3's and "
-            "Qwen3's do); "
+            "the {} chat template does not have tool calls in tandem yet (DeepSeek V3's, R1's, "
+            "V3.1's and Qwen3's do); "
             "send the request without 'tools', or with 'tool_choice': 'none'",
             chat_template_name(context.chat_template)));
+  // The tools again with their keys in the client's order, which tool lists in prompts keep.
+  const auto ordered_tools = nlohmann::ordered_json::parse(body_text)["tools"];
   auto specs = std::make_shared<std::vector<ToolSpec>>();
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
@@ -343,7 +354,9 @@ ToolPrompt parse_tools(const json& body, std::string_view body_text, const Promp
       bad(param + ".function.parameters",
           "a tool's 'parameters' must be a JSON Schema of type object");
     spec.parameters = compile_json_schema(parameters, param + ".function.parameters");
-    spec.parameters_json = parameters.dump();
+    spec.parameters_json = f.contains("parameters")
+                               ? ordered_tools[i]["function"]["parameters"].dump()
+                               : parameters.dump();
     specs->push_back(std::move(spec));
   }
   if (mode == "named") {
@@ -366,10 +379,8 @@ ToolPrompt parse_tools(const json& body, std::string_view body_text, const Promp
     out.completion.constraint = [kind, callable] { return one_tool_call(kind, callable); };
   }
   ToolPrompt prompt{.system = tool_system_prompt(context.chat_template, *specs), .listed = {}};
-  if (prompt.system.empty()) {  // the template lists them
-    const auto ordered = nlohmann::ordered_json::parse(body_text);
-    for (const auto& tool : ordered["tools"]) prompt.listed.push_back(python_json(tool));
-  }
+  if (prompt.system.empty())  // the template lists them
+    for (const auto& tool : ordered_tools) prompt.listed.push_back(python_json(tool));
   return prompt;
 }
 

@@ -105,8 +105,9 @@ std::string render_v3_family(std::span<const ChatMessage> messages, const ChatOp
   std::string out = bos_text;
   out += system_prompt;
   bool last_was_user = false;
-  // V3's tool markup, quirks included: `first_call` and `first_output` are set once for the whole
-  // conversation, and the calls' closing tokens follow only a second call of a turn.
+  // V3's and R1's tool markup, quirks included: `first_call` and `first_output` are set once for
+  // the whole conversation, and the calls' closing tokens follow only a second call of a turn.
+  // V3.1's closes every turn's calls and writes results bare, with no generation prompt after them.
   bool in_tool_outputs = false, first_call = true, first_output = true;
   for (const ChatMessage& m : messages) {
     if (m.role == "user") {
@@ -114,7 +115,21 @@ std::string render_v3_family(std::span<const ChatMessage> messages, const ChatOp
       out += kUser;
       out += m.content;
       last_was_user = true;
-    } else if (m.role == "assistant" && variant == V3Variant::V3 && m.content_is_null) {
+    } else if (m.role == "assistant" && variant == V3Variant::V31 && !m.tool_calls.empty()) {
+      if (last_was_user) out += std::string(kAssistant) + std::string(kThinkEnd);
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        if (k == 0) {
+          if (!m.content_is_null) out += m.content;
+          out += "<｜tool▁calls▁begin｜>";
+        }
+        out += "<｜tool▁call▁begin｜>" + m.tool_calls[k].name + "<｜tool▁sep｜>" +
+               m.tool_calls[k].arguments + "<｜tool▁call▁end｜>";
+      }
+      out += "<｜tool▁calls▁end｜>";
+      out += kEndOfSentence;
+      in_tool_outputs = false;
+      last_was_user = false;
+    } else if (m.role == "assistant" && variant != V3Variant::V31 && m.content_is_null) {
       in_tool_outputs = false;
       for (const ChatToolCall& call : m.tool_calls) {
         const std::string body =
@@ -131,11 +146,15 @@ std::string render_v3_family(std::span<const ChatMessage> messages, const ChatOp
       }
       last_was_user = false;
     } else if (m.role == "assistant" && in_tool_outputs) {
-      out += "<｜tool▁outputs▁end｜>";
+      if (variant != V3Variant::V31) out += "<｜tool▁outputs▁end｜>";
       out += m.content;
       out += kEndOfSentence;
       in_tool_outputs = false;
       last_was_user = false;
+    } else if (m.role == "tool" && variant == V3Variant::V31) {
+      in_tool_outputs = true;
+      last_was_user = false;
+      out += "<｜tool▁output▁begin｜>" + m.content + "<｜tool▁output▁end｜>";
     } else if (m.role == "tool") {
       in_tool_outputs = true;
       out += first_output ? "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>"
@@ -155,7 +174,7 @@ std::string render_v3_family(std::span<const ChatMessage> messages, const ChatOp
       last_was_user = false;
     }
   }
-  if (in_tool_outputs) out += "<｜tool▁outputs▁end｜>";
+  if (in_tool_outputs && variant != V3Variant::V31) out += "<｜tool▁outputs▁end｜>";
   if (options.add_generation_prompt && !in_tool_outputs) {
     if (variant == V3Variant::V31) {
       if (last_was_user) out += std::string(kAssistant) + (thinking ? "<think>" : "</think>");
@@ -200,7 +219,7 @@ std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessa
       if (messages[i].role == "tool" || !messages[i].tool_calls.empty())
         fail(
             "chat message {} has a tool {}; the {} chat template does not render tool calls yet "
-            "(DeepSeek-V3's and Qwen3's do)",
+            "(DeepSeek-V3's, R1's, V3.1's and Qwen3's do)",
             i, messages[i].role == "tool" ? "result" : "call", chat_template_name(kind));
   switch (kind) {
     case ChatTemplateKind::DeepSeekV2:

@@ -38,18 +38,31 @@ bool consume(std::string_view& s, std::string_view prefix) {
   return true;
 }
 
-// One call
-// "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>".
-std::optional<ChatToolCall> parse_call(std::string_view& s) {
-  if (!consume(s, kCallBegin) || !consume(s, "function") || !consume(s, kSep)) return std::nullopt;
-  const size_t name_end = s.find(kArgsOpen);
+// The tool-call syntaxes: DeepSeek-V3's (also R1's), V3.1's and Qwen3's.
+enum class Syntax { V3, V31, Qwen3 };
+
+Syntax syntax_of(ChatTemplateKind kind) {
+  if (kind == ChatTemplateKind::Qwen3) return Syntax::Qwen3;
+  return kind == ChatTemplateKind::DeepSeekV31 ? Syntax::V31 : Syntax::V3;
+}
+
+// One call: V3's
+// "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>" or
+// V3.1's "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>".
+std::optional<ChatToolCall> parse_call(std::string_view& s, Syntax syntax) {
+  const bool v3 = syntax == Syntax::V3;
+  if (!consume(s, kCallBegin) || (v3 && (!consume(s, "function") || !consume(s, kSep))))
+    return std::nullopt;
+  const std::string_view after_name = v3 ? kArgsOpen : kSep;
+  const std::string args_close = v3 ? concat({kArgsClose, kCallEnd}) : std::string(kCallEnd);
+  const size_t name_end = s.find(after_name);
   if (name_end == std::string_view::npos || name_end == 0) return std::nullopt;
   ChatToolCall call{.id = {}, .name = std::string(s.substr(0, name_end)), .arguments = {}};
-  s.remove_prefix(name_end + kArgsOpen.size());
-  const size_t args_end = s.find(concat({kArgsClose, kCallEnd}));
+  s.remove_prefix(name_end + after_name.size());
+  const size_t args_end = s.find(args_close);
   if (args_end == std::string_view::npos) return std::nullopt;
   call.arguments = std::string(s.substr(0, args_end));
-  s.remove_prefix(args_end + kArgsClose.size() + kCallEnd.size());
+  s.remove_prefix(args_end + args_close.size());
   const nlohmann::json args =
       nlohmann::json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
   if (args.is_discarded() || !args.is_object()) return std::nullopt;
@@ -64,8 +77,14 @@ struct CallSyntax {
 };
 
 CallSyntax call_syntax(ChatTemplateKind kind) {
-  if (kind == ChatTemplateKind::Qwen3)
-    return {"<tool_call>\n{\"name\": \"", "\", \"arguments\": ", "}\n</tool_call>"};
+  switch (syntax_of(kind)) {
+    case Syntax::Qwen3:
+      return {"<tool_call>\n{\"name\": \"", "\", \"arguments\": ", "}\n</tool_call>"};
+    case Syntax::V31:
+      return {concat({kCallsBegin, kCallBegin}), std::string(kSep), concat({kCallEnd, kCallsEnd})};
+    case Syntax::V3:
+      break;
+  }
   return {concat({kCallsBegin, kCallBegin, "function", kSep}), std::string(kArgsOpen),
           concat({kArgsClose, kCallEnd, kCallsEnd})};
 }
@@ -131,9 +150,9 @@ class OneToolCall : public OutputConstraint {
     }
     return 0;
   }
-  bool takes_control_tokens() const override {
-    return phase_ == Phase::Opening || phase_ == Phase::Closing;
-  }
+  // Markers open and close a call and may end its name (V3.1's separator); a marker's text never
+  // matches a name's characters, so only the right one is taken.
+  bool takes_control_tokens() const override { return phase_ != Phase::Arguments; }
 
  private:
   enum class Phase { Opening, Head, Arguments, Closing, Done };
@@ -226,10 +245,31 @@ std::string_view section_marker(ChatTemplateKind kind) {
   return kind == ChatTemplateKind::Qwen3 ? std::string_view("<tool_call>") : kCallsBegin;
 }
 
+// V3.1's template does not list tools either; its model card gives the description it was trained
+// with, which goes after the system prompt.
+std::string v31_tool_prompt(std::span<const ToolSpec> tools) {
+  std::string out = "## Tools\nYou have access to the following tools:\n";
+  for (const ToolSpec& t : tools) {
+    out += "\n### " + t.name + "\nDescription: " + t.description + "\n\nParameters: ";
+    out += python_json(nlohmann::ordered_json::parse(t.parameters_json));
+    out += "\n";
+  }
+  out +=
+      concat({"\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n", kCallsBegin,
+              kCallBegin, "tool_call_name", kSep, "tool_call_arguments", kCallEnd,
+              "{{additional_tool_calls}}", kCallsEnd,
+              "\n\nWhere:\n\n- `tool_call_name` must be an exact match to one of the available "
+              "tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's "
+              "Parameters Schema\n- For multiple tool calls, chain them directly without "
+              "separators or spaces\n"});
+  return out;
+}
+
 }  // namespace
 
 bool supports_tool_calls(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::DeepSeekV3 || kind == ChatTemplateKind::Qwen3;
+  return kind == ChatTemplateKind::DeepSeekV3 || kind == ChatTemplateKind::DeepSeekR1 ||
+         kind == ChatTemplateKind::DeepSeekV31 || kind == ChatTemplateKind::Qwen3;
 }
 
 std::string python_json(const nlohmann::ordered_json& value) {
@@ -264,6 +304,7 @@ std::string python_json(const nlohmann::ordered_json& value) {
 std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools) {
   check_kind(kind);
   if (kind == ChatTemplateKind::Qwen3) return {};  // its template lists the tools itself
+  if (kind == ChatTemplateKind::DeepSeekV31) return v31_tool_prompt(tools);
   std::string out = concat(
       {"You can call functions. To call one, reply with exactly\n", kCallsBegin, kCallBegin,
        "function", kSep, "NAME", kArgsOpen, "ARGUMENTS", kArgsClose, kCallEnd, kCallsEnd,
@@ -281,13 +322,14 @@ std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> 
 
 ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text) {
   check_kind(kind);
-  if (kind == ChatTemplateKind::Qwen3) return parse_qwen3(text);
+  const Syntax syntax = syntax_of(kind);
+  if (syntax == Syntax::Qwen3) return parse_qwen3(text);
   const size_t begin = text.find(kCallsBegin);
   if (begin == std::string_view::npos) return {std::string(text), {}};
   ToolReply reply{.content = std::string(text.substr(0, begin)), .calls = {}};
   std::string_view rest = text.substr(begin + kCallsBegin.size());
   for (;;) {
-    std::optional<ChatToolCall> call = parse_call(rest);
+    std::optional<ChatToolCall> call = parse_call(rest, syntax);
     if (!call) return {std::string(text), {}};
     reply.calls.push_back(std::move(*call));
     if (rest.empty() || consume(rest, kCallsEnd)) break;  // a reply cut short after a call counts

@@ -2,16 +2,19 @@
 // Tool calls in a model family's own syntax: the tools described in the prompt, the calls parsed
 // back out of a reply, and the grammar of one call for `tool_choice: "required"`. Qwen3's
 // template lists the tools itself and takes calls as
-// "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>"; DeepSeek-V3's (the other
-// templates refuse tools for now):
+// "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>"; DeepSeek-V3's and R1's (the
+// other templates refuse tools for now):
 //
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
 //   ```json
 //   ARGUMENTS
 //   ```<｜tool▁call▁end｜>  (more calls: "\n<｜tool▁call▁begin｜>...")  <｜tool▁calls▁end｜>
 //
-// V3's chat template renders calls and results but never the tool list, so the list goes into the
-// system prompt, with the syntax (as llama.cpp does for templates without tool support).
+// and V3.1's
+// "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>
+// ...<｜tool▁calls▁end｜>". DeepSeek's templates render calls and results but never the tool list,
+// so the list goes into the system prompt with the syntax: V3.1's model card gives its wording;
+// for V3 and R1 it is tandem's (as llama.cpp does for templates without tool support).
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <span>

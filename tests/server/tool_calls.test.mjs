@@ -2,8 +2,8 @@
 // random weights: tool_choice "required" and a named tool always give a call whose arguments
 // parse and follow the tool's parameters (whole and streamed); a round trip with the call and its
 // result sent back is answered; "auto" answers; malformed tools and tool choices get a 400 naming
-// the field; Qwen3's syntax the same way; a template without tool calls in tandem refuses tools
-// rather than ignoring them.
+// the field; Qwen3's, R1's and V3.1's syntax the same way; a template without tool calls in tandem
+// refuses tools rather than ignoring them.
 import OpenAI from 'openai';
 import { check, finish, fixture, postJson, startServer } from './harness.mjs';
 
@@ -131,6 +131,38 @@ try {
         'Qwen3: the template lists the tools in the order the client sent their keys', prompt.text);
 } finally {
   await qwen.stop();
+}
+
+// R1 writes calls as V3 does and V3.1 in its own syntax: a required call from random weights parses
+// and follows its tool; a round trip renders; the tools' description follows the system prompt.
+for (const template of ['deepseek-r1', 'deepseek-v3.1']) {
+  const ds = await startServer(fixture('micro-v3-F32.gguf'), ['--ctx', '1024', '--chat-template', template]);
+  try {
+    const withSystem = [{ role: 'system', content: 'Be brief.' }, ...messages];
+    for (let seed = 0; seed < 3; seed++) {
+      const r = await postJson(ds.base, '/v1/chat/completions',
+                               { messages: withSystem, tools, tool_choice: 'required', max_tokens: 200, seed });
+      const calls = r.json?.choices?.[0]?.message?.tool_calls || [];
+      check(r.status === 200 && calls.length === 1 && !argumentsFollow(calls[0]) &&
+            r.json.choices[0].finish_reason === 'tool_calls',
+            `${template} required (seed ${seed}): a call that follows its tool`, r.text);
+      if (seed > 0 || !calls.length) continue;
+      const answer = await postJson(ds.base, '/v1/chat/completions', {
+        tools, max_tokens: 4, seed,
+        messages: [...withSystem, r.json.choices[0].message,
+                   { role: 'tool', tool_call_id: calls[0].id, content: '{"temperature": 21}' }] });
+      check(answer.status === 200, `${template}: the tool result is answered`, answer.text);
+    }
+    const prompt = await postJson(ds.base, '/apply-template', { messages: withSystem, tools });
+    check(prompt.status === 200 && /^<｜begin▁of▁sentence｜>Be brief\.\n\n/.test(prompt.json.prompt) &&
+          prompt.json.prompt.includes('get_weather'),
+          `${template}: the tools are described after the system prompt`, prompt.text);
+    if (template === 'deepseek-v3.1')
+      check(prompt.json?.prompt.includes('Parameters: {"type": "object", "properties": {"city": {"type": "string", '),
+            'deepseek-v3.1: parameters as json.dumps writes them, keys in the client\'s order', prompt.text);
+  } finally {
+    await ds.stop();
+  }
 }
 
 // A template whose tool syntax tandem does not have yet: tools are refused, not ignored.

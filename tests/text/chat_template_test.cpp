@@ -104,12 +104,11 @@ TEST(ChatTemplate, UnknownRoleIsAnErrorNamingIt) {
       EXPECT_NE(std::string(e.what()).find("'robot'"), std::string::npos) << e.what();
     }
   }
-  // Tool results: DeepSeek-V3's and Qwen3's templates render them, the others refuse them.
+  // Tool results: the templates with tool calls in tandem render them, the others refuse them.
   const std::vector<ChatMessage> result = {{"user", "a"}, {"tool", "42"}};
   EXPECT_NO_THROW(render(ChatTemplateKind::DeepSeekV3, result, true));
-  for (auto kind :
-       {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::DeepSeekR1, ChatTemplateKind::Harmony})
-    try {
+  EXPECT_NO_THROW(render(ChatTemplateKind::DeepSeekR1, result, true));
+  for (auto kind : {ChatTemplateKind::DeepSeekV2, ChatTemplateKind::KimiK2}) try {
       render(kind, result, true);
       ADD_FAILURE() << "a tool result accepted by " << chat_template_name(kind);
     } catch (const Error& e) {
@@ -170,6 +169,61 @@ TEST(ChatTemplate, V31MarksRepliesAfterUserTurnsAndSwitchesThinking) {
       kBos + "<｜User｜>Hi<｜Assistant｜><think>");
   EXPECT_TRUE(reply_starts_in_reasoning(ChatTemplateKind::DeepSeekV31, {.enable_thinking = true}));
   EXPECT_FALSE(reply_starts_in_reasoning(ChatTemplateKind::DeepSeekV31, {}));
+}
+
+// A tool round trip: a call with no content, its two results, the answer, another question.
+std::vector<ChatMessage> tool_round_trip() {
+  ChatMessage call{"assistant",
+                   "",
+                   /*content_is_null=*/true,
+                   {{"call_1", "f", R"({"a": 1})"}, {"call_2", "g", "{}"}}};
+  return {{"system", "S"}, {"user", "q"},       call,          {"tool", "r1"},
+          {"tool", "r2"},  {"assistant", "ok"}, {"user", "q2"}};
+}
+
+// Expected strings follow R1's tokenizer_config.json template (the January 2025 release), which
+// renders tools as V3's does: only the last system prompt, reasoning stripped from plain turns.
+TEST(ChatTemplate, R1RendersToolCallsAsV3Does) {
+  const std::string call_1 =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": 1}\n```<｜tool▁call▁end｜>";
+  const std::string call_2 =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜>";
+  EXPECT_EQ(render(ChatTemplateKind::DeepSeekR1, tool_round_trip(), true),
+            kBos + "S<｜User｜>q<｜Assistant｜><｜tool▁calls▁begin｜>" + call_1 + "\n" + call_2 +
+                "<｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁outputs▁begin｜><"
+                "｜tool▁output▁begin｜>r1"
+                "<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>r2<｜tool▁output▁end｜><"
+                "｜tool▁outputs▁end｜>ok"
+                "<｜end▁of▁sentence｜><｜User｜>q2<｜Assistant｜><think>\n");
+  // Right after a result: the outputs close and no generation prompt follows.
+  std::vector<ChatMessage> pending = tool_round_trip();
+  pending.resize(4);
+  EXPECT_TRUE(render(ChatTemplateKind::DeepSeekR1, pending, true)
+                  .ends_with("r1<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"));
+}
+
+// Expected strings follow V3.1's template: calls as NAME<｜tool▁sep｜>ARGUMENTS closed per turn,
+// results bare, the answer after them without an assistant tag.
+TEST(ChatTemplate, V31RendersToolCallsInItsOwnSyntax) {
+  EXPECT_EQ(
+      render(ChatTemplateKind::DeepSeekV31, tool_round_trip(), true),
+      kBos +
+          "S<｜User｜>q<｜Assistant｜></think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f"
+          "<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{}"
+          "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁output▁begin｜>r1"
+          "<｜tool▁output▁end｜><｜tool▁output▁begin｜>r2<｜tool▁output▁end｜>ok"
+          "<｜end▁of▁sentence｜><｜User｜>q2<｜Assistant｜></think>");
+  std::vector<ChatMessage> with_text = tool_round_trip();
+  with_text[2].content = "Checking.";
+  with_text[2].content_is_null = false;
+  with_text.resize(4);
+  EXPECT_EQ(
+      render(ChatTemplateKind::DeepSeekV31, with_text, true),
+      kBos +
+          "S<｜User｜>q<｜Assistant｜></think>Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f"
+          "<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{}"
+          "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁output▁begin｜>r1"
+          "<｜tool▁output▁end｜>");
 }
 
 TEST(ChatTemplate, DetectsEachFamilyByItsMarkers) {

@@ -69,6 +69,28 @@ TEST(ToolCalls, Qwen3CallsAreJsonInToolCallTags) {
   EXPECT_EQ(tool_section_start(kQwen3, "ok <tool_c"), 3u);
 }
 
+TEST(ToolCalls, R1TakesV3sSyntaxAndV31ItsOwn) {
+  const std::string v3 = "<｜tool▁calls▁begin｜>" + call_text("f", "{}") + "<｜tool▁calls▁end｜>";
+  EXPECT_EQ(parse_tool_reply(ChatTemplateKind::DeepSeekR1, v3).calls.size(), 1u);
+  const auto kV31 = ChatTemplateKind::DeepSeekV31;
+  const std::string v31 =
+      "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
+      "\"Oslo\"}"
+      "<｜tool▁call▁end｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><"
+      "｜tool▁calls▁end｜>";
+  const ToolReply r = parse_tool_reply(kV31, v31);
+  EXPECT_EQ(r.content, "Sure.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city": "Oslo"})");
+  EXPECT_EQ(r.calls[1].name, "f");
+  // Each syntax is text to the other.
+  EXPECT_TRUE(parse_tool_reply(kV31, v3).calls.empty());
+  EXPECT_TRUE(parse_tool_reply(kV3, v31).calls.empty());
+  EXPECT_EQ(parse_tool_reply(kV31, v3).content, v3);
+  EXPECT_EQ(tool_section_start(kV31, "Sure.<｜tool▁ca"), 5u);
+}
+
 TEST(ToolCalls, ToolsAreListedAsPythonsJsonDumpsWritesThem) {
   const auto tool = nlohmann::ordered_json::parse(R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
   EXPECT_EQ(python_json(tool), R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
@@ -102,7 +124,8 @@ std::shared_ptr<const std::vector<ToolSpec>> weather_tools() {
 }
 
 TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
-  for (const ChatTemplateKind kind : {kV3, ChatTemplateKind::Qwen3}) {
+  for (const ChatTemplateKind kind : {kV3, ChatTemplateKind::DeepSeekR1,
+                                      ChatTemplateKind::DeepSeekV31, ChatTemplateKind::Qwen3}) {
     SCOPED_TRACE(chat_template_name(kind));
     const auto tools = weather_tools();
     std::mt19937 rng(3);
@@ -161,6 +184,17 @@ TEST(ToolCalls, TheSystemPromptListsEveryToolAndTheSyntax) {
   EXPECT_NE(prompt.find(R"({"name":"get_weather","description":"Weather now","parameters":{}})"),
             std::string::npos);
   EXPECT_NE(prompt.find(R"({"name":"get_time","parameters":{}})"), std::string::npos);
+  // V3.1's is the description its model card gives, parameters as Python's json.dumps writes them.
+  auto v31_tools = *tools;
+  v31_tools[0].parameters_json = R"({"type":"object","properties":{"city":{"type":"string"}}})";
+  const std::string v31 = tool_system_prompt(ChatTemplateKind::DeepSeekV31, v31_tools);
+  EXPECT_TRUE(v31.starts_with(
+      "## Tools\nYou have access to the following tools:\n\n### get_weather\nDescription: Weather "
+      "now\n\nParameters: {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+      "\"string\"}}}\n\n### get_time\n"))
+      << v31;
+  EXPECT_NE(v31.find("<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments"),
+            std::string::npos);
 }
 
 }  // namespace
