@@ -92,9 +92,14 @@ void register_chat(CLI::App& app) {
       }
       std::fputs("\n", stdout);
       if (reply.finish_reason == "cancelled") std::fputs("[stopped]\n", stderr);
+      // The slot keeps the conversation's rows between turns, so each turn evaluates only what
+      // changed since the last one (its new message, and a reply the template rewrites).
       if (o->engine.verbose)
-        std::fprintf(stderr, "[%zu tokens, %.2f tokens/s]\n", reply.tokens.size(),
-                     reply.tokens.size() > 1 ? double(reply.tokens.size() - 1) / reply.decode_seconds : 0.0);
+        std::fprintf(
+            stderr, "[prompt %d tokens, %d evaluated, %d cached; %zu tokens, %.2f tokens/s]\n",
+            reply.prompt_tokens, reply.prompt_tokens_evaluated,
+            reply.prompt_tokens - reply.prompt_tokens_evaluated, reply.tokens.size(),
+            reply.tokens.size() > 1 ? double(reply.tokens.size() - 1) / reply.decode_seconds : 0.0);
       messages.push_back({"assistant", reply.text});
     }
   });

@@ -1,6 +1,8 @@
 // `tandem run`, `tokenize` and `chat` end to end on the fixture models.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -76,6 +78,28 @@ TEST(Chat, TwoTurnsFromStdinThenEndOfInputQuits) {
   const CliResult r = run_tandem("chat " + model("micro-v3-F32.gguf") + " -n 8 --temp 0 -t 2", "Hello\\nAnd again\\n");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("deepseek3 template"), std::string::npos) << r.output;
+}
+
+// The slot keeps the conversation between turns: the second turn's prompt starts with the first
+// turn's prompt and reply, which are not evaluated again.
+TEST(Chat, TheSecondTurnEvaluatesOnlyWhatChanged) {
+  const CliResult r = run_tandem("chat " + model("micro-v3-F32.gguf") + " -n 8 --temp 0 -t 2 -v",
+                                 "Hello\nAnd again\n");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::array<int, 3>> turns;  // prompt tokens, evaluated, cached
+  for (size_t at = r.output.find("[prompt "); at != std::string::npos;
+       at = r.output.find("[prompt ", at + 1)) {
+    std::array<int, 3> t{};
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "[prompt %d tokens, %d evaluated, %d cached",
+                          &t[0], &t[1], &t[2]),
+              3)
+        << r.output;
+    turns.push_back(t);
+  }
+  ASSERT_EQ(turns.size(), 2u) << r.output;
+  EXPECT_EQ(turns[0][1], turns[0][0]);  // the first turn evaluates its whole prompt
+  EXPECT_GE(turns[1][2], turns[0][0]);  // the second reuses at least the first turn's prompt
+  EXPECT_EQ(turns[1][1] + turns[1][2], turns[1][0]);
 }
 
 }  // namespace
