@@ -47,12 +47,17 @@ std::vector<ChatMessage> messages_of(const json& list, const std::string& where)
     if (calls) {
       message.content_is_null = m["content"].is_null();
       for (const json& c : m["tool_calls"]) {
+        // Arguments as OpenAI's JSON text, or as an object (how GLM's template takes them).
+        const json args =
+            c.contains("function") ? c["function"].value("arguments", json()) : json();
         if (!c.contains("function") || !c["function"].value("name", json()).is_string() ||
-            !c["function"].value("arguments", json()).is_string())
-          fail("{}: a tool call needs function.name and function.arguments strings", where);
-        message.tool_calls.push_back({.id = c.value("id", std::string()),
-                                      .name = c["function"]["name"].get<std::string>(),
-                                      .arguments = c["function"]["arguments"].get<std::string>()});
+            !(args.is_string() || args.is_object()))
+          fail("{}: a tool call needs function.name and function.arguments (text or object)",
+               where);
+        message.tool_calls.push_back(
+            {.id = c.value("id", std::string()),
+             .name = c["function"]["name"].get<std::string>(),
+             .arguments = args.is_string() ? args.get<std::string>() : python_json(args)});
       }
     }
     messages.push_back(std::move(message));

@@ -50,6 +50,7 @@ struct StreamState {
   // Tools offered: each choice's content from where a call section may start is held back until
   // the reply ends, then parsed into calls (or sent as content if it is none).
   std::optional<ChatTemplateKind> tools;
+  std::shared_ptr<const std::vector<ToolSpec>> tool_specs;  // their parameters type GLM's arguments
   std::vector<std::string> held;
   std::vector<std::string> finish_reasons;  // "tool_calls" where a choice made calls
   std::string id_prefix;                    // of the calls' ids
@@ -58,9 +59,10 @@ struct StreamState {
 
 // Gives the calls of a reply ids and the reply the text around them; false (nothing changed)
 // when the reply holds no call.
-bool take_tool_calls(ChatTemplateKind kind, std::string& text, std::vector<ChatToolCall>& calls,
-                     const std::string& id_prefix, uint64_t& next_id) {
-  ToolReply reply = parse_tool_reply(kind, text);
+bool take_tool_calls(ChatTemplateKind kind, const std::vector<ToolSpec>& tools, std::string& text,
+                     std::vector<ChatToolCall>& calls, const std::string& id_prefix,
+                     uint64_t& next_id) {
+  ToolReply reply = parse_tool_reply(kind, text, tools);
   if (reply.calls.empty()) return false;
   for (ChatToolCall& call : reply.calls) call.id = fmt::format("call_{}{}", id_prefix, next_id++);
   text = std::move(reply.content);
@@ -277,8 +279,8 @@ struct HttpServer::Impl {
         choices[c].finish_reason = state->finish_reason(int32_t(c));
         if (parsed.logprobs) choices[c].logprobs = &logprobs[c];
         uint64_t id = next_id.fetch_add(64);  // ids for the choice's calls
-        if (parsed.tool_calls && take_tool_calls(m->chat_template, choices[c].text,
-                                                 choices[c].tool_calls, id_prefix, id))
+        if (parsed.tools && take_tool_calls(m->chat_template, *parsed.tools, choices[c].text,
+                                            choices[c].tool_calls, id_prefix, id))
           choices[c].finish_reason = "tool_calls";
       }
       if (state->failure() == "error")
@@ -297,7 +299,8 @@ struct HttpServer::Impl {
                     .include_usage = parsed.include_usage,
                     .logprobs = parsed.logprobs,
                     .reasoning = splitters,
-                    .tools = parsed.tool_calls ? std::optional(m->chat_template) : std::nullopt,
+                    .tools = parsed.tools ? std::optional(m->chat_template) : std::nullopt,
+                    .tool_specs = parsed.tools,
                     .held = std::vector<std::string>(splitters.size()),
                     .finish_reasons = {},
                     .id_prefix = id_prefix,
@@ -352,7 +355,8 @@ struct HttpServer::Impl {
               std::string& held = stream->held[size_t(c)];
               held += d.content;
               uint64_t id = stream->first_call_id + 64 * uint64_t(c);
-              if (take_tool_calls(*stream->tools, held, calls, stream->id_prefix, id))
+              if (take_tool_calls(*stream->tools, *stream->tool_specs, held, calls,
+                                  stream->id_prefix, id))
                 stream->finish_reasons[size_t(c)] = "tool_calls";
               d.content = std::move(held);
             }

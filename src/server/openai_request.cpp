@@ -318,8 +318,8 @@ ToolPrompt parse_tools(const json& body, std::string_view body_text, const Promp
   if (!supports_tool_calls(context.chat_template))
     bad("tools",
         fmt::format(
-            "the {} chat template does not have tool calls in tandem yet (DeepSeek V3's, R1's, "
-            "V3.1's and Qwen3's do); "
+            "the {} chat template does not have tool calls in tandem yet (DeepSeek V3's, R1's "
+            "and V3.1's, Qwen3's and GLM-4.5's do); "
             "send the request without 'tools', or with 'tool_choice': 'none'",
             chat_template_name(context.chat_template)));
   // The tools again with their keys in the client's order, which tool lists in prompts keep.
@@ -365,7 +365,7 @@ ToolPrompt parse_tools(const json& body, std::string_view body_text, const Promp
     if (it == specs->end())
       bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", named));
   }
-  out.tool_calls = true;
+  out.tools = specs;
   out.completion.render_special = true;  // the call markers are control tokens
   if (mode == "required" || mode == "named") {
     std::shared_ptr<const std::vector<ToolSpec>> callable = specs;

@@ -4,12 +4,14 @@
 // that names them. Context-dependent limits (prompt longer than the context) are checked here
 // too, so a request that cannot run never reaches the scheduler.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "runtime/batch_scheduler.h"
 #include "text/chat_template.h"
+#include "text/tool_calls.h"
 
 namespace tandem {
 class Tokenizer;
@@ -27,8 +29,9 @@ struct ParsedRequest {
   // reasoning_effort), and whether the reply starts inside a reasoning block.
   ChatOptions chat_options;
   bool starts_in_reasoning = false;
-  // Tools were offered (tool_choice other than "none"): the reply's calls are parsed out of it.
-  bool tool_calls = false;
+  // The tools offered (null with none or tool_choice "none"): the reply's calls are parsed out
+  // of it.
+  std::shared_ptr<const std::vector<ToolSpec>> tools;
 };
 
 struct PromptContext {

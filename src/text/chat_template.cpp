@@ -219,7 +219,7 @@ std::string apply_chat_template(ChatTemplateKind kind, std::span<const ChatMessa
       if (messages[i].role == "tool" || !messages[i].tool_calls.empty())
         fail(
             "chat message {} has a tool {}; the {} chat template does not render tool calls yet "
-            "(DeepSeek-V3's, R1's, V3.1's and Qwen3's do)",
+            "(DeepSeek V3's, R1's and V3.1's, Qwen3's and GLM-4.5's do)",
             i, messages[i].role == "tool" ? "result" : "call", chat_template_name(kind));
   switch (kind) {
     case ChatTemplateKind::DeepSeekV2:

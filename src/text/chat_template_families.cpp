@@ -5,8 +5,11 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "text/chat_template_internal.h"
+#include "text/tool_calls.h"
 
 namespace tandem::chat {
 namespace {
@@ -166,14 +169,32 @@ std::string render_harmony(std::span<const ChatMessage> messages, const ChatOpti
 }
 
 // GLM-4.5/4.6: every assistant turn opens a <think> block (empty unless it comes after the last
-// user message and has reasoning); its answer is stripped of surrounding whitespace.
+// user message and has reasoning); its answer is stripped of surrounding whitespace. Tools are
+// listed in a system message first; calls follow the answer as key/value tags
+// (text/xml_tool_calls.h), results come in an observation turn. An assistant turn with null
+// content renders as an empty one (GLM's template would write "None").
 std::string render_glm45(std::span<const ChatMessage> messages, const ChatOptions& options) {
   const bool no_think = options.enable_thinking == false;
   const int64_t last_user = last_user_index(messages);
   std::string out = "[gMASK]<sop>";
+  if (!options.tools.empty()) {
+    out +=
+        "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML "
+        "tags:\n<tools>\n";
+    for (const std::string& tool : options.tools) out += tool + "\n";
+    out +=
+        "</tools>\n\nFor each function call, output the function name and arguments within the "
+        "following XML format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n"
+        "<arg_value>{arg-value-1}</arg_value>\n<arg_key>{arg-key-2}</arg_key>\n"
+        "<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>";
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    if (m.role == "system") {
+    if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|observation|>";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+    } else if (m.role == "system") {
       out += "<|system|>\n" + m.content;
     } else if (m.role == "user") {
       out += "<|user|>\n" + m.content;
@@ -187,6 +208,19 @@ std::string render_glm45(std::span<const ChatMessage> messages, const ChatOption
       if (!strip(turn.content).empty()) {
         out += "\n";
         out += strip(turn.content);
+      }
+      for (const ChatToolCall& call : m.tool_calls) {
+        const auto args = nlohmann::ordered_json::parse(call.arguments, nullptr, false);
+        if (args.is_discarded() || !args.is_object())
+          fail("tool call '{}' has arguments that are not a JSON object: {}", call.name,
+               call.arguments);
+        out += "\n<tool_call>" + call.name;
+        for (const auto& [key, value] : args.items()) {
+          out += "\n<arg_key>" + key + "</arg_key>\n<arg_value>";
+          out += value.is_string() ? value.get<std::string>() : python_json(value);
+          out += "</arg_value>";
+        }
+        out += "\n</tool_call>";
       }
     }
   }

@@ -113,8 +113,10 @@ int32_t JsonSchema::add(JsonSchemaNode n) {
   return int32_t(nodes_.size()) - 1;
 }
 
-JsonRecognizer::JsonRecognizer(const JsonSchema& schema) : schema_(&schema) {
-  stack_[0] = {.node = schema.root(), .type = Type::Value};
+JsonRecognizer::JsonRecognizer(const JsonSchema& schema) : JsonRecognizer(schema, schema.root()) {}
+
+JsonRecognizer::JsonRecognizer(const JsonSchema& schema, int32_t node) : schema_(&schema) {
+  stack_[0] = {.node = node, .type = Type::Value};
   depth_ = 1;
 }
 

@@ -71,6 +71,8 @@ class JsonSchema {
 class JsonRecognizer : public OutputConstraint {
  public:
   explicit JsonRecognizer(const JsonSchema& schema);
+  // A document of the schema's node `node` (a property's value) instead of its root.
+  JsonRecognizer(const JsonSchema& schema, int32_t node);
   JsonRecognizer(const JsonRecognizer& other) : OutputConstraint() { *this = other; }
   JsonRecognizer& operator=(const JsonRecognizer& other);  // copies the active frames only
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "text/chat_template_internal.h"
+#include "text/xml_tool_calls.h"
 
 namespace tandem {
 namespace {
@@ -38,11 +39,13 @@ bool consume(std::string_view& s, std::string_view prefix) {
   return true;
 }
 
-// The tool-call syntaxes: DeepSeek-V3's (also R1's), V3.1's and Qwen3's.
-enum class Syntax { V3, V31, Qwen3 };
+// The tool-call syntaxes: DeepSeek-V3's (also R1's), V3.1's, Qwen3's and GLM-4.5's key/value tags
+// (text/xml_tool_calls.h).
+enum class Syntax { V3, V31, Qwen3, Xml };
 
 Syntax syntax_of(ChatTemplateKind kind) {
   if (kind == ChatTemplateKind::Qwen3) return Syntax::Qwen3;
+  if (kind == ChatTemplateKind::Glm45) return Syntax::Xml;
   return kind == ChatTemplateKind::DeepSeekV31 ? Syntax::V31 : Syntax::V3;
 }
 
@@ -83,6 +86,7 @@ CallSyntax call_syntax(ChatTemplateKind kind) {
     case Syntax::V31:
       return {concat({kCallsBegin, kCallBegin}), std::string(kSep), concat({kCallEnd, kCallsEnd})};
     case Syntax::V3:
+    case Syntax::Xml:  // a grammar of its own (one_xml_tool_call)
       break;
   }
   return {concat({kCallsBegin, kCallBegin, "function", kSep}), std::string(kArgsOpen),
@@ -242,7 +246,9 @@ ToolReply parse_qwen3(std::string_view text) {
 }
 
 std::string_view section_marker(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::Qwen3 ? std::string_view("<tool_call>") : kCallsBegin;
+  const Syntax syntax = syntax_of(kind);
+  return syntax == Syntax::Qwen3 || syntax == Syntax::Xml ? std::string_view("<tool_call>")
+                                                          : kCallsBegin;
 }
 
 // V3.1's template does not list tools either; its model card gives the description it was trained
@@ -269,7 +275,8 @@ std::string v31_tool_prompt(std::span<const ToolSpec> tools) {
 
 bool supports_tool_calls(ChatTemplateKind kind) {
   return kind == ChatTemplateKind::DeepSeekV3 || kind == ChatTemplateKind::DeepSeekR1 ||
-         kind == ChatTemplateKind::DeepSeekV31 || kind == ChatTemplateKind::Qwen3;
+         kind == ChatTemplateKind::DeepSeekV31 || kind == ChatTemplateKind::Qwen3 ||
+         kind == ChatTemplateKind::Glm45;
 }
 
 std::string python_json(const nlohmann::ordered_json& value) {
@@ -303,7 +310,8 @@ std::string python_json(const nlohmann::ordered_json& value) {
 
 std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools) {
   check_kind(kind);
-  if (kind == ChatTemplateKind::Qwen3) return {};  // its template lists the tools itself
+  if (kind == ChatTemplateKind::Qwen3 || kind == ChatTemplateKind::Glm45)
+    return {};  // their templates list the tools themselves
   if (kind == ChatTemplateKind::DeepSeekV31) return v31_tool_prompt(tools);
   std::string out = concat(
       {"You can call functions. To call one, reply with exactly\n", kCallsBegin, kCallBegin,
@@ -320,10 +328,12 @@ std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> 
   return out;
 }
 
-ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text) {
+ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text,
+                           std::span<const ToolSpec> tools) {
   check_kind(kind);
   const Syntax syntax = syntax_of(kind);
   if (syntax == Syntax::Qwen3) return parse_qwen3(text);
+  if (syntax == Syntax::Xml) return parse_xml_tool_calls(text, tools);
   const size_t begin = text.find(kCallsBegin);
   if (begin == std::string_view::npos) return {std::string(text), {}};
   ToolReply reply{.content = std::string(text.substr(0, begin)), .calls = {}};
@@ -353,6 +363,7 @@ std::unique_ptr<OutputConstraint> one_tool_call(
     ChatTemplateKind kind, std::shared_ptr<const std::vector<ToolSpec>> tools) {
   check_kind(kind);
   TANDEM_CHECK(!tools->empty() && tools->size() <= 64);
+  if (syntax_of(kind) == Syntax::Xml) return one_xml_tool_call(std::move(tools));
   return std::make_unique<OneToolCall>(std::move(tools), call_syntax(kind));
 }
 

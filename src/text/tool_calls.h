@@ -46,12 +46,14 @@ std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> 
 
 // A reply split into its text and its calls (ids left empty). A reply whose call section does
 // not parse whole (a broken marker, arguments that are not a JSON object) is all text: nothing
-// the model wrote is dropped.
+// the model wrote is dropped. `tools` (the tools offered) type GLM's arguments, whose strings are
+// written without quotes.
 struct ToolReply {
   std::string content;
   std::vector<ChatToolCall> calls;
 };
-ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text);
+ToolReply parse_tool_reply(ChatTemplateKind kind, std::string_view text,
+                           std::span<const ToolSpec> tools = {});
 
 // How much of `text` (a reply so far) can be streamed as content: everything before the call
 // section, or before an end that may still become its opening marker.

@@ -2,8 +2,8 @@
 // random weights: tool_choice "required" and a named tool always give a call whose arguments
 // parse and follow the tool's parameters (whole and streamed); a round trip with the call and its
 // result sent back is answered; "auto" answers; malformed tools and tool choices get a 400 naming
-// the field; Qwen3's, R1's and V3.1's syntax the same way; a template without tool calls in tandem
-// refuses tools rather than ignoring them.
+// the field; Qwen3's, R1's, V3.1's and GLM-4.5's syntax the same way; a template without tool
+// calls in tandem refuses tools rather than ignoring them.
 import OpenAI from 'openai';
 import { check, finish, fixture, postJson, startServer } from './harness.mjs';
 
@@ -163,6 +163,31 @@ for (const template of ['deepseek-r1', 'deepseek-v3.1']) {
   } finally {
     await ds.stop();
   }
+}
+
+// GLM-4.5 lists the tools itself and takes calls as key/value tags with strings raw: a required call
+// from random weights parses back with arguments that follow the tool (the city a string however
+// it reads), streamed the same as whole.
+const glm = await startServer(fixture('glm4moe-micro-F32.gguf'), ['--ctx', '1024']);
+try {
+  for (let seed = 0; seed < 3; seed++) {
+    const r = await postJson(glm.base, '/v1/chat/completions',
+                             { messages, tools, tool_choice: 'required', max_tokens: 200, seed });
+    const calls = r.json?.choices?.[0]?.message?.tool_calls || [];
+    check(r.status === 200 && calls.length === 1 && !argumentsFollow(calls[0]) &&
+          r.json.choices[0].finish_reason === 'tool_calls',
+          `GLM-4.5 required (seed ${seed}): a call that follows its tool`, r.text);
+  }
+  const prompt = await postJson(glm.base, '/apply-template', {
+    messages: [...messages, { role: 'assistant', content: null, tool_calls: [
+      { id: 'a', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris", "days": 2}' } }] },
+               { role: 'tool', tool_call_id: 'a', content: 'sunny' }], tools });
+  check(prompt.status === 200 && prompt.json.prompt.includes(
+    '<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n' +
+    '<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call><|observation|>\n<tool_response>\nsunny'),
+        'GLM-4.5: a call and its result render as its template writes them', prompt.text);
+} finally {
+  await glm.stop();
 }
 
 // A template whose tool syntax tandem does not have yet: tools are refused, not ignored.

@@ -1,7 +1,8 @@
-// DeepSeek-V3 tool calls: replies split into text and calls (a section that does not parse whole
-// stays text), the streamable part of a reply held back at a possible marker, and the grammar of
-// a required call: a random writer that only takes allowed bytes always writes one call that
-// parses back, names a tool and has arguments of its parameters.
+// Tool calls in each family's syntax (DeepSeek V3/R1 and V3.1, Qwen3, GLM-4.5): replies split
+// into text and calls (a section that does not parse whole stays text), the streamable part of a
+// reply held back at a possible marker, and the grammar of a required call: a random writer that
+// only takes allowed bytes always writes one call that parses back, names a tool and has
+// arguments of its parameters.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,42 @@ TEST(ToolCalls, R1TakesV3sSyntaxAndV31ItsOwn) {
   EXPECT_EQ(tool_section_start(kV31, "Sure.<｜tool▁ca"), 5u);
 }
 
+// GLM-4.5: key/value tags, strings raw; the tool's parameters say which values are strings.
+TEST(ToolCalls, GlmArgumentsAreTypedByTheToolsParameters) {
+  const auto kGlm = ChatTemplateKind::Glm45;
+  auto schema = std::make_shared<JsonSchema>();
+  const int32_t text =
+      schema->add({.kind = JsonSchemaNode::Kind::String, .min_length = 0, .max_length = -1});
+  schema->add({.kind = JsonSchemaNode::Kind::Object,
+               .names = {"code", "n"},
+               .properties = {text, JsonSchema::kAnyValue}});
+  const std::vector<ToolSpec> tools = {
+      {.name = "f", .description = "", .parameters_json = "{}", .parameters = schema}};
+  const std::string reply =
+      "Let me see.\n<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>12</arg_value>\n"
+      "<arg_key>n</arg_key>\n<arg_value>12</arg_value>\n</tool_call>\n<tool_call>g\n"
+      "<arg_key>x</arg_key>\n<arg_value>a b</arg_value>\n<arg_key>y</arg_key>\n"
+      "<arg_value>[1, {\"z\": null}]</arg_value>\n</tool_call>";
+  const ToolReply r = parse_tool_reply(kGlm, reply, tools);
+  EXPECT_EQ(r.content, "Let me see.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "f");
+  EXPECT_EQ(r.calls[0].arguments, R"({"code":"12","n":12})");
+  // A tool not offered: values that parse as JSON are JSON, the rest strings.
+  EXPECT_EQ(r.calls[1].arguments, R"({"x":"a b","y":[1,{"z":null}]})");
+  EXPECT_EQ(parse_tool_reply(kGlm, "<tool_call>f\n</tool_call>", tools).calls[0].arguments, "{}");
+  for (const std::string& bad :
+       {std::string("<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>1"),  // no end
+        std::string("<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>1</arg_value>\n"
+                    "<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"),  // twice
+        std::string("<tool_call>\n</tool_call>")}) {                                  // no name
+    const ToolReply kept = parse_tool_reply(kGlm, "x" + bad, tools);
+    EXPECT_TRUE(kept.calls.empty()) << bad;
+    EXPECT_EQ(kept.content, "x" + bad);
+  }
+  EXPECT_EQ(tool_section_start(kGlm, "ok <tool"), 3u);
+}
+
 TEST(ToolCalls, ToolsAreListedAsPythonsJsonDumpsWritesThem) {
   const auto tool = nlohmann::ordered_json::parse(R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
   EXPECT_EQ(python_json(tool), R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
@@ -98,6 +135,7 @@ TEST(ToolCalls, ToolsAreListedAsPythonsJsonDumpsWritesThem) {
 
 TEST(ToolCalls, OtherTemplatesRefuseTools) {
   EXPECT_FALSE(supports_tool_calls(ChatTemplateKind::Harmony));
+  EXPECT_FALSE(supports_tool_calls(ChatTemplateKind::KimiK2));
   EXPECT_THROW(parse_tool_reply(ChatTemplateKind::Harmony, "x"), std::exception);
 }
 
@@ -124,8 +162,9 @@ std::shared_ptr<const std::vector<ToolSpec>> weather_tools() {
 }
 
 TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
-  for (const ChatTemplateKind kind : {kV3, ChatTemplateKind::DeepSeekR1,
-                                      ChatTemplateKind::DeepSeekV31, ChatTemplateKind::Qwen3}) {
+  for (const ChatTemplateKind kind :
+       {kV3, ChatTemplateKind::DeepSeekR1, ChatTemplateKind::DeepSeekV31, ChatTemplateKind::Qwen3,
+        ChatTemplateKind::Glm45}) {
     SCOPED_TRACE(chat_template_name(kind));
     const auto tools = weather_tools();
     std::mt19937 rng(3);
@@ -159,7 +198,7 @@ TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
         ASSERT_TRUE(call->feed(bytes));
         out += bytes;
       }
-      const ToolReply reply = parse_tool_reply(kind, out);
+      const ToolReply reply = parse_tool_reply(kind, out, *tools);
       ASSERT_EQ(reply.calls.size(), 1u) << out;
       EXPECT_EQ(reply.content, "");
       const nlohmann::json args = nlohmann::json::parse(reply.calls[0].arguments);
