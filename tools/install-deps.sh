@@ -9,6 +9,7 @@ packages=(
   python3-jinja2                                    # the chat templates' reference renderer (tests)
   libcpp-httplib-dev pkg-config                     # the HTTP server (found through pkg-config)
   chromium                                          # the server's web page test (headless)
+  openmpi-bin libopenmpi-dev                        # ranks over several machines (transport)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,194 @@
+// The transport over MPI (built when CMake finds MPI): nonblocking calls polled against a
+// deadline, so a peer that never answers is an error naming it, not a hang.
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/transport.h"
+
+namespace tandem {
+namespace {
+
+// Whether a launcher started this process as one of several ranks (Open MPI's mpirun sets
+// OMPI_COMM_WORLD_SIZE, MPICH's and PMIx launchers PMI_SIZE); a plain start stays one process
+// without initializing MPI at all.
+bool launched_as_several_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* value = std::getenv(name); value && std::atoi(value) > 1) return true;
+  return false;
+}
+
+int checked_int(size_t n, std::string_view what) {
+  if (n > size_t(INT_MAX)) fail("{}: {} bytes is more than one MPI message carries", what, n);
+  return int(n);
+}
+
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(double timeout_s) : timeout_s_(timeout_s) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Errors come back as codes (turned into tandem::Error) instead of ending the process.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int length = 0;
+    MPI_Get_library_version(version, &length);
+    library_ = std::string(version, size_t(length));
+    library_ = library_.substr(0, library_.find_first_of(",\n"));
+  }
+  ~MpiTransport() override { MPI_Finalize(); }
+
+  int32_t rank() const override { return rank_; }
+  int32_t n_ranks() const override { return size_; }
+  std::string describe() const override {
+    return fmt::format("MPI ({}), {} ranks", library_, size_);
+  }
+  void set_timeout(double seconds) override {
+    if (!(seconds > 0)) fail("the transport's timeout must be positive (got {} s)", seconds);
+    timeout_s_ = seconds;
+  }
+
+  void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) override {
+    check_peer(to, what);
+    MPI_Request request;
+    check(MPI_Isend(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, to, kTag,
+                    MPI_COMM_WORLD, &request),
+          what);
+    wait(request, fmt::format("sending {} to rank {}", what, to));
+  }
+
+  void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) override {
+    check_peer(from, what);
+    MPI_Request request;
+    check(MPI_Irecv(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, from, kTag,
+                    MPI_COMM_WORLD, &request),
+          what);
+    const MPI_Status status = wait(request, fmt::format("receiving {} from rank {}", what, from));
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    if (size_t(count) != bytes.size())
+      fail("rank {}: {} from rank {} came as {} bytes, not {}: the ranks disagree on the plan",
+           rank_, what, from, count, bytes.size());
+  }
+
+  void broadcast(int32_t root, std::span<std::byte> bytes, std::string_view what) override {
+    if (root < 0 || root >= size_)
+      fail("rank {}: {} comes from rank {}, not one of the {}", rank_, what, root, size_);
+    MPI_Request request;
+    check(MPI_Ibcast(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, root,
+                     MPI_COMM_WORLD, &request),
+          what);
+    wait(request, fmt::format("broadcasting {} from rank {}", what, root));
+  }
+
+  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all,
+                  std::string_view what) override {
+    if (all.size() != mine.size() * size_t(size_))
+      fail("gathering {}: {} bytes for {} ranks of {}", what, all.size(), size_, mine.size());
+    MPI_Request request;
+    const int n = checked_int(mine.size(), what);
+    check(MPI_Iallgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, MPI_COMM_WORLD,
+                         &request),
+          what);
+    wait(request, fmt::format("gathering {} from every rank", what));
+  }
+
+  void all_to_all(std::span<const std::byte> out, std::span<const size_t> out_counts,
+                  std::span<std::byte> in, std::span<const size_t> in_counts,
+                  std::string_view what) override {
+    if (out_counts.size() != size_t(size_) || in_counts.size() != size_t(size_))
+      fail("exchanging {}: counts for {} and {} ranks, not {}", what, out_counts.size(),
+           in_counts.size(), size_);
+    const size_t n = size_t(size_);
+    std::vector<int> send_counts(n), send_at(n), recv_counts(n), recv_at(n);
+    size_t send_total = 0, recv_total = 0;
+    for (size_t r = 0; r < n; ++r) {
+      send_counts[r] = checked_int(out_counts[r], what), send_at[r] = checked_int(send_total, what);
+      recv_counts[r] = checked_int(in_counts[r], what), recv_at[r] = checked_int(recv_total, what);
+      send_total += out_counts[r], recv_total += in_counts[r];
+    }
+    if (send_total > out.size() || recv_total > in.size())
+      fail("exchanging {}: the counts add up to more than the buffers hold", what);
+    MPI_Request request;
+    check(MPI_Ialltoallv(out.data(), send_counts.data(), send_at.data(), MPI_BYTE, in.data(),
+                         recv_counts.data(), recv_at.data(), MPI_BYTE, MPI_COMM_WORLD, &request),
+          what);
+    wait(request, fmt::format("exchanging {} with every rank", what));
+  }
+
+  void abort_run(std::string_view why) override {
+    std::fprintf(stderr, "tandem: rank %d ends the run: %.*s\n", rank_, int(why.size()),
+                 why.data());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+ private:
+  static constexpr int kTag = 17;
+
+  void check_peer(int32_t peer, std::string_view what) const {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      fail("rank {}: {} names rank {}, not another rank of the {}", rank_, what, peer, size_);
+  }
+
+  void check(int code, std::string_view what) const {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    fail("rank {}: MPI failed moving {}: {}", rank_, what, std::string_view(text, size_t(length)));
+  }
+
+  // Polls until the request completes or the deadline passes: spinning first (a transfer on the
+  // step's critical path usually lands within microseconds), then sleeping in short naps so a
+  // long wait does not take a core from the compute threads.
+  MPI_Status wait(MPI_Request& request, const std::string& doing) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+    MPI_Status status{};
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      check(MPI_Test(&request, &done, &status), doing);
+      if (done) return status;
+      if (std::chrono::steady_clock::now() > deadline) {
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+        fail(
+            "rank {}: {} got no answer in {} s: that rank died, hangs, or its link dropped; the "
+            "run cannot go on",
+            rank_, doing, timeout_s_);
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+  std::string library_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> open_mpi_transport(const TransportOptions& options) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) fail("MPI has been finalized: open the transport once per process");
+  if (!initialized) {
+    if (!launched_as_several_ranks()) return nullptr;
+    // Transfers may come from any one thread at a time (the scheduler's loop, a test's main).
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (provided < MPI_THREAD_SERIALIZED)
+      fail("the MPI library gives thread level {}; tandem needs MPI_THREAD_SERIALIZED", provided);
+  }
+  return std::make_unique<MpiTransport>(options.timeout_s);
+}
+
+}  // namespace tandem
