@@ -93,16 +93,37 @@ CallSyntax call_syntax(ChatTemplateKind kind) {
           concat({kArgsClose, kCallEnd, kCallsEnd})};
 }
 
+// The tokens `text` from each position on takes at most: one per byte, but one for each of
+// DeepSeek's markers ("<｜tool▁sep｜>", 19 bytes), which its vocabulary holds as single tokens.
+// A marker begun byte by byte counts its remaining bytes.
+std::vector<int64_t> tokens_from_each_position(std::string_view text) {
+  std::vector<int64_t> tokens(text.size() + 1, 0);
+  for (size_t from = 0; from < text.size(); ++from) {
+    int64_t n = 0;
+    for (size_t at = from; at < text.size(); ++n) {
+      const size_t end = text.find("｜>", at);
+      at = text.substr(at).starts_with("<｜") && end != std::string_view::npos
+               ? end + std::string_view("｜>").size()
+               : at + 1;
+    }
+    tokens[from] = n;
+  }
+  return tokens;
+}
+
 // The grammar of one call: the opening, a tool's name, its arguments as JSON of its parameters
-// (compact), the closing.
+// (compact), the closing. min_remaining counts tokens where a marker is one.
 class OneToolCall : public OutputConstraint {
  public:
   OneToolCall(std::shared_ptr<const std::vector<ToolSpec>> tools, const CallSyntax& syntax)
       : tools_(std::move(tools)) {
     opening_ = syntax.opening;
     closing_ = syntax.closing;
+    opening_tokens_ = tokens_from_each_position(opening_);
+    closing_tokens_ = tokens_from_each_position(closing_);
     for (const ToolSpec& t : *tools_) {
       heads_.push_back(t.name + syntax.after_name);
+      head_tokens_.push_back(tokens_from_each_position(heads_.back()));
       args_min_.push_back(JsonRecognizer(*t.parameters).min_remaining());
     }
     candidates_ = heads_.size() >= 64 ? ~uint64_t(0) : (uint64_t(1) << heads_.size()) - 1;
@@ -128,6 +149,9 @@ class OneToolCall : public OutputConstraint {
         opening_(o.opening_),
         closing_(o.closing_),
         heads_(o.heads_),
+        opening_tokens_(o.opening_tokens_),
+        closing_tokens_(o.closing_tokens_),
+        head_tokens_(o.head_tokens_),
         args_min_(o.args_min_) {
     copy_from(o);
   }
@@ -141,22 +165,25 @@ class OneToolCall : public OutputConstraint {
   int64_t min_remaining() const override {
     switch (phase_) {
       case Phase::Opening:
-        return int64_t(opening_.size()) - pos_ + shortest_head_and_args(candidates_, 0) +
-               int64_t(closing_.size());
+        return opening_tokens_[size_t(pos_)] + shortest_head_and_args(candidates_, 0) +
+               closing_tokens_[0];
       case Phase::Head:
-        return shortest_head_and_args(candidates_, pos_) + int64_t(closing_.size());
+        return shortest_head_and_args(candidates_, pos_) + closing_tokens_[0];
       case Phase::Arguments:
-        return args_->min_remaining() + int64_t(closing_.size());
+        return args_->min_remaining() + closing_tokens_[0];
       case Phase::Closing:
-        return int64_t(closing_.size()) - pos_;
+        return closing_tokens_[size_t(pos_)];
       case Phase::Done:
         return 0;
     }
     return 0;
   }
-  // Markers open and close a call and may end its name (V3.1's separator); a marker's text never
-  // matches a name's characters, so only the right one is taken.
-  bool takes_control_tokens() const override { return phase_ != Phase::Arguments; }
+  // Markers open and close a call (V3.1's closing follows the arguments' last brace) and may end
+  // its name (V3.1's separator); a marker's text never matches a name's characters, so only the
+  // right one is taken. Inside the arguments JSON, none.
+  bool takes_control_tokens() const override {
+    return phase_ != Phase::Arguments || args_->complete();
+  }
 
  private:
   enum class Phase { Opening, Head, Arguments, Closing, Done };
@@ -164,8 +191,7 @@ class OneToolCall : public OutputConstraint {
   int64_t shortest_head_and_args(uint64_t candidates, int32_t pos) const {
     int64_t best = std::numeric_limits<int64_t>::max();
     for (size_t i = 0; i < heads_.size(); ++i)
-      if (candidates >> i & 1)
-        best = std::min(best, int64_t(heads_[i].size()) - pos + args_min_[i]);
+      if (candidates >> i & 1) best = std::min(best, head_tokens_[i][size_t(pos)] + args_min_[i]);
     return best;
   }
 
@@ -210,7 +236,9 @@ class OneToolCall : public OutputConstraint {
   std::shared_ptr<const std::vector<ToolSpec>> tools_;
   std::string opening_, closing_;
   std::vector<std::string> heads_;  // each tool's name and the arguments' opening
-  std::vector<int64_t> args_min_;   // each tool's shortest arguments
+  std::vector<int64_t> opening_tokens_, closing_tokens_;  // tokens_from_each_position
+  std::vector<std::vector<int64_t>> head_tokens_;
+  std::vector<int64_t> args_min_;  // each tool's shortest arguments
   Phase phase_ = Phase::Opening;
   int32_t pos_ = 0;
   uint64_t candidates_ = 0;

@@ -176,6 +176,7 @@ TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
       const std::unique_ptr<OutputConstraint> call = one_tool_call(kind, tools);
       const int64_t budget = call->min_remaining() + round;
       std::string out;
+      int64_t tokens = 0;  // a byte or a whole marker each
       const std::unique_ptr<OutputConstraint> trial = call->clone();
       while (!call->complete()) {
         // Any byte the grammar takes within the budget; the markers come whole, as their tokens do.
@@ -188,8 +189,7 @@ TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
         for (const std::string& bytes : candidates) {
           trial->copy_from(*call);
           if (trial->feed(bytes) &&
-              (trial->complete() ||
-               trial->min_remaining() <= budget - int64_t(out.size()) - int64_t(bytes.size())))
+              (trial->complete() || trial->min_remaining() <= budget - tokens - 1))
             allowed.push_back(bytes);
         }
         ASSERT_FALSE(allowed.empty()) << out;
@@ -197,7 +197,9 @@ TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
             allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
         ASSERT_TRUE(call->feed(bytes));
         out += bytes;
+        ++tokens;
       }
+      EXPECT_LE(tokens, budget) << out;
       const ToolReply reply = parse_tool_reply(kind, out, *tools);
       ASSERT_EQ(reply.calls.size(), 1u) << out;
       EXPECT_EQ(reply.content, "");
@@ -214,6 +216,13 @@ TEST(ToolCalls, ARequiredCallAlwaysParsesBackWithArgumentsOfItsTool) {
     }
     EXPECT_GT(weather_calls, 0);
   }
+}
+
+// DeepSeek's markers are one token each in the budget: the shortest V3 call is
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜> (3 markers + 8 bytes),
+// "get_time\n```json\n{}" (19), "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>" (4 + 2 markers).
+TEST(ToolCalls, MarkersCountAsOneTokenInTheBudget) {
+  EXPECT_EQ(one_tool_call(kV3, weather_tools())->min_remaining(), 11 + 19 + 6);
 }
 
 TEST(ToolCalls, TheSystemPromptListsEveryToolAndTheSyntax) {
