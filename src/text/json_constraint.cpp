@@ -5,11 +5,14 @@
 #include <limits>
 
 #include "core/error.h"
+#include "text/literal_match.h"
 
 namespace tandem {
 namespace {
 
 using Kind = JsonSchemaNode::Kind;
+using literal::all_of;
+using literal::continuing;
 
 // Object phases.
 enum : uint8_t {
@@ -39,20 +42,6 @@ bool is_digit(char c) {
 }
 bool is_hex(char c) {
   return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-uint64_t all_of(size_t n) {
-  return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
-}
-
-// Of the `candidates` texts (a bit each), those whose byte at `pos` is `c`.
-uint64_t continuing(const std::vector<std::string>& texts, uint64_t candidates, int32_t pos,
-                    char c) {
-  uint64_t next = 0;
-  for (size_t i = 0; i < texts.size(); ++i)
-    if ((candidates >> i & 1) && pos < int32_t(texts[i].size()) && texts[i][size_t(pos)] == c)
-      next |= uint64_t(1) << i;
-  return next;
 }
 
 int64_t sum_required(const JsonSchemaNode& n, uint64_t mask, const JsonSchema& schema) {

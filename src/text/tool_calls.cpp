@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "text/chat_template_internal.h"
+#include "text/literal_match.h"
 #include "text/xml_tool_calls.h"
 
 namespace tandem {
@@ -32,12 +33,7 @@ void check_kind(ChatTemplateKind kind) {
     fail("the {} chat template has no tool calls in tandem yet", chat_template_name(kind));
 }
 
-// Removes `prefix` from the front of `s`; false if `s` does not start with it.
-bool consume(std::string_view& s, std::string_view prefix) {
-  if (!s.starts_with(prefix)) return false;
-  s.remove_prefix(prefix.size());
-  return true;
-}
+using literal::consume;
 
 // The tool-call syntaxes: DeepSeek-V3's (also R1's), V3.1's, Qwen3's and GLM-4.5's key/value tags
 // (text/xml_tool_calls.h).
@@ -126,7 +122,7 @@ class OneToolCall : public OutputConstraint {
       head_tokens_.push_back(tokens_from_each_position(heads_.back()));
       args_min_.push_back(JsonRecognizer(*t.parameters).min_remaining());
     }
-    candidates_ = heads_.size() >= 64 ? ~uint64_t(0) : (uint64_t(1) << heads_.size()) - 1;
+    candidates_ = literal::all_of(heads_.size());
   }
   std::unique_ptr<OutputConstraint> clone() const override {
     return std::make_unique<OneToolCall>(*this);
@@ -202,21 +198,17 @@ class OneToolCall : public OutputConstraint {
         if (++pos_ == int32_t(opening_.size())) phase_ = Phase::Head, pos_ = 0;
         return true;
       case Phase::Head: {
-        uint64_t next = 0;
-        for (size_t i = 0; i < heads_.size(); ++i)
-          if ((candidates_ >> i & 1) && pos_ < int32_t(heads_[i].size()) &&
-              heads_[i][size_t(pos_)] == c)
-            next |= uint64_t(1) << i;
+        const uint64_t next = literal::continuing(heads_, candidates_, pos_, c);
         if (!next) return false;
         candidates_ = next;
         ++pos_;
-        for (size_t i = 0; i < heads_.size(); ++i)
-          if ((next >> i & 1) && int32_t(heads_[i].size()) == pos_) {  // names cannot hold "\n"
-            chosen_ = int32_t(i);
-            args_schema_ = (*tools_)[i].parameters.get();
-            args_ = std::make_unique<JsonRecognizer>(*args_schema_);
-            phase_ = Phase::Arguments;
-          }
+        // No head is a prefix of another: each ends in a text no name holds.
+        if (const int32_t i = literal::finished(heads_, next, pos_); i >= 0) {
+          chosen_ = i;
+          args_schema_ = (*tools_)[size_t(i)].parameters.get();
+          args_ = std::make_unique<JsonRecognizer>(*args_schema_);
+          phase_ = Phase::Arguments;
+        }
         return true;
       }
       case Phase::Arguments:

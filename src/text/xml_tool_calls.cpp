@@ -9,23 +9,22 @@
 #include "core/error.h"
 #include "text/chat_template_internal.h"
 #include "text/json_constraint.h"
+#include "text/literal_match.h"
 
 namespace tandem {
 namespace {
 
 using Kind = JsonSchemaNode::Kind;
+using literal::all_of;
+using literal::consume;
+using literal::continuing;
+using literal::finished;
 
 constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
 constexpr std::string_view kKeyOpen = "<arg_key>";
 constexpr std::string_view kKeyToValue = "</arg_key>\n<arg_value>";
 constexpr std::string_view kValueClose = "</arg_value>\n";
-
-bool consume(std::string_view& s, std::string_view prefix) {
-  if (!s.starts_with(prefix)) return false;
-  s.remove_prefix(prefix.size());
-  return true;
-}
 
 // Whether a property's value is written raw: a string, or an enum of strings only.
 bool raw_value(const JsonSchemaNode& n) {
@@ -66,26 +65,6 @@ std::optional<nlohmann::ordered_json> parse_arguments(std::string_view& s, const
     args[key] = parsed.is_discarded() ? nlohmann::ordered_json(std::string(value)) : parsed;
   }
   return args;
-}
-
-// Of the `texts` still possible (a bit each), those whose byte at `pos` is `c`.
-uint64_t continuing(const std::vector<std::string>& texts, uint64_t alive, int32_t pos, char c) {
-  uint64_t next = 0;
-  for (size_t i = 0; i < texts.size(); ++i)
-    if ((alive >> i & 1) && pos < int32_t(texts[i].size()) && texts[i][size_t(pos)] == c)
-      next |= uint64_t(1) << i;
-  return next;
-}
-
-// The index of the text of `alive` that is `pos` bytes long (none is a prefix of another), or -1.
-int32_t finished(const std::vector<std::string>& texts, uint64_t alive, int32_t pos) {
-  for (size_t i = 0; i < texts.size(); ++i)
-    if ((alive >> i & 1) && int32_t(texts[i].size()) == pos) return int32_t(i);
-  return -1;
-}
-
-uint64_t all_of(size_t n) {
-  return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
 }
 
 // One tool's parameters as the grammar needs them.
