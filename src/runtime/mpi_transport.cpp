@@ -31,7 +31,7 @@ int checked_int(size_t n, std::string_view what) {
 
 class MpiTransport : public Transport {
  public:
-  explicit MpiTransport(double timeout_s) : timeout_s_(timeout_s) {
+  MpiTransport(double timeout_s, bool owns_mpi) : timeout_s_(timeout_s), owns_mpi_(owns_mpi) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     // Errors come back as codes (turned into tandem::Error) instead of ending the process.
@@ -42,7 +42,11 @@ class MpiTransport : public Transport {
     library_ = std::string(version, size_t(length));
     library_ = library_.substr(0, library_.find_first_of(",\n"));
   }
-  ~MpiTransport() override { MPI_Finalize(); }
+  // MPI is finalized by whoever initialized it (a cancelled receive leaves nothing pending; a
+  // send or collective that timed out has ended the run).
+  ~MpiTransport() override {
+    if (owns_mpi_) MPI_Finalize();
+  }
 
   int32_t rank() const override { return rank_; }
   int32_t n_ranks() const override { return size_; }
@@ -60,7 +64,7 @@ class MpiTransport : public Transport {
     check(MPI_Isend(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, to, kTag,
                     MPI_COMM_WORLD, &request),
           what);
-    wait(request, fmt::format("sending {} to rank {}", what, to));
+    wait(request, fmt::format("sending {} to rank {}", what, to), Timeout::EndsTheRun);
   }
 
   void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) override {
@@ -69,7 +73,8 @@ class MpiTransport : public Transport {
     check(MPI_Irecv(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, from, kTag,
                     MPI_COMM_WORLD, &request),
           what);
-    const MPI_Status status = wait(request, fmt::format("receiving {} from rank {}", what, from));
+    const MPI_Status status =
+        wait(request, fmt::format("receiving {} from rank {}", what, from), Timeout::Throws);
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     if (size_t(count) != bytes.size())
@@ -84,7 +89,7 @@ class MpiTransport : public Transport {
     check(MPI_Ibcast(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, root,
                      MPI_COMM_WORLD, &request),
           what);
-    wait(request, fmt::format("broadcasting {} from rank {}", what, root));
+    wait(request, fmt::format("broadcasting {} from rank {}", what, root), Timeout::EndsTheRun);
   }
 
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all,
@@ -96,7 +101,7 @@ class MpiTransport : public Transport {
     check(MPI_Iallgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, MPI_COMM_WORLD,
                          &request),
           what);
-    wait(request, fmt::format("gathering {} from every rank", what));
+    wait(request, fmt::format("gathering {} from every rank", what), Timeout::EndsTheRun);
   }
 
   void all_to_all(std::span<const std::byte> out, std::span<const size_t> out_counts,
@@ -119,7 +124,7 @@ class MpiTransport : public Transport {
     check(MPI_Ialltoallv(out.data(), send_counts.data(), send_at.data(), MPI_BYTE, in.data(),
                          recv_counts.data(), recv_at.data(), MPI_BYTE, MPI_COMM_WORLD, &request),
           what);
-    wait(request, fmt::format("exchanging {} with every rank", what));
+    wait(request, fmt::format("exchanging {} with every rank", what), Timeout::EndsTheRun);
   }
 
   void abort_run(std::string_view why) override {
@@ -145,10 +150,15 @@ class MpiTransport : public Transport {
     fail("rank {}: MPI failed moving {}: {}", rank_, what, std::string_view(text, size_t(length)));
   }
 
+  // What a wait past its deadline does. A receive can be cancelled (it completes locally), so it
+  // throws and the caller decides; a send or a collective cannot be taken back while MPI may still
+  // touch its buffer, so the run ends there, on every rank, with the message.
+  enum class Timeout { Throws, EndsTheRun };
+
   // Polls until the request completes or the deadline passes: spinning first (a transfer on the
   // step's critical path usually lands within microseconds), then sleeping in short naps so a
   // long wait does not take a core from the compute threads.
-  MPI_Status wait(MPI_Request& request, const std::string& doing) {
+  MPI_Status wait(MPI_Request& request, const std::string& doing, Timeout on_timeout) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration<double>(timeout_s_);
     MPI_Status status{};
@@ -157,18 +167,24 @@ class MpiTransport : public Transport {
       check(MPI_Test(&request, &done, &status), doing);
       if (done) return status;
       if (std::chrono::steady_clock::now() > deadline) {
-        MPI_Cancel(&request);
-        MPI_Request_free(&request);
-        fail(
+        const std::string why = fmt::format(
             "rank {}: {} got no answer in {} s: that rank died, hangs, or its link dropped; the "
             "run cannot go on",
             rank_, doing, timeout_s_);
+        if (on_timeout == Timeout::EndsTheRun) abort_run(why);
+        MPI_Cancel(&request);
+        MPI_Wait(&request, &status);
+        int cancelled = 0;
+        MPI_Test_cancelled(&status, &cancelled);
+        if (!cancelled) return status;  // it arrived after all
+        fail("{}", why);
       }
       if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 
   double timeout_s_;
+  bool owns_mpi_;  // initialized MPI (and so finalizes it)
   int rank_ = 0, size_ = 1;
   std::string library_;
 };
@@ -180,6 +196,8 @@ std::unique_ptr<Transport> open_mpi_transport(const TransportOptions& options) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized) fail("MPI has been finalized: open the transport once per process");
+  static bool opened = false;  // once per process: MPI cannot start again once finalized
+  if (opened) fail("the transport is opened once per process");
   if (!initialized) {
     if (!launched_as_several_ranks()) return nullptr;
     // Transfers may come from any one thread at a time (the scheduler's loop, a test's main).
@@ -188,7 +206,8 @@ std::unique_ptr<Transport> open_mpi_transport(const TransportOptions& options) {
     if (provided < MPI_THREAD_SERIALIZED)
       fail("the MPI library gives thread level {}; tandem needs MPI_THREAD_SERIALIZED", provided);
   }
-  return std::make_unique<MpiTransport>(options.timeout_s);
+  opened = true;
+  return std::make_unique<MpiTransport>(options.timeout_s, !initialized);
 }
 
 }  // namespace tandem

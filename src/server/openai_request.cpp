@@ -199,7 +199,7 @@ std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& pa
 }
 
 // How the tools offered reach the prompt: a system message of tandem's (DeepSeek's templates do not
-// render tools themselves), or the list the template renders (Qwen3's).
+// render tools themselves), or the list the template renders (Qwen3's, GLM's).
 struct ToolPrompt {
   std::string system;
   std::vector<std::string> listed;  // each tool as the template's `tojson` writes it
@@ -322,6 +322,12 @@ ToolPrompt parse_tools(const json& body, std::string_view body_text, const Promp
             "and V3.1's, Qwen3's and GLM-4.5's do); "
             "send the request without 'tools', or with 'tool_choice': 'none'",
             chat_template_name(context.chat_template)));
+  for (std::string_view marker : single_token_markers(context.chat_template))
+    if (context.tokenizer.encode(std::string(marker), {.add_bos = false, .parse_special = true})
+            .size() != 1)
+      bad("tools", fmt::format("the model's vocabulary has no token {}, which tool calls in the {} "
+                               "chat template are written with; use the model's own template",
+                               marker, chat_template_name(context.chat_template)));
   // The tools again with their keys in the client's order, which tool lists in prompts keep.
   const auto ordered_tools = nlohmann::ordered_json::parse(body_text)["tools"];
   auto specs = std::make_shared<std::vector<ToolSpec>>();
@@ -400,9 +406,17 @@ ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext
   const ToolPrompt tools = parse_tools(body, body_text, context, out);
   ChatPrompt prompt = render_chat(body, context, tools);
   out.chat_options = std::move(prompt.options);
-  out.starts_in_reasoning = reply_starts_in_reasoning(context.chat_template, out.chat_options);
-  out.completion.prompt =
-      context.tokenizer.encode(prompt.text, {.add_bos = false, .parse_special = true});
+  // The reply opens inside a reasoning block where the prompt opened one: R1's and V3.1's
+  // templates add no generation prompt after tool results.
+  const bool opens_reasoning =
+      prompt.text.ends_with("<think>\n") || prompt.text.ends_with("<think>");
+  out.starts_in_reasoning =
+      opens_reasoning && reply_starts_in_reasoning(context.chat_template, out.chat_options);
+  const auto encode = [&] {
+    out.completion.prompt =
+        context.tokenizer.encode(prompt.text, {.add_bos = false, .parse_special = true});
+  };
+  encode();
 
   out.logprobs = boolean(body, "logprobs", false);
   const int64_t top = integer(body, "top_logprobs", 0, 0, 20);
@@ -410,8 +424,17 @@ ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext
     bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   out.completion.top_logprobs = out.logprobs ? int32_t(top) : -1;
   parse_common(body, context, "messages", out);
-  // A constrained reply (JSON, a required call) is the answer from its first token: no reasoning
-  // block opens it, whatever the template's thinking default.
+  // A constrained reply (JSON, a required call) is the answer from its first token: a reasoning
+  // block the prompt opened is closed empty first, as the model writes it when it does not think
+  // (R1: "<think>\n\n</think>\n\n"; V3.1: its non-thinking "</think>").
+  if (out.completion.constraint && out.starts_in_reasoning) {
+    if (prompt.text.ends_with("<think>\n"))
+      prompt.text += "\n</think>\n\n";
+    else
+      prompt.text.replace(prompt.text.size() - std::string_view("<think>").size(),
+                          std::string::npos, "</think>");
+    encode();
+  }
   if (out.completion.constraint) out.starts_in_reasoning = false;
   return out;
 }

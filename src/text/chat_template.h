@@ -2,9 +2,9 @@
 // Chat prompts of the model families tandem runs, written out in C++ instead of interpreting
 // Jinja: the output is byte for byte what each model's own `tokenizer.chat_template` renders (with
 // transformers' settings) for conversations of system, user and assistant messages, and for
-// the tool calls, tool results and tool lists of the DeepSeek V3, R1 and V3.1 templates and Qwen3's
-// (the other families refuse them for now). tests/text/chat checks this against jinja2 rendering
-// the fixtures' own templates.
+// the tool calls, tool results and tool lists of the DeepSeek V3, R1 and V3.1 templates, Qwen3's
+// and GLM-4.5's (gpt-oss and Kimi-K2 refuse them for now). tests/text/chat checks this against
+// jinja2 rendering the fixtures' own templates.
 //
 //   DeepSeekV2   (V2-Chat, V2-Lite-Chat, Coder-V2-Instruct)
 //     BOS, then in message order: system "S\n\n", user "User: U\n\n",

@@ -299,6 +299,12 @@ bool supports_tool_calls(ChatTemplateKind kind) {
          kind == ChatTemplateKind::Glm45;
 }
 
+std::vector<std::string_view> single_token_markers(ChatTemplateKind kind) {
+  const Syntax syntax = syntax_of(kind);
+  if (syntax == Syntax::Qwen3 || syntax == Syntax::Xml) return {};  // budgeted by their bytes
+  return {kCallsBegin, kCallBegin, kSep, kCallEnd, kCallsEnd};
+}
+
 std::string python_json(const nlohmann::ordered_json& value) {
   using J = nlohmann::ordered_json;
   const auto scalar = [](const J& v) {

@@ -1,9 +1,9 @@
 #pragma once
 // Tool calls in a model family's own syntax: the tools described in the prompt, the calls parsed
-// back out of a reply, and the grammar of one call for `tool_choice: "required"`. Qwen3's
+// back out of a reply, and the grammar of one call for `tool_choice: "required"` (gpt-oss's and
+// Kimi-K2's templates refuse tools for now). GLM-4.5's syntax is in text/xml_tool_calls.h. Qwen3's
 // template lists the tools itself and takes calls as
-// "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>"; DeepSeek-V3's and R1's (the
-// other templates refuse tools for now):
+// "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>"; DeepSeek-V3's and R1's:
 //
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
 //   ```json
@@ -40,6 +40,10 @@ bool supports_tool_calls(ChatTemplateKind kind);
 // `value` as Python's json.dumps writes it (", " and ": " separators, no ASCII escaping, keys in
 // their order): how Hugging Face templates' `tojson` lists tools.
 std::string python_json(const nlohmann::ordered_json& value);
+
+// The markers of the family's call syntax that its budget counts as one token each (DeepSeek's):
+// a vocabulary without them as single tokens cannot take tools in that syntax.
+std::vector<std::string_view> single_token_markers(ChatTemplateKind kind);
 
 // The system prompt that lists `tools` and shows how to call them.
 std::string tool_system_prompt(ChatTemplateKind kind, std::span<const ToolSpec> tools);

@@ -34,6 +34,11 @@ bool raw_value(const JsonSchemaNode& n) {
                      [](const std::string& l) { return l.starts_with('"'); });
 }
 
+// An enum's string as its raw value: the text its JSON literal stands for.
+std::string raw_text(const std::string& json_literal) {
+  return nlohmann::json::parse(json_literal).get<std::string>();
+}
+
 // The node of `tool`'s parameter `key`, or nullopt when the tool lists no such parameter.
 std::optional<int32_t> parameter_node(const ToolSpec& tool, std::string_view key) {
   const JsonSchemaNode& root = tool.parameters->node(tool.parameters->root());
@@ -80,9 +85,9 @@ struct Tool {
 
 int64_t value_min_bytes(const JsonSchemaNode& n) {
   if (n.kind == Kind::String) return n.min_length;
-  if (raw_value(n)) {  // an enum of strings: the shortest unquoted
+  if (raw_value(n)) {  // an enum of strings: the shortest raw
     int64_t best = std::numeric_limits<int64_t>::max();
-    for (const std::string& l : n.literals) best = std::min<int64_t>(best, int64_t(l.size()) - 2);
+    for (const std::string& l : n.literals) best = std::min<int64_t>(best, raw_text(l).size());
     return best;
   }
   return n.min_bytes;
@@ -135,8 +140,11 @@ class XmlToolCall : public OutputConstraint {
     return true;
   }
   bool complete() const override { return phase_ == Phase::Done; }
+  // A marker's text may come between the parts (where it must match the tag that comes next),
+  // not inside a raw value or key, where it would be taken as text.
   bool takes_control_tokens() const override {
-    return phase_ != Phase::RawValue && phase_ != Phase::JsonValue && phase_ != Phase::FreeKey;
+    if (phase_ == Phase::JsonValue) return json_->complete();
+    return phase_ != Phase::RawValue && phase_ != Phase::FreeKey;
   }
 
   int64_t min_remaining() const override {
@@ -184,8 +192,12 @@ class XmlToolCall : public OutputConstraint {
                                       ((t.required >> k & 1) ? t.pair_bytes[k] : 0));
         return best + rest + close;
       }
-      case Phase::FreeKey:
-        return (count_ == 0 ? 1 : 0) + int64_t(kKeyToValue.size()) + 1 + after_value();
+      case Phase::FreeKey: {
+        // A key that repeats one already written needs another character first.
+        const bool repeats = count_ > 0 && std::find(free_keys_.begin(), free_keys_.end(),
+                                                     key_text_) != free_keys_.end();
+        return (count_ == 0 || repeats ? 1 : 0) + int64_t(kKeyToValue.size()) + 1 + after_value();
+      }
       case Phase::FreeKeyEnd:
         return int64_t(kKeyToValue.size()) - pos_ + 1 + after_value();
       case Phase::RawValue: {
@@ -254,7 +266,7 @@ class XmlToolCall : public OutputConstraint {
       phase_ = Phase::EnumValue;
       literals_.clear();
       for (const std::string& l : n.literals)
-        literals_.push_back(l.substr(1, l.size() - 2) + std::string(kValueClose));
+        literals_.push_back(raw_text(l) + std::string(kValueClose));
       alive_ = all_of(literals_.size());
     } else {
       phase_ = Phase::JsonValue;
@@ -359,11 +371,12 @@ class XmlToolCall : public OutputConstraint {
         return true;
       }
       case Phase::JsonValue:
-        if (json_->feed(c)) return true;
-        // A byte the value cannot take ends it where it may end (a number has no closing mark).
-        if (!json_->complete() || c != kValueClose[0]) return false;
-        phase_ = Phase::ValueClose, pos_ = 1;
-        return true;
+        // The closing tag ends the value where it may end (a number has no closing mark).
+        if (c == kValueClose[0] && json_->complete()) {
+          phase_ = Phase::ValueClose, pos_ = 1;
+          return true;
+        }
+        return json_->feed(c);
       case Phase::ValueClose:
         if (kValueClose[size_t(pos_)] != c) return false;
         if (++pos_ == int32_t(kValueClose.size())) start_next();

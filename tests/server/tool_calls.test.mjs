@@ -152,6 +152,10 @@ for (const template of ['deepseek-r1', 'deepseek-v3.1']) {
         messages: [...withSystem, r.json.choices[0].message,
                    { role: 'tool', tool_call_id: calls[0].id, content: '{"temperature": 21}' }] });
       check(answer.status === 200, `${template}: the tool result is answered`, answer.text);
+      // No reasoning block is open after a result (the template adds no "<think>" there): the
+      // answer is content, not reasoning.
+      check(!answer.json?.choices?.[0]?.message?.reasoning_content,
+            `${template}: the answer after a tool result is not taken for reasoning`, answer.text);
     }
     const prompt = await postJson(ds.base, '/apply-template', { messages: withSystem, tools });
     check(prompt.status === 200 && /^<｜begin▁of▁sentence｜>Be brief\.\n\n/.test(prompt.json.prompt) &&

@@ -128,6 +128,26 @@ TEST(ToolCalls, GlmArgumentsAreTypedByTheToolsParameters) {
   EXPECT_EQ(tool_section_start(kGlm, "ok <tool"), 3u);
 }
 
+// An enum's strings are written raw (no JSON escapes) and read back as the same member.
+TEST(ToolCalls, GlmEnumStringsAreWrittenRaw) {
+  auto schema = std::make_shared<JsonSchema>();
+  const int32_t quote = schema->add(
+      {.kind = JsonSchemaNode::Kind::Literals, .literals = {"\"say \\\"hi\\\"\"", "\"x\""}});
+  schema->add({.kind = JsonSchemaNode::Kind::Object,
+               .names = {"k"},
+               .properties = {quote},
+               .required = 0b1});
+  auto tools = std::make_shared<std::vector<ToolSpec>>(std::vector<ToolSpec>{
+      {.name = "f", .description = "", .parameters_json = "{}", .parameters = schema}});
+  const std::string call =
+      "<tool_call>f\n<arg_key>k</arg_key>\n<arg_value>say \"hi\"</arg_value>\n</tool_call>";
+  const std::unique_ptr<OutputConstraint> grammar = one_tool_call(ChatTemplateKind::Glm45, tools);
+  ASSERT_TRUE(grammar->feed(call));
+  EXPECT_TRUE(grammar->complete());
+  EXPECT_EQ(parse_tool_reply(ChatTemplateKind::Glm45, call, *tools).calls.at(0).arguments,
+            R"({"k":"say \"hi\""})");
+}
+
 TEST(ToolCalls, ToolsAreListedAsPythonsJsonDumpsWritesThem) {
   const auto tool = nlohmann::ordered_json::parse(R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
   EXPECT_EQ(python_json(tool), R"({"z": [1, 2.5, "x\"é"], "a": {}, "n": null})");
