@@ -424,18 +424,16 @@ ParsedRequest parse_chat_request(std::string_view body_text, const PromptContext
     bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   out.completion.top_logprobs = out.logprobs ? int32_t(top) : -1;
   parse_common(body, context, "messages", out);
-  // A constrained reply (JSON, a required call) is the answer from its first token: a reasoning
-  // block the prompt opened is closed empty first, as the model writes it when it does not think
-  // (R1: "<think>\n\n</think>\n\n"; V3.1: its non-thinking "</think>").
-  if (out.completion.constraint && out.starts_in_reasoning) {
-    if (prompt.text.ends_with("<think>\n"))
-      prompt.text += "\n</think>\n\n";
-    else
-      prompt.text.replace(prompt.text.size() - std::string_view("<think>").size(),
-                          std::string::npos, "</think>");
-    encode();
+  // A constrained reply (JSON, a required call) is the answer from its first token: the prompt
+  // gets the empty reasoning block the model writes when it does not think.
+  if (out.completion.constraint) {
+    std::string opened = open_answer_without_reasoning(context.chat_template, prompt.text);
+    if (opened != prompt.text) {
+      prompt.text = std::move(opened);
+      encode();
+    }
+    out.starts_in_reasoning = false;
   }
-  if (out.completion.constraint) out.starts_in_reasoning = false;
   return out;
 }
 

@@ -293,6 +293,31 @@ std::string_view chat_template_name(ChatTemplateKind kind) {
   return "unknown";
 }
 
+std::string open_answer_without_reasoning(ChatTemplateKind kind, std::string prompt) {
+  switch (kind) {
+    case ChatTemplateKind::DeepSeekR1:  // "<think>\n\n</think>\n\n", as R1 writes a reply without
+      if (prompt.ends_with("<think>\n")) prompt += "\n</think>\n\n";
+      break;
+    case ChatTemplateKind::DeepSeekV31:  // its non-thinking reply opening instead
+      if (prompt.ends_with("<think>"))
+        prompt.replace(prompt.size() - std::string_view("<think>").size(), std::string::npos,
+                       "</think>");
+      break;
+    case ChatTemplateKind::Qwen3:  // the block its template writes with thinking off
+      if (prompt.ends_with("<|im_start|>assistant\n")) prompt += "<think>\n\n</think>\n\n";
+      break;
+    case ChatTemplateKind::Glm45:  // as its template renders an answer without reasoning
+      if (prompt.ends_with("<|assistant|>"))
+        prompt += "\n<think></think>\n";
+      else if (prompt.ends_with("<|assistant|>\n<think></think>"))
+        prompt += "\n";
+      break;
+    default:
+      break;
+  }
+  return prompt;
+}
+
 bool reply_starts_in_reasoning(ChatTemplateKind kind, const ChatOptions& options) {
   if (kind == ChatTemplateKind::DeepSeekR1) return true;
   return kind == ChatTemplateKind::DeepSeekV31 && options.enable_thinking.value_or(false);

@@ -103,6 +103,13 @@ ChatTemplateKind chat_template_from_name(std::string_view name);
 // The canonical name of a kind ("deepseek2", "qwen3", "gpt-oss", ...).
 std::string_view chat_template_name(ChatTemplateKind kind);
 
+// A prompt (ending in its generation prompt) made to open a reply that is the answer from its
+// first token, for constrained replies (JSON, a required tool call): the empty reasoning block
+// each template writes when the model does not think, closing one the prompt opened (R1, V3.1
+// thinking) or standing where the model would open its own (Qwen3, GLM-4.5). Other prompts are
+// returned as they are.
+std::string open_answer_without_reasoning(ChatTemplateKind kind, std::string prompt);
+
 // Whether the template opens the reply inside a reasoning block (R1, Qwen3 and GLM when thinking,
 // V3.1 when asked): the reply's text then starts with reasoning that ends at "</think>".
 bool reply_starts_in_reasoning(ChatTemplateKind kind, const ChatOptions& options);

@@ -226,6 +226,28 @@ TEST(ChatTemplate, V31RendersToolCallsInItsOwnSyntax) {
           "<｜tool▁output▁end｜>");
 }
 
+TEST(ChatTemplate, AConstrainedAnswerOpensWithTheEmptyReasoningBlockOfEachTemplate) {
+  const std::vector<ChatMessage> q = {{"user", "q"}};
+  auto opened = [&](ChatTemplateKind kind, ChatOptions options) {
+    return open_answer_without_reasoning(kind, apply_chat_template(kind, q, options, kBos));
+  };
+
+  EXPECT_TRUE(opened(ChatTemplateKind::DeepSeekR1, {}).ends_with("<think>\n\n</think>\n\n"));
+  EXPECT_TRUE(opened(ChatTemplateKind::DeepSeekV31, {.enable_thinking = true})
+                  .ends_with("<｜Assistant｜></think>"));
+  EXPECT_TRUE(opened(ChatTemplateKind::Qwen3, {})
+                  .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  // Thinking off already writes the block: nothing is added twice.
+  const std::string qwen_off =
+      apply_chat_template(ChatTemplateKind::Qwen3, q, {.enable_thinking = false}, kBos);
+  EXPECT_EQ(open_answer_without_reasoning(ChatTemplateKind::Qwen3, qwen_off), qwen_off);
+  EXPECT_TRUE(opened(ChatTemplateKind::Glm45, {}).ends_with("<|assistant|>\n<think></think>\n"));
+  EXPECT_TRUE(opened(ChatTemplateKind::Glm45, {.enable_thinking = false})
+                  .ends_with("<|assistant|>\n<think></think>\n"));
+  const std::string v3 = apply_chat_template(ChatTemplateKind::DeepSeekV3, q, {}, kBos);
+  EXPECT_EQ(open_answer_without_reasoning(ChatTemplateKind::DeepSeekV3, v3), v3);
+}
+
 TEST(ChatTemplate, DetectsEachFamilyByItsMarkers) {
   EXPECT_EQ(detect_chat_template("{{'<|im_system|>system<|im_middle|>'}}"),
             ChatTemplateKind::KimiK2);
