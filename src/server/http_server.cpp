@@ -47,10 +47,10 @@ struct StreamState {
   ResponseMeta meta;
   bool include_usage = false, logprobs = false, first = true;
   std::vector<ReasoningSplitter> reasoning;  // each choice's reasoning apart from its answer
-  // Tools offered: each choice's content from where a call section may start is held back until
-  // the reply ends, then parsed into calls (or sent as content if it is none).
-  std::optional<ChatTemplateKind> tools;
-  std::shared_ptr<const std::vector<ToolSpec>> tool_specs;  // their parameters type GLM's arguments
+  // The tools offered (null: none): each choice's content from where a call section may start is
+  // held back until the reply ends, then parsed into calls (or sent as content if it is none).
+  std::shared_ptr<const std::vector<ToolSpec>> tools;
+  ChatTemplateKind chat_template = ChatTemplateKind::DeepSeekV3;  // whose syntax the calls are in
   std::vector<std::string> held;
   std::vector<std::string> finish_reasons;  // "tool_calls" where a choice made calls
   std::string id_prefix;                    // of the calls' ids
@@ -299,8 +299,8 @@ struct HttpServer::Impl {
                     .include_usage = parsed.include_usage,
                     .logprobs = parsed.logprobs,
                     .reasoning = splitters,
-                    .tools = parsed.tools ? std::optional(m->chat_template) : std::nullopt,
-                    .tool_specs = parsed.tools,
+                    .tools = parsed.tools,
+                    .chat_template = m->chat_template,
                     .held = std::vector<std::string>(splitters.size()),
                     .finish_reasons = {},
                     .id_prefix = id_prefix,
@@ -333,7 +333,7 @@ struct HttpServer::Impl {
             if (!stream->tools) return content;
             std::string& held = stream->held[c];
             held += content;
-            const size_t n = tool_section_start(*stream->tools, held);
+            const size_t n = tool_section_start(stream->chat_template, held);
             std::string out = held.substr(0, n);
             held.erase(0, n);
             return out;
@@ -355,7 +355,7 @@ struct HttpServer::Impl {
               std::string& held = stream->held[size_t(c)];
               held += d.content;
               uint64_t id = stream->first_call_id + 64 * uint64_t(c);
-              if (take_tool_calls(*stream->tools, *stream->tool_specs, held, calls,
+              if (take_tool_calls(stream->chat_template, *stream->tools, held, calls,
                                   stream->id_prefix, id))
                 stream->finish_reasons[size_t(c)] = "tool_calls";
               d.content = std::move(held);

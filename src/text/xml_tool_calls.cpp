@@ -75,7 +75,6 @@ std::optional<nlohmann::ordered_json> parse_arguments(std::string_view& s, const
 // One tool's parameters as the grammar needs them.
 struct Tool {
   const JsonSchema* schema = nullptr;
-  std::string head;                 // name and newline
   bool any_keys = false;            // parameters without listed properties: keys of any text
   std::vector<std::string> keys;    // each property's name and kKeyToValue
   std::vector<int32_t> nodes;       // each property's value node
@@ -98,7 +97,7 @@ class XmlToolCall : public OutputConstraint {
   explicit XmlToolCall(std::shared_ptr<const std::vector<ToolSpec>> specs)
       : specs_(std::move(specs)) {
     for (const ToolSpec& spec : *specs_) {
-      Tool t{.schema = spec.parameters.get(), .head = spec.name + "\n"};
+      Tool t{.schema = spec.parameters.get()};
       const JsonSchemaNode& root = t.schema->node(t.schema->root());
       t.any_keys = root.names.empty();
       t.required = root.required;
@@ -109,7 +108,7 @@ class XmlToolCall : public OutputConstraint {
             int64_t(kKeyOpen.size() + t.keys.back().size() + kValueClose.size()) +
             value_min_bytes(t.schema->node(root.properties[i])));
       }
-      heads_.push_back(t.head);
+      heads_.push_back(spec.name + "\n");
       tools_.push_back(std::move(t));
     }
     alive_ = all_of(heads_.size());
@@ -389,7 +388,7 @@ class XmlToolCall : public OutputConstraint {
 
   std::shared_ptr<const std::vector<ToolSpec>> specs_;
   std::vector<Tool> tools_;
-  std::vector<std::string> heads_;
+  std::vector<std::string> heads_;  // each tool's name and newline
   Phase phase_ = Phase::Opening;
   int32_t pos_ = 0;
   uint64_t alive_ =
