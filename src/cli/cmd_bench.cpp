@@ -31,9 +31,10 @@
 #include "plan/planner.h"
 #include "quant/quant.h"
 #include "runtime/cold_start.h"
+#include "runtime/device_setup.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
-#include "runtime/device_setup.h"
+#include "runtime/transport.h"
 
 namespace tandem::cli {
 namespace {
@@ -133,6 +134,7 @@ void register_bench(CLI::App& app) {
   add_mlock_option(cmd, o->engine);
   add_precision_option(cmd, o->engine);
   cmd->callback([o] {
+    refuse_several_ranks("bench");
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
     if (o->depths.empty()) o->depths = {0};
     for (int64_t d : o->depths)
@@ -228,7 +230,8 @@ void register_bench(CLI::App& app) {
           t.name.find("_exps.") != std::string::npos
               ? double(inventory.info.n_expert_used) / double(inventory.info.n_expert)
               : 1.0;
-      if (t.name.rfind("blk.", 0) == 0 || t.name.rfind("output.", 0) == 0) active_params += share * double(t.n_elements);
+      if (t.name.rfind("blk.", 0) == 0 || t.name.rfind("output.", 0) == 0)
+        active_params += share * double(t.n_elements);
     }
     const Stat pp = prefill_tps.empty() ? Stat{} : stats(prefill_tps);
     const Stat tg = decode_tps.empty() ? Stat{} : stats(decode_tps);
@@ -294,7 +297,8 @@ void register_bench(CLI::App& app) {
     if (const plan::Placement* ran = engine.placement(); ran && ran->devices.size() == hardware.gpus.size() + 1) {
       placement = *ran;
       placement.devices[0].spec = hardware.host;
-      for (size_t d = 1; d < placement.devices.size(); ++d) placement.devices[d].spec = hardware.gpus[d - 1];
+      for (size_t d = 1; d < placement.devices.size(); ++d)
+        placement.devices[d].spec = hardware.gpus[d - 1];
       placement.predicted = plan::predict_speed(inventory, hardware, workload, placement, nullptr);
     } else {
       placement = plan::plan_placement(inventory, hardware, workload, plan::Rules{}, nullptr);
@@ -357,8 +361,10 @@ void register_bench(CLI::App& app) {
       fmt::print("| {:<28} | {:>10} | {:>7} | {:>14} | {:>16} |\n", name, size, threads,
                  d > 0 ? fmt::format("{} @ d{}", test, d) : test, fmt::format("{:.2f} ± {:.2f}", st.mean, st.sd));
     };
-    for (size_t k = 0; k < n_depths; ++k) row(fmt::format("pp{}", o->prompt), o->depths[k], prefill_at[k]);
-    for (size_t k = 0; k < n_depths; ++k) row(fmt::format("tg{}", o->generate), o->depths[k], decode_at[k]);
+    for (size_t k = 0; k < n_depths; ++k)
+      row(fmt::format("pp{}", o->prompt), o->depths[k], prefill_at[k]);
+    for (size_t k = 0; k < n_depths; ++k)
+      row(fmt::format("tg{}", o->generate), o->depths[k], decode_at[k]);
     for (size_t k = 1; k < n_depths && tg.mean > 0; ++k)
       fmt::print("decode at depth {}: {:.0f}% of decode at depth {} (repetitions alternating between depths)\n",
                  o->depths[k], 100.0 * stats(decode_at[k]).mean / tg.mean, depth);

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "gguf/gguf_file.h"
 #include "runtime/session.h"
+#include "runtime/transport.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -45,9 +46,11 @@ void register_chat(CLI::App& app) {
   cmd->add_option("-n,--n-predict", o->generate.max_tokens, "tokens per reply at most")->capture_default_str();
   add_sampling_options(cmd, o->generate.sampling, o->seed_given);
   cmd->callback([o] {
+    refuse_several_ranks("chat");
     if (!o->seed_given) o->generate.sampling.seed = random_seed();
     validate(o->generate.sampling);
-    if (!o->chat_template.empty()) chat_template_from_name(o->chat_template);  // fail before loading
+    if (!o->chat_template.empty())
+      chat_template_from_name(o->chat_template);  // fail before loading
     Engine engine(o->engine);
     const Tokenizer& tokenizer = engine.tokenizer();
     const ChatTemplateKind kind = choose_chat_template(engine.file(), o->chat_template);

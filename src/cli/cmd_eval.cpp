@@ -68,6 +68,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--top", o->top, "logits listed per position")->capture_default_str();
   add_device_options(cmd, o->engine);
   add_precision_option(cmd, o->engine);
+  add_spread_option(cmd, o->engine);
   cmd->callback([o] {
     std::ifstream in(o->ref);
     if (!in) fail("{}: cannot read the reference", o->ref);
@@ -86,6 +87,7 @@ void register_eval(CLI::App& app) {
     const int64_t n_generate = int64_t(reference_generated.size());
     o->engine.n_ctx = int64_t(prompt.size()) + n_generate + 1;
     Engine engine(o->engine);
+    if (engine.follows()) return engine.follow();  // rank 0 evaluates and writes
     const int64_t n_vocab = engine.n_vocab();
     std::vector<float> logits;
     std::vector<int32_t> order;

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "plan/routing_profile.h"
 #include "runtime/session.h"
+#include "runtime/transport.h"
 #include "text/tokenizer.h"
 
 namespace tandem::cli {
@@ -31,6 +32,7 @@ void register_profile(CLI::App& app) {
   cmd->add_option("-n,--n-predict", o->n_generate, "tokens generated (greedy) after each prompt")
       ->capture_default_str();
   cmd->callback([o] {
+    refuse_several_ranks("profile");
     std::ifstream in(o->prompts);
     if (!in) fail("{}: cannot read the prompts", o->prompts);
     std::vector<std::string> prompts;
@@ -44,7 +46,8 @@ void register_profile(CLI::App& app) {
     uint64_t tokens = 0;
     for (const std::string& prompt : prompts) {
       std::vector<int32_t> ids = tokenizer.encode(prompt, {.add_bos = tokenizer.add_bos_by_default()});
-      if (int64_t(ids.size()) + o->n_generate >= engine.n_ctx()) ids.resize(size_t(engine.n_ctx() / 2));
+      if (int64_t(ids.size()) + o->n_generate >= engine.n_ctx())
+        ids.resize(size_t(engine.n_ctx() / 2));
       Session session(engine);  // each prompt from an empty cache
       const GenerateResult r = session.generate(ids, generate, [](std::string_view) { return true; });
       tokens += ids.size() + r.tokens.size();

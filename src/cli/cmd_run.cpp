@@ -30,6 +30,7 @@ void register_run(CLI::App& app) {
       "run", "Continue a prompt with a model, printing the text as it is generated and the "
              "prompt and decode speed at the end");
   add_engine_options(cmd, o->engine);
+  add_spread_option(cmd, o->engine);
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("-n,--n-predict", o->generate.max_tokens, "tokens to generate at most")
       ->capture_default_str();
@@ -43,6 +44,7 @@ void register_run(CLI::App& app) {
     if (!o->seed_given) o->generate.sampling.seed = random_seed();
     validate(o->generate.sampling);
     Engine engine(o->engine);
+    if (engine.follows()) return engine.follow();  // rank 0 samples and prints
     const Tokenizer& tokenizer = engine.tokenizer();
     const std::vector<int32_t> prompt = tokenizer.encode(
         o->prompt, {.add_bos = tokenizer.add_bos_by_default() && !o->no_bos, .parse_special = o->special});

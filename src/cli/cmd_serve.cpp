@@ -20,6 +20,7 @@
 #include "plan/hardware.h"
 #include "runtime/batch_scheduler.h"
 #include "runtime/engine.h"
+#include "runtime/transport.h"
 #include "server/http_server.h"
 
 namespace tandem::cli {
@@ -95,7 +96,9 @@ void register_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   cmd->callback([o] {
-    if (!o->chat_template.empty()) chat_template_from_name(o->chat_template);  // fail before loading
+    refuse_several_ranks("serve");
+    if (!o->chat_template.empty())
+      chat_template_from_name(o->chat_template);  // fail before loading
     if (o->server.model_alias.empty())
       o->server.model_alias = std::filesystem::path(o->engine.model_path).stem().string();
 

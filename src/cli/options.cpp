@@ -64,6 +64,20 @@ void add_device_options(CLI::App* cmd, EngineOptions& options) {
                   "devices first");
 }
 
+void add_spread_option(CLI::App* cmd, EngineOptions& options) {
+  cmd->add_option("--spread", options.spread,
+                  "under `mpirun -np N`, how the model is divided between the N ranks (one per "
+                  "machine, or several on one for testing): pipeline (consecutive layers per "
+                  "rank, the default), experts (each MoE layer's routed experts over every rank, "
+                  "the rest on rank 0) or mixed (both). Each rank maps the same GGUF from its own "
+                  "path and places its part on its own devices; rank 0 prints the output")
+      ->check(CLI::IsMember({"pipeline", "experts", "mixed"}));
+  cmd->add_option("--rank-timeout", options.rank_timeout_s,
+                  "seconds a rank waits for another mid-step before the run ends with the "
+                  "missing rank named")
+      ->capture_default_str();
+}
+
 void add_sampling_options(CLI::App* cmd, SamplerParams& p, bool& seed_given) {
   // llama.cpp's defaults.
   p.temperature = 0.8f;

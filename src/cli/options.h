@@ -16,6 +16,8 @@ void add_thread_options(CLI::App* cmd, EngineOptions& options);
 void add_mlock_option(CLI::App* cmd, EngineOptions& options);
 // --devices and --rules (part of add_engine_options).
 void add_device_options(CLI::App* cmd, EngineOptions& options);
+// --spread and --rank-timeout: commands that run over several ranks (mpirun).
+void add_spread_option(CLI::App* cmd, EngineOptions& options);
 // --precision (part of add_engine_options).
 void add_precision_option(CLI::App* cmd, EngineOptions& options);
 // Adds --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,

@@ -72,6 +72,10 @@ Deepseek2Model::Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& dev
       .scale = hp_.expert_weights_scale};
   for (uint32_t il = 0; il < info_.n_layer; ++il) {
     Layer& l = layers_[il];
+    if (!devices_.layers[il]) {  // another rank runs it; this one may hold some of its experts
+      bind_ffn(il, moe);
+      continue;
+    }
     Backend& on = *devices_.layers[il];
     l.device = &on;
     const std::string blk = fmt::format("blk.{}.", il);

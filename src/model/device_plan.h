@@ -8,11 +8,24 @@
 
 namespace tandem {
 
+class Transport;
+
 // Some heads of one layer's attention on one device (head-split attention).
 struct AttentionShare {
   Backend* device = nullptr;
   int32_t first_head = 0;
   int32_t n_heads = 0;
+};
+
+// A run spread over ranks (DESIGN.md "Several machines"): the rank that runs each part. Every rank
+// walks the same steps; a part runs on its rank, and what crosses ranks goes through the transport.
+struct RankPlan {
+  Transport* transport = nullptr;  // null: a run of one process, every part here
+  int32_t embeddings = 0, output = 0;
+  std::vector<int32_t> layers;                // [layer]: attention, norms, router, shared experts
+  std::vector<std::vector<int32_t>> experts;  // [MoE layer][routed expert]; empty for dense layers
+
+  bool spread() const { return transport != nullptr; }
 };
 
 struct DevicePlan {
@@ -33,6 +46,8 @@ struct DevicePlan {
   // the layer's latent cache) and part of the output projection; the layer's device adds the
   // partial outputs in share order. Each share's columns of attn_output must be whole blocks.
   std::vector<std::vector<AttentionShare>> heads;
+  // Over several ranks: the parts other ranks run have no device here (null above).
+  RankPlan ranks;
 
   static DevicePlan single(Backend& backend, uint32_t n_layers, uint32_t n_expert);
 };

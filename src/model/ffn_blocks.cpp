@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/replica_choice.h"
+#include "core/transport.h"
 #include "model/transformer.h"
 #include "model/transformer_internal.h"
 
@@ -16,11 +17,27 @@ namespace tandem {
 
 void Transformer::bind_ffn(uint32_t il, const MoeConfig& moe) {
   FfnLayer& l = ffn_[il];
-  Backend& on = *devices_.layers[il];
-  l.device = &on;
+  l.device = devices_.layers[il];
+  l.moe = info_.is_moe_layer(il);
+  if (const RankPlan& ranks = devices_.ranks; ranks.spread()) {
+    l.rank = ranks.layers[il];
+    if (l.moe)
+      for (int32_t r : ranks.experts[il])
+        if (r != l.rank && std::ranges::find(l.expert_peers, r) == l.expert_peers.end())
+          l.expert_peers.push_back(r);
+    std::ranges::sort(l.expert_peers);
+  }
+  if (!l.device) {  // another rank's layer: of it, this rank may hold some routed experts
+    if (l.moe) {
+      l.config = moe;
+      expert_seen_[il].assign(size_t(info_.n_expert), 0);
+      bind_experts(l, il, moe);
+    }
+    return;
+  }
+  Backend& on = *l.device;
   const std::string blk = fmt::format("blk.{}.", il);
   const int64_t embd = info_.n_embd;
-  l.moe = info_.is_moe_layer(il);
   if (!l.moe) {
     const int64_t ff = info_.n_ff_dense;
     l.ffn_gate = binder_.matrix(blk + "ffn_gate.weight", {embd, ff}, on);
@@ -59,8 +76,8 @@ void Transformer::bind_experts(FfnLayer& l, uint32_t il, const MoeConfig& moe) {
            (!copies.empty() && std::ranges::find(copies[size_t(e)], d) != copies[size_t(e)].end());
   };
   std::vector<Backend*> devices;  // in order of first appearance: homes, then copies
-  for (Backend* d : where)
-    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  for (Backend* d : where)        // null: an expert another rank holds
+    if (d && std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
   for (const std::vector<Backend*>& of : copies)
     for (Backend* d : of)
       if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
@@ -250,6 +267,29 @@ void Transformer::read_ahead_on_host(const FfnLayer& l, const float* h, const in
   }
 }
 
+MoeOp Transformer::shard_op(const FfnLayer& l, const ExpertShard& shard, const float* input,
+                            const int32_t* ids, const int32_t* local_index, float* slots, int64_t T,
+                            KernelChoice kernels) const {
+  return MoeOp{.input = input,
+               .gate = shard.gate,
+               .up = shard.up,
+               .down = shard.down,
+               .expert_ids = ids,
+               .local_index = local_index,
+               .n_expert = info_.n_expert,
+               .n_tokens = T,
+               .top_k = info_.n_expert_used,
+               .dim = info_.n_embd,
+               .ffn_dims = info_.n_ff_expert,
+               .slots = slots,
+               .kernels = kernels,
+               .activations = ffn_activations_,
+               .activation = l.config.activation,
+               .gate_bias = shard.gate_bias,
+               .up_bias = shard.up_bias,
+               .down_bias = shard.down_bias};
+}
+
 // Routing runs on the layer's device and stays there. Each device holding chosen experts
 // computes their slots at the same time as the layer's device computes the shared experts and
 // its own: devices with memory of their own get the input and routing copied over; the host's
@@ -273,7 +313,7 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
   float* slots = ws.get(W::kSlots, slot_floats);
   const bool own_shard = std::any_of(l.shards.begin(), l.shards.end(),
                                      [&](const ExpertShard& shard) { return shard.device == &be; });
-  if (own_shard && l.shards.size() > 1) be.zero(slots, slot_floats);
+  if (own_shard && (l.shards.size() > 1 || !l.expert_peers.empty())) be.zero(slots, slot_floats);
   // With copies of experts, each device first works out which of its experts it computes this
   // step (all of them reach the same answer from the same routing). A step with as many slots as
   // the layer has experts (a prompt chunk) chooses nearly all of them: each is read at home.
@@ -301,25 +341,10 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
                                    .step_local_index = step_index});
       local_index = step_index;
     }
-    return MoeOp{.input = input,
-                 .gate = shard.gate,
-                 .up = shard.up,
-                 .down = shard.down,
-                 .expert_ids = shard_ids,
-                 .local_index = local_index,
-                 .n_expert = info_.n_expert,
-                 .n_tokens = T,
-                 .top_k = k,
-                 .dim = embd,
-                 .ffn_dims = info_.n_ff_expert,
-                 .slots = shard_slots,
-                 .kernels = kernels,
-                 .activations = ffn_activations_,
-                 .activation = l.config.activation,
-                 .gate_bias = shard.gate_bias,
-                 .up_bias = shard.up_bias,
-                 .down_bias = shard.down_bias};
+    return shard_op(l, shard, input, shard_ids, local_index, shard_slots, T, kernels);
   };
+  // Other ranks holding some of the layer's experts start on them now.
+  if (!l.expert_peers.empty()) send_to_expert_peers(l, h, ids, T);
 
   // Other devices with memory of their own: input and routing over, their experts started.
   for (const ExpertShard& shard : l.shards) {
@@ -389,7 +414,7 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
 
   // The other devices' slots, sent all at once, each into its own place here (the first straight
   // into `slots` when this device holds none of the layer's experts), then added in by one op.
-  int64_t n_others = 0;
+  int64_t n_others = int64_t(l.expert_peers.size());  // other ranks' slots come as parts too
   for (const ExpertShard& shard : l.shards) n_others += shard.device != &be;
   const int64_t n_places = own_shard ? n_others : n_others - 1;
   float* others = n_places > 0 ? ws.get(W::kOtherSlots, n_places * slot_floats) : nullptr;
@@ -409,9 +434,115 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
     if (have_slots) parts.push_back(place);
     have_slots = true;
   }
+  for (int32_t peer : l.expert_peers) {
+    float* place = have_slots ? others + int64_t(parts.size()) * slot_floats : slots;
+    receive_peer_slots(l, peer, place, T);
+    if (have_slots) parts.push_back(place);
+    have_slots = true;
+  }
   be.add_parts(slots, parts, slot_floats);
   be.moe_reduce(
       {.slots = slots, .weights = weights, .n_tokens = T, .top_k = k, .dim = embd, .output = out});
+}
+
+}  // namespace tandem
+
+namespace tandem {
+
+// The exchange with the ranks that hold some of a layer's experts. The layer's rank sends every
+// token's input and routing; each peer computes the slots of its own experts and sends back just
+// those, in slot order, which the layer's rank puts in place among zeros: the sum of the parts
+// is then the same as on one machine (x + 0 is exact), however the experts are spread.
+
+void Transformer::send_to_expert_peers(const FfnLayer& l, const float* h, const int32_t* ids,
+                                       int64_t T) {
+  const int64_t embd = info_.n_embd, k = info_.n_expert_used;
+  const size_t il = size_t(&l - ffn_.data());
+  peer_input_.resize(size_t(T * embd));
+  peer_ids_.resize(size_t(T * k));
+  l.device->copy_to_host(peer_input_.data(), h, peer_input_.size() * sizeof(float));
+  l.device->copy_to_host(peer_ids_.data(), ids, peer_ids_.size() * sizeof(int32_t));
+  Transport& transport = *devices_.ranks.transport;
+  for (int32_t peer : l.expert_peers) {
+    transport.send(peer, std::as_bytes(std::span(peer_input_)),
+                   fmt::format("layer {}'s experts' input", il));
+    transport.send(peer, std::as_bytes(std::span(peer_ids_)),
+                   fmt::format("layer {}'s routing", il));
+  }
+}
+
+void Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* place, int64_t T) {
+  const int64_t embd = info_.n_embd, n_slots = T * info_.n_expert_used;
+  const size_t il = size_t(&l - ffn_.data());
+  const std::vector<int32_t>& expert_rank = devices_.ranks.experts[il];
+  int64_t n_held = 0;  // peer_ids_ holds the routing sent to the peers
+  for (int64_t s = 0; s < n_slots; ++s) n_held += expert_rank[size_t(peer_ids_[size_t(s)])] == peer;
+  packed_slots_.resize(size_t(n_held * embd));
+  devices_.ranks.transport->receive(peer, std::as_writable_bytes(std::span(packed_slots_)),
+                                    fmt::format("layer {}'s expert outputs", il));
+  peer_slots_.assign(size_t(n_slots * embd), 0.0f);
+  const float* next = packed_slots_.data();
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (expert_rank[size_t(peer_ids_[size_t(s)])] == peer) {
+      std::copy_n(next, embd, peer_slots_.data() + s * embd);
+      next += embd;
+    }
+  l.device->copy_from_host(place, peer_slots_.data(), peer_slots_.size() * sizeof(float));
+}
+
+void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T, KernelChoice kernels) {
+  using W = Workspace;
+  const int64_t embd = info_.n_embd, k = info_.n_expert_used, n_slots = T * k;
+  const size_t il = size_t(&l - ffn_.data());
+  Transport& transport = *devices_.ranks.transport;
+  peer_input_.resize(size_t(T * embd));
+  peer_ids_.resize(size_t(n_slots));
+  transport.receive(l.rank, std::as_writable_bytes(std::span(peer_input_)),
+                    fmt::format("layer {}'s experts' input", il));
+  transport.receive(l.rank, std::as_writable_bytes(std::span(peer_ids_)),
+                    fmt::format("layer {}'s routing", il));
+  for (int32_t e : peer_ids_)
+    if (e < 0 || e >= int32_t(info_.n_expert))
+      fail("layer {}: rank {} sent expert {} of {}: the ranks disagree on the model", il, l.rank, e,
+           info_.n_expert);
+  // Each of this rank's devices computes its experts' slots (the others stay zero); one expert
+  // is on one device, so adding the devices' slots up is exact.
+  peer_slots_.assign(size_t(n_slots * embd), 0.0f);
+  for (const ExpertShard& shard : l.shards) {
+    Backend& device = *shard.device;
+    if (device.uses_host_memory()) {
+      for (int32_t e : peer_ids_)
+        if (shard.local_index[size_t(e)] >= 0 && !expert_seen_[il][size_t(e)]) {
+          expert_seen_[il][size_t(e)] = 1;
+          start_reading_expert(l, e, /*urgent=*/true);
+        }
+      device_slots_.assign(peer_slots_.size(), 0.0f);
+      device.moe(shard_op(l, shard, peer_input_.data(), peer_ids_.data(), shard.device_local_index,
+                          device_slots_.data(), T, kernels));
+      device.synchronize();
+    } else {
+      Workspace& ws = workspace(device);
+      float* input = ws.get(W::kNormed, T * embd);
+      int32_t* ids = ws.ints(W::kExpertIds, n_slots);
+      float* slots = ws.get(W::kSlots, n_slots * embd);
+      device.copy_from_host(input, peer_input_.data(), peer_input_.size() * sizeof(float));
+      device.copy_from_host(ids, peer_ids_.data(), peer_ids_.size() * sizeof(int32_t));
+      device.zero(slots, n_slots * embd);
+      device.moe(shard_op(l, shard, input, ids, shard.device_local_index, slots, T, kernels));
+      device_slots_.resize(peer_slots_.size());
+      device.copy_to_host(device_slots_.data(), slots, device_slots_.size() * sizeof(float));
+    }
+    for (size_t i = 0; i < peer_slots_.size(); ++i) peer_slots_[i] += device_slots_[i];
+  }
+  const int32_t me = my_rank();
+  const std::vector<int32_t>& expert_rank = devices_.ranks.experts[il];
+  packed_slots_.clear();
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (expert_rank[size_t(peer_ids_[size_t(s)])] == me)
+      packed_slots_.insert(packed_slots_.end(), peer_slots_.begin() + s * embd,
+                           peer_slots_.begin() + (s + 1) * embd);
+  transport.send(l.rank, std::as_bytes(std::span(packed_slots_)),
+                 fmt::format("layer {}'s expert outputs", il));
 }
 
 }  // namespace tandem

@@ -35,6 +35,10 @@ class Qwen3MoeModel final : public Transformer {
     layers_.resize(info_.n_layer);
     for (uint32_t il = 0; il < info_.n_layer; ++il) {
       Layer& l = layers_[il];
+      if (!devices_.layers[il]) {  // another rank runs it; this one may hold some of its experts
+        bind_ffn(il, moe);
+        continue;
+      }
       Backend& on = *devices_.layers[il];
       const std::string blk = fmt::format("blk.{}.", il);
       l.attn_norm = binder_.f32(blk + "attn_norm.weight", {hp.n_embd}, on);

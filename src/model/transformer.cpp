@@ -12,13 +12,29 @@
 #include <exception>
 
 #include "core/error.h"
+#include "core/transport.h"
 #include "model/transformer_internal.h"
 
 namespace tandem {
+namespace {
+
+// A device of this rank for the binder's default (a rank runs at least one part of the model).
+Backend& some_device_here(const DevicePlan& plan) {
+  for (Backend* d : {plan.embeddings, plan.output})
+    if (d) return *d;
+  for (Backend* d : plan.layers)
+    if (d) return *d;
+  for (const std::vector<Backend*>& layer : plan.experts)
+    for (Backend* d : layer)
+      if (d) return *d;
+  fail("this rank runs no part of the model: use fewer ranks than the model has layers");
+}
+
+}  // namespace
 
 Transformer::Transformer(const gguf::GgufFile& file, const DevicePlan& devices, ModelInfo info,
                          float rms_eps)
-    : binder_(file, *devices.embeddings),
+    : binder_(file, some_device_here(devices)),
       info_(std::move(info)),
       devices_(devices),
       rms_eps_(rms_eps) {
@@ -30,6 +46,16 @@ Transformer::Transformer(const gguf::GgufFile& file, const DevicePlan& devices, 
             "{}: layer {}: the plan splits its attention heads over devices; only MLA "
             "(deepseek2) does that, {} keeps each layer's attention on one device",
             file.name(), il, info_.arch);
+  if (const RankPlan& ranks = devices_.ranks; ranks.spread()) {
+    TANDEM_CHECK(ranks.layers.size() == info_.n_layer && ranks.experts.size() == info_.n_layer);
+    for (uint32_t il = 0; il < info_.n_layer; ++il)
+      if ((!devices_.heads.empty() && !devices_.heads[il].empty()) ||
+          (il < devices_.expert_copies.size() && !devices_.expert_copies[il].empty()))
+        fail(
+            "layer {}: split heads and copies of experts work within one machine, not in a run "
+            "over several ranks",
+            il);
+  }
   ffn_.resize(info_.n_layer);
   expert_seen_.resize(info_.n_layer);
   guessing_.assign(info_.n_layer, 0);
@@ -42,7 +68,9 @@ Transformer::~Transformer() {
 
 void Transformer::bind_embeddings_and_head() {
   const int64_t embd = info_.n_embd, vocab = info_.n_vocab;
-  token_embd_ = binder_.matrix("token_embd.weight", {embd, vocab}, *devices_.embeddings);
+  if (devices_.embeddings)  // else on another rank
+    token_embd_ = binder_.matrix("token_embd.weight", {embd, vocab}, *devices_.embeddings);
+  if (!devices_.output) return;
   Backend& out = *devices_.output;
   output_norm_ = binder_.f32("output_norm.weight", {embd}, out);
   // Some files tie the LM head to the embeddings.
@@ -106,7 +134,7 @@ std::vector<gguf::FileRange> Transformer::touched_file_ranges() const {
 void Transformer::bind_routing_counts() {
   const size_t per_device = size_t(info_.n_layer) * info_.n_expert;
   for (FfnLayer& l : ffn_) {
-    if (!l.moe) continue;
+    if (!l.moe || !l.device) continue;
     auto it = std::find_if(count_buffers_.begin(), count_buffers_.end(),
                            [&](const auto& entry) { return entry.first == l.device; });
     if (it == count_buffers_.end()) {
@@ -140,7 +168,7 @@ std::vector<std::vector<uint64_t>> Transformer::routing_counts() const {
 // lookup runs before the graph.
 Backend* Transformer::find_graph_device() const {
   Backend* g = devices_.output;
-  if (!g || !g->can_capture()) return nullptr;
+  if (!g || !g->can_capture() || devices_.ranks.spread()) return nullptr;
   for (uint32_t il = 0; il < ffn_.size(); ++il) {
     const FfnLayer& l = ffn_[il];
     if (l.device != g) return nullptr;
@@ -160,6 +188,27 @@ Transformer::Workspace& Transformer::workspace(Backend& on) {
   ws->generation = &buffer_generation_;
   workspaces_.emplace_back(&on, std::move(ws));
   return *workspaces_.back().second;
+}
+
+int32_t Transformer::my_rank() const {
+  return devices_.ranks.spread() ? devices_.ranks.transport->rank() : 0;
+}
+
+void Transformer::move_between_ranks(int32_t from, Backend* from_device, const void* src,
+                                     int32_t to, Backend* to_device, void* dst, size_t bytes,
+                                     const std::string& what) {
+  const int32_t me = my_rank();
+  if (me != from && me != to) return;
+  if (rank_staging_.size() < bytes) rank_staging_.resize(bytes);
+  const std::span<std::byte> staged(rank_staging_.data(), bytes);
+  Transport& transport = *devices_.ranks.transport;
+  if (me == from) {
+    from_device->copy_to_host(staged.data(), src, bytes);
+    transport.send(to, staged, what);
+  } else {
+    transport.receive(from, staged, what);
+    to_device->copy_from_host(dst, staged.data(), bytes);
+  }
 }
 
 void Transformer::transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes,
@@ -198,15 +247,17 @@ void Transformer::prepare_step(const Batch& batch) {
     return dst;
   };
   if (step_devices_.empty()) {  // once: the devices that run layers or heads of one
-    step_devices_.assign(devices_.layers.begin(), devices_.layers.end());
+    for (Backend* on : devices_.layers)
+      if (on) step_devices_.push_back(on);  // null: a layer of another rank
     for (const std::vector<AttentionShare>& shares : devices_.heads)
       for (const AttentionShare& share : shares) step_devices_.push_back(share.device);
     std::sort(step_devices_.begin(), step_devices_.end());
     step_devices_.erase(std::unique(step_devices_.begin(), step_devices_.end()),
                         step_devices_.end());
   }
-  workspace(*devices_.embeddings).inputs.tokens =
-      upload(*devices_.embeddings, W::kTokens, batch.tokens);
+  if (devices_.embeddings)
+    workspace(*devices_.embeddings).inputs.tokens =
+        upload(*devices_.embeddings, W::kTokens, batch.tokens);
   for (Backend* on : step_devices_) {
     Workspace& ws = workspace(*on);
     StepInputs& in = ws.inputs;
@@ -270,9 +321,12 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
   const int64_t embd = info_.n_embd;
   prepare_step(batch);
 
-  Backend* at = devices_.embeddings;  // the device holding the residual stream
-  float* x = workspace(*at).get(W::kResidual, T * embd);
-  at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);  // [T, n_embd]
+  Backend* at = devices_.embeddings;  // the device holding the residual stream (null: another rank)
+  float* x = nullptr;
+  if (at) {
+    x = workspace(*at).get(W::kResidual, T * embd);
+    at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);  // [T, n_embd]
+  }
 
   // A decode-sized step with a logit row per token, in order, can be a graph.
   bool graph = captures_steps() && T <= kMaxGraphTokens && R == T;
@@ -333,8 +387,24 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   using W = Workspace;
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   const int64_t embd = info_.n_embd;
+  const RankPlan& ranks = devices_.ranks;
+  const int32_t me = my_rank();
+  int32_t holder = ranks.embeddings;  // the rank holding the residual stream (spread runs)
   for (uint32_t il = 0; il < ffn_.size(); ++il) {
-    Backend& be = *ffn_[il].device;
+    const FfnLayer& l = ffn_[il];
+    if (ranks.spread() && l.rank != holder) {  // a cut between ranks: the residual stream moves
+      float* moved = l.device ? workspace(*l.device).get(W::kResidual, T * embd) : nullptr;
+      move_between_ranks(holder, at, x, l.rank, l.device, moved, size_t(T * embd) * sizeof(float),
+                         fmt::format("layer {}'s input", il));
+      holder = l.rank;
+      if (l.device) x = moved, at = l.device;
+    }
+    if (l.rank != me) {  // another rank's layer: this one may hold some of its experts
+      if (l.moe && std::ranges::find(l.expert_peers, me) != l.expert_peers.end())
+        experts_for_layer_rank(l, T, batch.kernels);
+      continue;
+    }
+    Backend& be = *l.device;
     Workspace& ws = workspace(be);
     if (at != &be) {  // a cut between devices: the residual stream moves
       float* moved = ws.get(W::kResidual, T * embd);
@@ -355,42 +425,58 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
 
   // ---- output head, only for the rows that need logits ----
   if (R == 0) return;
-  Backend& head = *devices_.output;
-  Workspace& ws = workspace(*at);
-  float* last = ws.get(W::kLast, R * embd);
-  for (int64_t r = 0; r < R;) {  // runs of consecutive rows as one copy each
-    const int32_t row = batch.logit_rows[size_t(r)];
-    int64_t n = 1;
-    while (r + n < R && batch.logit_rows[size_t(r + n)] == row + n) ++n;
-    at->copy_rows(last + r * embd, embd, x + int64_t(row) * embd, embd, n, embd);
-    r += n;
+  Backend* head = devices_.output;  // null: another rank's
+  float* last = nullptr;
+  if (holder == me) {
+    last = workspace(*at).get(W::kLast, R * embd);
+    for (int64_t r = 0; r < R;) {  // runs of consecutive rows as one copy each
+      const int32_t row = batch.logit_rows[size_t(r)];
+      int64_t n = 1;
+      while (r + n < R && batch.logit_rows[size_t(r + n)] == row + n) ++n;
+      at->copy_rows(last + r * embd, embd, x + int64_t(row) * embd, embd, n, embd);
+      r += n;
+    }
   }
-  if (at != &head) {
-    float* moved = workspace(head).get(W::kLast, R * embd);
-    transfer(*at, last, head, moved, size_t(R * embd) * sizeof(float));
-    last = moved;
+  if (ranks.spread() && ranks.output != holder) {
+    float* moved = head ? workspace(*head).get(W::kLast, R * embd) : nullptr;
+    move_between_ranks(holder, at, last, ranks.output, head, moved,
+                       size_t(R * embd) * sizeof(float), "the output head's input");
+    last = moved, at = head;
   }
-  float* out_logits = workspace(head).get(W::kLogits, R * info_.n_vocab);
-  head.rms_norm({.input = last,
-                 .weight = output_norm_,
-                 .output = last,
-                 .n_rows = R,
-                 .dim = embd,
-                 .input_stride = embd,
-                 .output_stride = embd,
-                 .eps = rms_eps_});
-  head.matmul({.weight = output_,
-               .input = last,
-               .output = out_logits,
-               .n_tokens = R,
-               .kernels = batch.kernels});
   const size_t logit_bytes = size_t(R * info_.n_vocab) * sizeof(float);
-  if (capturing) {  // read by forward() after the replay
-    head.copy_to_host_async(workspace(head).host(Workspace::kHostLogits, logit_bytes), out_logits,
-                            logit_bytes);
-    return;
+  if (head) {
+    if (at != head) {
+      float* moved = workspace(*head).get(W::kLast, R * embd);
+      transfer(*at, last, *head, moved, size_t(R * embd) * sizeof(float));
+      last = moved;
+    }
+    float* out_logits = workspace(*head).get(W::kLogits, R * info_.n_vocab);
+    head->rms_norm({.input = last,
+                    .weight = output_norm_,
+                    .output = last,
+                    .n_rows = R,
+                    .dim = embd,
+                    .input_stride = embd,
+                    .output_stride = embd,
+                    .eps = rms_eps_});
+    head->matmul({.weight = output_,
+                  .input = last,
+                  .output = out_logits,
+                  .n_tokens = R,
+                  .kernels = batch.kernels});
+    if (capturing) {  // read by forward() after the replay
+      head->copy_to_host_async(workspace(*head).host(Workspace::kHostLogits, logit_bytes),
+                               out_logits, logit_bytes);
+      return;
+    }
+    head->copy_to_host(logits, out_logits, logit_bytes);
   }
-  head.copy_to_host(logits, out_logits, logit_bytes);
+  // Rank 0 samples: the logits go there from the head's rank.
+  if (ranks.spread() && ranks.output != 0) {
+    const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(logits), logit_bytes);
+    if (me == ranks.output) ranks.transport->send(0, bytes, "the logits");
+    if (me == 0) ranks.transport->receive(ranks.output, bytes, "the logits");
+  }
 }
 
 void Transformer::norm(LayerStep& s, const float* weight) const {

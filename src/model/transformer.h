@@ -201,6 +201,29 @@ class Transformer : public Model {
   // Starts reading expert `e` of `layer` from disk where it is used in place and not cached
   // (GgufFile::start_reading); true if some of it was not.
   bool start_reading_expert(const FfnLayer& layer, int32_t e, bool urgent) const;
+  // The moe op of one shard of a layer's routed experts, with `local_index` saying which of them
+  // it computes.
+  MoeOp shard_op(const FfnLayer& layer, const ExpertShard& shard, const float* input,
+                 const int32_t* ids, const int32_t* local_index, float* slots, int64_t n_tokens,
+                 KernelChoice kernels) const;
+
+  // ---- a run over several ranks (DevicePlan::ranks) ----
+  int32_t my_rank() const;
+  // `bytes` at `src` on `from_device` of rank `from` to `dst` on `to_device` of rank `to`: a send
+  // on one, a receive on the other, nothing on the rest. Devices and pointers of the other rank
+  // are unused (null).
+  void move_between_ranks(int32_t from, Backend* from_device, const void* src, int32_t to,
+                          Backend* to_device, void* dst, size_t bytes, const std::string& what);
+  // On the layer's rank, after routing: sends the input and routing to the other ranks that hold
+  // some of the layer's experts (`h` and `ids` on the layer's device).
+  void send_to_expert_peers(const FfnLayer& layer, const float* h, const int32_t* ids,
+                            int64_t n_tokens);
+  // On the layer's rank: rank `peer`'s slots for its experts (packed by the peer in slot order)
+  // into `place` on the layer's device, zero elsewhere.
+  void receive_peer_slots(const FfnLayer& layer, int32_t peer, float* place, int64_t n_tokens);
+  // On a rank that holds some routed experts of a layer another rank runs: receives the input and
+  // routing, computes its experts' slots and sends them back packed.
+  void experts_for_layer_rank(const FfnLayer& layer, int64_t n_tokens, KernelChoice kernels);
 
   WeightView token_embd_, output_;
   const float* output_norm_ = nullptr;
@@ -221,6 +244,11 @@ class Transformer : public Model {
   ActivationBits ffn_activations_ = ActivationBits::Eight;
   std::vector<GraphEntry> graphs_;
   std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
+  // Host buffers of a run over several ranks: the bytes crossing ranks, and a MoE layer's input,
+  // routing and slots on the ranks that exchange them.
+  std::vector<std::byte> rank_staging_;
+  std::vector<float> peer_input_, peer_slots_, device_slots_, packed_slots_;
+  std::vector<int32_t> peer_ids_;
 };
 
 }  // namespace tandem

@@ -29,6 +29,10 @@ struct Transformer::FfnLayer {
   // The file's tensors of the routed experts (gate, up, down stacks of all experts).
   std::array<const gguf::TensorInfo*, 3> expert_stacks{};
   uint64_t* route_counts = nullptr;  // [n_expert] choices so far, on `device`
+  // Over several ranks: the rank that runs the layer (`device` is null on the others), and the
+  // other ranks that hold some of its routed experts, in rank order.
+  int32_t rank = 0;
+  std::vector<int32_t> expert_peers;
 };
 
 // The routed experts of one layer that live on one device: stacks of their gate, up and down

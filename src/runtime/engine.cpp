@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
@@ -19,13 +20,59 @@
 #include "plan/hardware.h"
 #include "runtime/device_setup.h"
 #include "runtime/kv_cache.h"
+#include "runtime/rank_spread.h"
+#include "runtime/transport.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
+namespace {
+
+// What every rank must agree on before loading: the first part's size and its header (metadata
+// and tensor index, up to the first tensor's data), hashed (FNV-1a).
+uint64_t model_file_fingerprint(const gguf::GgufFile& file) {
+  uint64_t header_bytes = file.total_file_bytes();
+  for (const gguf::TensorInfo& t : file.tensors())
+    if (t.file_index == 0) header_bytes = std::min(header_bytes, t.file_offset);
+  std::ifstream in(file.paths().front(), std::ios::binary);
+  std::vector<char> header(size_t(std::min<uint64_t>(header_bytes, uint64_t(64) << 20)));
+  if (!in.read(header.data(), std::streamsize(header.size())))
+    fail("{}: cannot read its header back", file.name());
+  uint64_t hash = 0xcbf29ce484222325ull ^ file.total_file_bytes();
+  for (char c : header) hash = (hash ^ uint8_t(c)) * 0x100000001b3ull;
+  return hash;
+}
+
+// A step as rank 0 sends it to the following ranks: this header, then tokens, positions, sequence
+// ids and logit rows in one message of 3 * n_tokens + n_rows ints.
+struct StepHeader {
+  int32_t stop = 0;  // 1: rank 0's Engine ended, no more steps
+  int32_t n_tokens = 0, n_rows = 0;
+  int32_t kernels = 0;
+};
+
+// A following rank waits this long for rank 0's next step: rank 0 may sit idle between requests
+// (a rank that dies is ended by mpirun, which ends the run).
+constexpr double kIdleWaitSeconds = 7 * 24 * 3600.0;
+
+}  // namespace
 
 Engine::Engine(const EngineOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  const Spread spread = options.spread.empty() ? Spread::Pipeline : parse_spread(options.spread);
+  rank_timeout_s_ = options.rank_timeout_s;
+  transport_ = open_transport({.timeout_s = options.rank_timeout_s});
+  if (transport_->n_ranks() == 1) {
+    transport_.reset();
+    if (!options.spread.empty())
+      fail(
+          "--spread {} divides a model between the ranks of `mpirun -np N tandem ...`; this "
+          "process runs alone",
+          options.spread);
+  }
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
+  if (transport_)
+    check_same_on_every_rank(*transport_, model_file_fingerprint(*file_),
+                             fmt::format("{}'s size and header", options.model_path));
   const ModelInfo file_info = read_model_info(*file_);  // refuses an unknown architecture
 
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
@@ -49,6 +96,14 @@ Engine::Engine(const EngineOptions& options) {
     devices = setup.plan;
     placement_ = std::move(setup.placement);
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(), setup.summary.c_str());
+  }
+  if (transport_) {
+    RankPlan ranks = spread_over_ranks(spread, file_info, transport_->n_ranks());
+    ranks.transport = transport_.get();
+    keep_parts_of_rank(devices, ranks, transport_->rank());
+    if (options.verbose)
+      std::fprintf(stderr, "tandem: rank %d of %d (%s), model spread as %s\n", rank(), n_ranks(),
+                   transport_->describe().c_str(), std::string(spread_name(spread)).c_str());
   }
   model_ = load_model(*file_, devices);
   model_->set_graphs_enabled(options.graphs);
@@ -115,6 +170,12 @@ Engine::Engine(const EngineOptions& options) {
                    (long long)n_ctx, info.n_ctx_train);
     }
   }
+  if (transport_) {  // every rank keeps the same context: the smallest any of them chose
+    std::vector<int64_t> all(static_cast<size_t>(n_ranks()));
+    transport_->all_gather(std::as_bytes(std::span(&n_ctx, 1)),
+                           std::as_writable_bytes(std::span(all)), "the context length");
+    n_ctx = *std::min_element(all.begin(), all.end());
+  }
   cache_ =
       std::make_unique<KvCache>(devices.layers, kv_layers, n_ctx, options.n_seq, kMaxStepTokens);
   const uint64_t per_token =
@@ -129,7 +190,66 @@ Engine::Engine(const EngineOptions& options) {
 }
 
 // The model first: it waits for work still queued on the devices, which writes the KV cache.
-Engine::~Engine() { model_.reset(); }
+Engine::~Engine() {
+  if (transport_ && rank() == 0) {
+    StepHeader stop{.stop = 1};
+    try {
+      for (int32_t r = 1; r < n_ranks(); ++r)
+        transport_->send(r, std::as_bytes(std::span(&stop, 1)), "the end of the run");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem: %s\n", e.what());
+    }
+  }
+  model_.reset();
+}
+
+int32_t Engine::rank() const {
+  return transport_ ? transport_->rank() : 0;
+}
+int32_t Engine::n_ranks() const {
+  return transport_ ? transport_->n_ranks() : 1;
+}
+
+void Engine::announce_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                           std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
+                           KernelChoice kernels) {
+  const StepHeader header{.n_tokens = int32_t(tokens.size()),
+                          .n_rows = int32_t(logit_rows.size()),
+                          .kernels = int32_t(kernels)};
+  std::vector<int32_t> body(tokens.begin(), tokens.end());
+  body.insert(body.end(), positions.begin(), positions.end());
+  body.insert(body.end(), seq_ids.begin(), seq_ids.end());
+  body.insert(body.end(), logit_rows.begin(), logit_rows.end());
+  const std::string what = fmt::format("step {}'s inputs", steps_);
+  for (int32_t r = 1; r < n_ranks(); ++r) {
+    transport_->send(r, std::as_bytes(std::span(&header, 1)), what);
+    transport_->send(r, std::as_bytes(std::span(body)), what);
+  }
+}
+
+void Engine::follow() {
+  TANDEM_CHECK(transport_ && rank() != 0);
+  std::vector<int32_t> body;
+  std::vector<float> logits;
+  try {
+    for (;;) {
+      StepHeader header;
+      transport_->set_timeout(kIdleWaitSeconds);
+      transport_->receive(0, std::as_writable_bytes(std::span(&header, 1)), "the next step");
+      if (header.stop) return;
+      const size_t T = size_t(header.n_tokens), R = size_t(header.n_rows);
+      body.resize(3 * T + R);
+      transport_->receive(0, std::as_writable_bytes(std::span(body)),
+                          fmt::format("step {}'s inputs", steps_));
+      const std::span<const int32_t> all(body);
+      evaluate_batch(all.subspan(0, T), all.subspan(T, T), all.subspan(2 * T, T),
+                     all.subspan(3 * T, R), KernelChoice(header.kernels), logits);
+    }
+  } catch (const std::exception& e) {
+    transport_->abort_run(fmt::format("{} (step {})", e.what(), steps_));
+    throw;
+  }
+}
 
 const ModelInfo& Engine::info() const {
   return model_->info();
@@ -224,9 +344,31 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
     }
   }
   logits.resize(logit_rows.size() * size_t(n_vocab()));
-  model_->forward({.tokens = tokens, .positions = positions, .seq_ids = seq_ids, .logit_rows = logit_rows,
-                   .kernels = kernels},
-                  cache_->views(), logits.data());
+  if (!transport_) {
+    model_->forward({.tokens = tokens,
+                     .positions = positions,
+                     .seq_ids = seq_ids,
+                     .logit_rows = logit_rows,
+                     .kernels = kernels},
+                    cache_->views(), logits.data());
+    return;
+  }
+  // Over several ranks every rank runs the step; one that fails ends them all (the others would
+  // wait on it), naming the step.
+  try {
+    if (rank() == 0) announce_step(tokens, positions, seq_ids, logit_rows, kernels);
+    transport_->set_timeout(rank_timeout_s_);
+    model_->forward({.tokens = tokens,
+                     .positions = positions,
+                     .seq_ids = seq_ids,
+                     .logit_rows = logit_rows,
+                     .kernels = kernels},
+                    cache_->views(), logits.data());
+  } catch (const std::exception& e) {
+    transport_->abort_run(fmt::format("{} (step {})", e.what(), steps_));
+    throw;
+  }
+  ++steps_;
 }
 
 int64_t Engine::n_seq() const { return cache_->n_seq(); }

@@ -19,6 +19,7 @@ namespace tandem {
 class Backend;
 class KvCache;
 class Tokenizer;
+class Transport;
 
 struct EngineOptions {
   std::string model_path;
@@ -35,12 +36,27 @@ struct EngineOptions {
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
   bool mlock = false;           // lock the model file in RAM so it is never paged out
   bool pin_threads = true;      // each CPU thread on its own physical core (thread_pool.h)
+  // Under `mpirun -np N` (N > 1): how the model is divided between the ranks (rank_spread.h:
+  // "pipeline", "experts", "mixed"; empty: pipeline), and the longest a rank waits for another
+  // mid-step before the run ends.
+  std::string spread;
+  double rank_timeout_s = 60;
 };
 
 class Engine {
  public:
   explicit Engine(const EngineOptions& options);
+  // Rank 0 of a run over several ranks tells the others to stop following.
   ~Engine();
+
+  // A run over several ranks (mpirun): rank 0 tokenizes, samples and calls evaluate; every other
+  // rank follows its steps. The rank's number and the ranks in the run (0 and 1 in one process).
+  int32_t rank() const;
+  int32_t n_ranks() const;
+  bool follows() const { return rank() != 0; }
+  // On a following rank: runs rank 0's steps until its Engine ends. An error here ends the run on
+  // every rank with its message.
+  void follow();
 
   const gguf::GgufFile& file() const { return *file_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -90,6 +106,14 @@ class Engine {
   KvCache& kv_cache() { return *cache_; }
 
  private:
+  // Rank 0: sends a step's inputs to the following ranks.
+  void announce_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                     std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
+                     KernelChoice kernels);
+
+  std::unique_ptr<Transport> transport_;  // null in a run of one process
+  double rank_timeout_s_ = 60;            // EngineOptions::rank_timeout_s
+  uint64_t steps_ = 0;                    // forward passes so far (named in errors)
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<Backend>> backends_;  // [0] = cpu

@@ -32,9 +32,13 @@ KvCache::KvCache(std::span<Backend* const> layer_devices, std::span<const KvLaye
   for (size_t il = 0; il < layers.size(); ++il) {
     const KvLayerShape& shape = layers[il];
     const int64_t rows = rows_per_sequence(shape, n_ctx, max_step_tokens);
-    const size_t bytes = size_t(n_seq * rows * shape.row_floats()) * sizeof(float);
-    auto buffer = layer_devices[il]->allocate(bytes, fmt::format("KV cache of layer {}", il));
-    views_.push_back({.data = buffer->floats(),
+    // A layer another rank runs (null device) has its cache there.
+    const size_t bytes =
+        layer_devices[il] ? size_t(n_seq * rows * shape.row_floats()) * sizeof(float) : 0;
+    std::shared_ptr<DeviceBuffer> buffer;
+    if (layer_devices[il])
+      buffer = layer_devices[il]->allocate(bytes, fmt::format("KV cache of layer {}", il));
+    views_.push_back({.data = buffer ? buffer->floats() : nullptr,
                       .n_seq = n_seq,
                       .n_ctx = rows,
                       .kv_lora_rank = shape.latent_dims,

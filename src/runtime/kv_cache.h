@@ -16,7 +16,8 @@ namespace tandem {
 
 class KvCache {
  public:
-  // One layer's cache on each of `layer_devices` (the device that runs that layer's attention).
+  // One layer's cache on each of `layer_devices` (the device that runs that layer's attention; null
+  // for a layer another rank runs: its cache is there, and the row copies below are for one rank).
   // `max_step_tokens`: the most tokens of one sequence a forward pass may store at once (a window
   // layer's ring must hold them beside the window).
   KvCache(std::span<Backend* const> layer_devices, std::span<const KvLayerShape> layers,

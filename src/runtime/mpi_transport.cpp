@@ -5,7 +5,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -14,15 +13,6 @@
 
 namespace tandem {
 namespace {
-
-// Whether a launcher started this process as one of several ranks (Open MPI's mpirun sets
-// OMPI_COMM_WORLD_SIZE, MPICH's and PMIx launchers PMI_SIZE); a plain start stays one process
-// without initializing MPI at all.
-bool launched_as_several_ranks() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (const char* value = std::getenv(name); value && std::atoi(value) > 1) return true;
-  return false;
-}
 
 int checked_int(size_t n, std::string_view what) {
   if (n > size_t(INT_MAX)) fail("{}: {} bytes is more than one MPI message carries", what, n);
@@ -199,7 +189,7 @@ std::unique_ptr<Transport> open_mpi_transport(const TransportOptions& options) {
   static bool opened = false;  // once per process: MPI cannot start again once finalized
   if (opened) fail("the transport is opened once per process");
   if (!initialized) {
-    if (!launched_as_several_ranks()) return nullptr;
+    if (launched_ranks() <= 1) return nullptr;  // a plain start: MPI stays uninitialized
     // Transfers may come from any one thread at a time (the scheduler's loop, a test's main).
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);

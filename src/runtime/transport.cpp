@@ -1,6 +1,7 @@
 // The single-process transport, the factory, and checks over any transport (transport.h).
 #include "runtime/transport.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -51,6 +52,21 @@ class SingleProcess : public Transport {
 };
 
 }  // namespace
+
+int32_t launched_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* value = std::getenv(name); value && std::atoi(value) > 1)
+      return std::atoi(value);
+  return 1;
+}
+
+void refuse_several_ranks(std::string_view command) {
+  if (launched_ranks() > 1)
+    fail(
+        "`tandem {}` runs in one process; over several ranks (mpirun -np N) tandem runs `run` and "
+        "`eval` so far",
+        command);
+}
 
 bool transport_has_mpi() {
 #if TANDEM_HAVE_MPI

@@ -1,54 +1,14 @@
 #pragma once
-// Moves host buffers between the ranks of one run spread over machines (DESIGN.md "Several
-// machines"): activations from one pipeline stage to the next, routed tokens to the machines that
-// hold their experts, the sampled token from rank 0 to the others. MPI carries them (ranks
-// started by `mpirun`); there is no network code of tandem's own. A process started without
-// mpirun is a run of one rank.
-//
-// Every wait has a deadline: a peer that does not answer in time (it died, its link dropped, it
-// is stuck) makes the call throw tandem::Error naming the peer and what was being moved, never
-// hang. After such an error the run cannot go on; `abort_run` ends every rank.
-//
-// Not yet used by the executor: multi-machine plans and runs are issue 32's next steps.
-#include <cstddef>
+// Opens the transport between the ranks of a run spread over machines (core/transport.h has the
+// interface): MPI's when the process was started by `mpirun` as one of several ranks, else a
+// single rank's. Plus the checks every rank makes together before loading.
 #include <cstdint>
 #include <memory>
-#include <span>
-#include <string>
 #include <string_view>
 
+#include "core/transport.h"
+
 namespace tandem {
-
-class Transport {
- public:
-  virtual ~Transport() = default;
-
-  virtual int32_t rank() const = 0;
-  virtual int32_t n_ranks() const = 0;
-  // "MPI (Open MPI v4.1.4), 3 ranks" or "single process".
-  virtual std::string describe() const = 0;
-  // The longest any call waits for a peer from now on (a load may allow more than a step).
-  virtual void set_timeout(double seconds) = 0;
-
-  // Point to point; `what` names the transfer in errors ("layer 12's input, step 40").
-  virtual void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) = 0;
-  // `bytes` must be exactly the size the sender sent.
-  virtual void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) = 0;
-  // `root`'s bytes into every rank's `bytes` (the same size on every rank).
-  virtual void broadcast(int32_t root, std::span<std::byte> bytes, std::string_view what) = 0;
-  // Every rank's `mine` (the same size everywhere) into `all`, in rank order.
-  virtual void all_gather(std::span<const std::byte> mine, std::span<std::byte> all,
-                          std::string_view what) = 0;
-  // Rank r's `out_counts[q]` bytes (consecutive in `out`, in rank order) go to rank q, which
-  // receives them into `in` at its `in_counts[r]` slot (in_counts[r] must equal what r sends).
-  virtual void all_to_all(std::span<const std::byte> out, std::span<const size_t> out_counts,
-                          std::span<std::byte> in, std::span<const size_t> in_counts,
-                          std::string_view what) = 0;
-
-  // Ends every rank of the run after printing `why` (a rank's failure the others cannot recover
-  // from); returns only in a single-process run, where the caller's error ends the process.
-  virtual void abort_run(std::string_view why) = 0;
-};
 
 struct TransportOptions {
   double timeout_s = 60;  // the longest any call waits for a peer
@@ -57,6 +17,14 @@ struct TransportOptions {
 // The transport of this process: MPI's when tandem was built with MPI and runs under mpirun with
 // more than one rank (MPI is initialized here, once per process), else a single rank's.
 std::unique_ptr<Transport> open_transport(const TransportOptions& options = {});
+
+// How many ranks the launcher started this process among (Open MPI's mpirun sets
+// OMPI_COMM_WORLD_SIZE, MPICH's and PMIx launchers PMI_SIZE / PMIX_SIZE); 1 for a plain start.
+// Reads the environment only: MPI stays uninitialized.
+int32_t launched_ranks();
+// Throws tandem::Error when this process is one of several ranks: for `command`s that do not run
+// over several ranks yet.
+void refuse_several_ranks(std::string_view command);
 
 // Whether this build can run over MPI.
 bool transport_has_mpi();

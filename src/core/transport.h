@@ -1,0 +1,50 @@
+#pragma once
+// The interface that moves host buffers between the ranks of one run spread over machines
+// (DESIGN.md "Several machines"): activations from one pipeline stage to the next, routed tokens
+// to the machines that hold their experts, each step's inputs from rank 0 to the others. It lives
+// here so that the executor (model/) can move its activations without knowing how; MPI carries
+// them (runtime/transport.h opens it), and there is no network code of tandem's own.
+//
+// Every wait has a deadline: a peer that does not answer in time (it died, its link dropped, it
+// is stuck) makes the call throw tandem::Error naming the peer and what was being moved, never
+// hang. After such an error the run cannot go on; `abort_run` ends every rank.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace tandem {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int32_t rank() const = 0;
+  virtual int32_t n_ranks() const = 0;
+  // "MPI (Open MPI v4.1.4), 3 ranks" or "single process".
+  virtual std::string describe() const = 0;
+  // The longest any call waits for a peer from now on (a load may allow more than a step).
+  virtual void set_timeout(double seconds) = 0;
+
+  // Point to point; `what` names the transfer in errors ("layer 12's input, step 40").
+  virtual void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) = 0;
+  // `bytes` must be exactly the size the sender sent.
+  virtual void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) = 0;
+  // `root`'s bytes into every rank's `bytes` (the same size on every rank).
+  virtual void broadcast(int32_t root, std::span<std::byte> bytes, std::string_view what) = 0;
+  // Every rank's `mine` (the same size everywhere) into `all`, in rank order.
+  virtual void all_gather(std::span<const std::byte> mine, std::span<std::byte> all,
+                          std::string_view what) = 0;
+  // Rank r's `out_counts[q]` bytes (consecutive in `out`, in rank order) go to rank q, which
+  // receives them into `in` at its `in_counts[r]` slot (in_counts[r] must equal what r sends).
+  virtual void all_to_all(std::span<const std::byte> out, std::span<const size_t> out_counts,
+                          std::span<std::byte> in, std::span<const size_t> in_counts,
+                          std::string_view what) = 0;
+
+  // Ends every rank of the run after printing `why` (a rank's failure the others cannot recover
+  // from); returns only in a single-process run, where the caller's error ends the process.
+  virtual void abort_run(std::string_view why) = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,35 @@
+#pragma once
+// How a run over several ranks divides a model between them (DESIGN.md "Several machines"), as
+// `--spread` chooses: whole layers per rank (a pipeline), each MoE layer's routed experts over
+// every rank, or both. Within a rank, its own devices hold its parts as its one-machine plan puts
+// them.
+#include <cstdint>
+#include <string_view>
+
+#include "model/device_plan.h"
+#include "model/model.h"
+
+namespace tandem {
+
+enum class Spread {
+  Pipeline,  // consecutive layers per rank; one activation crosses each cut per step
+  Experts,   // every layer on rank 0, each MoE layer's routed experts spread over all ranks
+  Mixed,     // layers as the pipeline, experts as Experts
+};
+
+// "pipeline", "experts" or "mixed"; throws tandem::Error naming the accepted names.
+Spread parse_spread(std::string_view name);
+std::string_view spread_name(Spread spread);
+
+// Which rank runs each part of a model of `info` over `n_ranks` ranks (transport not set).
+// Pipeline stages take consecutive layers in equal shares (the first stage the embeddings, the
+// last the output head); routed experts go in consecutive equal shares. Throws tandem::Error
+// when there are fewer layers (pipeline) or experts (experts) than ranks.
+RankPlan spread_over_ranks(Spread spread, const ModelInfo& info, int32_t n_ranks);
+
+// Restricts `plan` (this rank's devices for the whole model) to the parts `ranks` gives `rank`:
+// the others become null. Split heads and copies of experts are dropped: they spread one layer
+// over the devices of one machine, which a run over ranks does not do yet.
+void keep_parts_of_rank(DevicePlan& plan, const RankPlan& ranks, int32_t rank);
+
+}  // namespace tandem

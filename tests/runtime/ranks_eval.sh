@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# ranks_eval.sh MPIRUN TANDEM PYTHON FIXTURES MODEL REF NP SPREAD [EXTRA TANDEM ARGS...]: evaluates
+# MODEL.gguf on REF's input tokens in one process and under `mpirun -np NP` with `--spread SPREAD`
+# (and the extra flags, e.g. --devices, on both). An F32 model must give bit-identical output (the
+# same greedy tokens and every logit); every model must pass check.py over the ranks' output.
+set -euo pipefail
+mpirun=$1 tandem=$2 python=$3 fixtures=$4 model=$5 ref=$6 np=$7 spread=$8
+shift 8
+if [[ ! -f $fixtures/$model.gguf ]]; then
+  echo "shared fixtures not found in $fixtures: the tests expect ../shared/fixtures beside the repository" >&2
+  exit 1
+fi
+one=$(mktemp --suffix=.json) spread_out=$(mktemp --suffix=.json)
+trap 'rm -f "$one" "$spread_out"' EXIT
+"$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" --out "$one" --threads 1 "$@"
+timeout 100 "$mpirun" -np "$np" "$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" \
+  --out "$spread_out" --threads 1 --spread "$spread" --rank-timeout 30 "$@"
+"$python" "$fixtures/check.py" --quiet "$fixtures/$ref" "$spread_out"
+if [[ $model == *F32* ]]; then
+  if ! cmp -s "$one" "$spread_out"; then
+    echo "FAIL: $np ranks ($spread) differ from one process on $model"
+    "$python" - "$one" "$spread_out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+print("greedy tokens, one process:", a["generated_tokens"])
+print("greedy tokens, ranks:      ", b["generated_tokens"])
+for pa, pb in zip(a["positions"], b["positions"]):
+    if pa != pb:
+        print("first difference at position", pa["pos"], pa["top"][:3], "vs", pb["top"][:3])
+        break
+PY
+    exit 1
+  fi
+  echo "$np ranks ($spread): bit-identical to one process on $model"
+fi
