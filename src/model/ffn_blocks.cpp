@@ -465,9 +465,9 @@ void Transformer::send_to_expert_peers(const FfnLayer& l, const float* h, const 
   Transport& transport = *devices_.ranks.transport;
   for (int32_t peer : l.expert_peers) {
     transport.send(peer, std::as_bytes(std::span(peer_input_)),
-                   fmt::format("layer {}'s experts' input", il));
+                   fmt::format("layer {}'s experts' input, step {}", il, steps_));
     transport.send(peer, std::as_bytes(std::span(peer_ids_)),
-                   fmt::format("layer {}'s routing", il));
+                   fmt::format("layer {}'s routing, step {}", il, steps_));
   }
 }
 
@@ -479,7 +479,7 @@ void Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* pla
   for (int64_t s = 0; s < n_slots; ++s) n_held += expert_rank[size_t(peer_ids_[size_t(s)])] == peer;
   packed_slots_.resize(size_t(n_held * embd));
   devices_.ranks.transport->receive(peer, std::as_writable_bytes(std::span(packed_slots_)),
-                                    fmt::format("layer {}'s expert outputs", il));
+                                    fmt::format("layer {}'s expert outputs, step {}", il, steps_));
   peer_slots_.assign(size_t(n_slots * embd), 0.0f);
   const float* next = packed_slots_.data();
   for (int64_t s = 0; s < n_slots; ++s)
@@ -498,9 +498,9 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T, KernelCho
   peer_input_.resize(size_t(T * embd));
   peer_ids_.resize(size_t(n_slots));
   transport.receive(l.rank, std::as_writable_bytes(std::span(peer_input_)),
-                    fmt::format("layer {}'s experts' input", il));
+                    fmt::format("layer {}'s experts' input, step {}", il, steps_));
   transport.receive(l.rank, std::as_writable_bytes(std::span(peer_ids_)),
-                    fmt::format("layer {}'s routing", il));
+                    fmt::format("layer {}'s routing, step {}", il, steps_));
   for (int32_t e : peer_ids_)
     if (e < 0 || e >= int32_t(info_.n_expert))
       fail("layer {}: rank {} sent expert {} of {}: the ranks disagree on the model", il, l.rank, e,
@@ -542,7 +542,7 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T, KernelCho
       packed_slots_.insert(packed_slots_.end(), peer_slots_.begin() + s * embd,
                            peer_slots_.begin() + (s + 1) * embd);
   transport.send(l.rank, std::as_bytes(std::span(packed_slots_)),
-                 fmt::format("layer {}'s expert outputs", il));
+                 fmt::format("layer {}'s expert outputs, step {}", il, steps_));
 }
 
 }  // namespace tandem

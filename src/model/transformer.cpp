@@ -297,9 +297,11 @@ void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache
   try {
     step(batch, cache, logits);
   } catch (...) {
+    ++steps_;
     synchronize_devices(/*report=*/false);
     throw;
   }
+  ++steps_;
   synchronize_devices(/*report=*/true);
 }
 
@@ -395,7 +397,7 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
     if (ranks.spread() && l.rank != holder) {  // a cut between ranks: the residual stream moves
       float* moved = l.device ? workspace(*l.device).get(W::kResidual, T * embd) : nullptr;
       move_between_ranks(holder, at, x, l.rank, l.device, moved, size_t(T * embd) * sizeof(float),
-                         fmt::format("layer {}'s input", il));
+                         fmt::format("layer {}'s input, step {}", il, steps_));
       holder = l.rank;
       if (l.device) x = moved, at = l.device;
     }
@@ -440,7 +442,8 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   if (ranks.spread() && ranks.output != holder) {
     float* moved = head ? workspace(*head).get(W::kLast, R * embd) : nullptr;
     move_between_ranks(holder, at, last, ranks.output, head, moved,
-                       size_t(R * embd) * sizeof(float), "the output head's input");
+                       size_t(R * embd) * sizeof(float),
+                       fmt::format("the output head's input, step {}", steps_));
     last = moved, at = head;
   }
   const size_t logit_bytes = size_t(R * info_.n_vocab) * sizeof(float);
@@ -474,8 +477,9 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   // Rank 0 samples: the logits go there from the head's rank.
   if (ranks.spread() && ranks.output != 0) {
     const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(logits), logit_bytes);
-    if (me == ranks.output) ranks.transport->send(0, bytes, "the logits");
-    if (me == 0) ranks.transport->receive(ranks.output, bytes, "the logits");
+    const std::string what = fmt::format("the logits, step {}", steps_);
+    if (me == ranks.output) ranks.transport->send(0, bytes, what);
+    if (me == 0) ranks.transport->receive(ranks.output, bytes, what);
   }
 }
 

@@ -246,6 +246,7 @@ class Transformer : public Model {
   std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
   // Host buffers of a run over several ranks: the bytes crossing ranks, and a MoE layer's input,
   // routing and slots on the ranks that exchange them.
+  uint64_t steps_ = 0;  // forward passes so far: named in what crosses ranks
   std::vector<std::byte> rank_staging_;
   std::vector<float> peer_input_, peer_slots_, device_slots_, packed_slots_;
   std::vector<int32_t> peer_ids_;

@@ -246,7 +246,7 @@ void Engine::follow() {
                      all.subspan(3 * T, R), KernelChoice(header.kernels), logits);
     }
   } catch (const std::exception& e) {
-    transport_->abort_run(fmt::format("{} (step {})", e.what(), steps_));
+    transport_->abort_run(e.what());  // it names the step
     throw;
   }
 }
@@ -365,7 +365,7 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
                      .kernels = kernels},
                     cache_->views(), logits.data());
   } catch (const std::exception& e) {
-    transport_->abort_run(fmt::format("{} (step {})", e.what(), steps_));
+    transport_->abort_run(e.what());  // what crosses ranks names its step
     throw;
   }
   ++steps_;
