@@ -28,6 +28,8 @@ using nlohmann::ordered_json;
 using namespace tandem::plan;
 
 constexpr int kExitDoesNotFit = 3;
+// A plan that does not fit is re-planned on up to this many machines to say how many would do.
+constexpr int32_t kMostNodesTried = 16;
 
 struct PlanOptions {
   std::string model, preset, quant = "Q4_K_M";
@@ -39,6 +41,8 @@ struct PlanOptions {
   int64_t n_ctx = 4096, n_parallel = 1, prefill_batch = 512;
   std::string rules_path, profile_path, rules_out;
   std::string link, ram_reserve;
+  int32_t nodes = 1;
+  std::string node_link;
   bool json = false, explain = false;
 };
 
@@ -76,12 +80,20 @@ Counts counts_on(const Placement& p, const ModelInventory& inv, int32_t d) {
   return c;
 }
 
-void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl, bool explain) {
+void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl,
+                const Hardware& hw, bool explain, int32_t machines_needed) {
   fmt::print(
       "plan for {} {}: {} of weights in {} groups; context {} x {} sequence{}, prefill "
-      "batch {}\n\n",
+      "batch {}\n",
       inv.name, inv.quant_mix, format_bytes(inv.total_weight_bytes()), inv.groups.size(), wl.n_ctx,
       wl.n_parallel, wl.n_parallel == 1 ? "" : "s", wl.prefill_batch);
+  if (hw.n_nodes > 1)
+    fmt::print(
+        "{} machines, their GPUs named nodeN:cuda:M beyond the first's; RAM and CPU of the first "
+        "(rank 0); between machines {:.1f} GB/s, {:.0f} us ({})\n",
+        hw.n_nodes, hw.node_link_bytes_per_s / 1e9, hw.node_link_latency_s * 1e6,
+        hw.node_link_source);
+  fmt::print("\n");
   fmt::print("{:<8} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n", "device", "model", "memory",
              "weights", "KV cache", "buffers", "used", "use");
   for (const DeviceUsage& u : p.devices) {
@@ -128,10 +140,17 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
     fmt::print("\nPROBLEMS:\n");
     for (const std::string& r : p.problems) fmt::print("  ! {}\n", r);
   }
+  if (!p.fits)
+    fmt::print(
+        "\n{}\n",
+        machines_needed > 0
+            ? fmt::format("it would fit on {} machines like this one (plan --nodes {})",
+                          machines_needed, machines_needed)
+            : fmt::format("it would not fit on {} machines like this one either", kMostNodesTried));
 }
 
 void print_json(const Placement& p, const ModelInventory& inv, const Workload& wl,
-                const Hardware& hw) {
+                const Hardware& hw, int32_t machines_needed) {
   ordered_json out;
   out["model"] = {{"name", inv.name},
                   {"quant_mix", inv.quant_mix},
@@ -144,8 +163,14 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                     {"link_source", hw.link_source},
                     {"ram_bytes", hw.ram_bytes},
                     {"ram_reserve_bytes", hw.ram_reserve_bytes},
-                    {"ram_reserve_source", hw.ram_reserve_source}};
+                    {"ram_reserve_source", hw.ram_reserve_source},
+                    {"nodes", hw.n_nodes},
+                    {"node_link_bytes_per_s", hw.node_link_bytes_per_s},
+                    {"node_link_latency_s", hw.node_link_latency_s},
+                    {"node_link_source", hw.node_link_source}};
   out["fits"] = p.fits;
+  // When it does not fit: how many machines like this one would hold it (0: not even 16).
+  if (!p.fits) out["machines_needed"] = machines_needed;
   ordered_json devices = ordered_json::array();
   for (size_t d = 0; d < p.devices.size(); ++d) {
     const DeviceUsage& u = p.devices[d];
@@ -244,12 +269,23 @@ void run_plan(const PlanOptions& o) {
   std::optional<RoutingProfile> profile;
   if (!o.profile_path.empty()) profile = load_routing_profile(o.profile_path);
   const Workload wl{.n_ctx = o.n_ctx, .n_parallel = o.n_parallel, .prefill_batch = o.prefill_batch};
+  if (!o.node_link.empty()) set_node_link(hw, o.node_link);
+  const Hardware one_machine = hw;
+  if (o.nodes > 1) repeat_nodes(hw, o.nodes);
   const Placement p = plan_placement(inv, hw, wl, rules, profile ? &*profile : nullptr);
+  // A plan that does not fit: how many such machines would hold it all in memory.
+  int32_t machines_needed = 0;
+  for (int32_t n = o.nodes + 1; !p.fits && n <= kMostNodesTried && machines_needed == 0; ++n) {
+    Hardware more = one_machine;
+    repeat_nodes(more, n);
+    if (plan_placement(inv, more, wl, rules, profile ? &*profile : nullptr).fits)
+      machines_needed = n;
+  }
 
   if (o.json)
-    print_json(p, inv, wl, hw);
+    print_json(p, inv, wl, hw, machines_needed);
   else
-    print_text(p, inv, wl, o.explain);
+    print_text(p, inv, wl, hw, o.explain || o.nodes > 1, machines_needed);
   if (!o.rules_out.empty()) {
     std::ofstream out(o.rules_out, std::ios::binary | std::ios::trunc);
     const std::string yaml = rules_to_yaml(p, inv);
@@ -303,6 +339,14 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--ram-reserve", o->ram_reserve,
                   "RAM kept free for the system and the page cache: 8GiB or 10% (default: 10% of "
                   "RAM, at least 4 GiB, at most half)");
+  cmd->add_option("--nodes", o->nodes,
+                  "plan for this many identical machines (each with the --gpu cards; RAM and CPU "
+                  "count for the first, where rank 0 runs): pipeline stages and experts spread "
+                  "over their GPUs, with the network's cost between them")
+      ->capture_default_str();
+  cmd->add_option("--node-link", o->node_link,
+                  "the network between machines: ib-ndr, ib-hdr (default, assumed), eth100, "
+                  "eth25, eth10, or BANDWIDTH:LATENCY such as 50GBps:3us");
   cmd->add_flag("--explain", o->explain,
                 "also print the candidate placements weighed, with their predicted speeds, and "
                 "why an idle GPU stays idle");

@@ -58,9 +58,27 @@ std::vector<size_t> apportion(size_t n, const std::vector<double>& share) {
 
 }  // namespace
 
+int32_t Planner::machines_of(const std::vector<int32_t>& ds) const {
+  std::vector<int32_t> nodes;
+  for (int32_t d : ds)
+    if (std::ranges::find(nodes, p_.devices[size_t(d)].spec.node) == nodes.end())
+      nodes.push_back(p_.devices[size_t(d)].spec.node);
+  return int32_t(nodes.size());
+}
+
 std::vector<CandidateSpec> Planner::candidate_specs() const {
   std::vector<CandidateSpec> specs;
-  specs.push_back({.kind = CandidateSpec::Kind::LayerSplit, .gpus = gpus_, .name = "layer split"});
+  // Over several machines: a layer split is a pipeline of them, and expert parallel puts each
+  // layer's attention side in stages and spreads its experts over every machine (--spread mixed
+  // of the runtime); the names say so.
+  auto over_machines = [&](const std::vector<int32_t>& use) {
+    const int32_t m = machines_of(use);
+    return m > 1 ? fmt::format(" on {} machines", m) : std::string();
+  };
+  specs.push_back(
+      {.kind = CandidateSpec::Kind::LayerSplit,
+       .gpus = gpus_,
+       .name = hw_.n_nodes > 1 ? "pipeline: layer split" + over_machines(gpus_) : "layer split"});
   bool any_experts = false;
   uint64_t full_total = 0;
   for (uint32_t l = 0; l < inv_.n_layers; ++l) {
@@ -95,21 +113,27 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
       std::sort(use.begin(), use.end());
       specs.push_back({.kind = CandidateSpec::Kind::LayerSplit,
                        .gpus = use,
-                       .name = fmt::format("layer split over {} GPU{}", k, k == 1 ? "" : "s")});
+                       .name = fmt::format("{}layer split over {} GPU{}{}",
+                                           machines_of(use) > 1 ? "pipeline: " : "", k,
+                                           k == 1 ? "" : "s", over_machines(use))});
     }
     for (bool copies : {false, true})
       for (bool heads : {false, true})
         for (size_t k = std::max<size_t>(fewest(1.0), 2); k <= by_speed.size(); ++k) {
           std::vector<int32_t> use(by_speed.begin(), by_speed.begin() + ptrdiff_t(k));
           std::sort(use.begin(), use.end());
+          // Split heads and copies of experts share one layer's work within a machine: a run over
+          // several ranks does neither.
+          if ((heads || copies) && machines_of(use) > 1) continue;
           specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
                            .gpus = use,
                            .spread = true,
                            .split_heads = heads,
                            .copy_experts = copies,
-                           .name = fmt::format("expert parallel{}{} over {} GPUs",
-                                               heads ? " + heads split" : "",
-                                               copies ? " + hot experts copied" : "", k)});
+                           .name = fmt::format(
+                               "{}expert parallel{}{} over {} GPUs{}",
+                               machines_of(use) > 1 ? "mixed: " : "", heads ? " + heads split" : "",
+                               copies ? " + hot experts copied" : "", k, over_machines(use))});
         }
     return specs;
   }

@@ -678,10 +678,23 @@ class StepModel {
   }
   // The link a copy between two devices takes: GPU to GPU by the machine's kind, host to GPU over
   // PCIe; between host-memory devices (cpu, sim) a memcpy at the host's speed.
+  // Between machines, the network's cost on top of the machine's own hop (GPUDirect: the NIC
+  // reads the GPU over PCIe): latencies add, the slower bandwidth sets the rate.
   LinkCost link_between(int32_t from, int32_t to) const {
-    if (is_gpu(from) && is_gpu(to)) return params_.gpu_link(hw_.gpu_link);
-    if (is_gpu(from) || is_gpu(to)) return params_.host_link(hw_.gpu_link);
-    return {.bandwidth_bytes_per_s = bandwidth(0), .latency_s = params_.host_copy_latency_s};
+    LinkCost link;
+    if (is_gpu(from) && is_gpu(to))
+      link = params_.gpu_link(hw_.gpu_link);
+    else if (is_gpu(from) || is_gpu(to))
+      link = params_.host_link(hw_.gpu_link);
+    else
+      link = {.bandwidth_bytes_per_s = bandwidth(0), .latency_s = params_.host_copy_latency_s};
+    if (spec(from).node != spec(to).node) {
+      if (is_gpu(from) && is_gpu(to)) link = params_.host_link(hw_.gpu_link);
+      link.latency_s += hw_.node_link_latency_s;
+      link.bandwidth_bytes_per_s =
+          std::min(link.bandwidth_bytes_per_s, std::max(hw_.node_link_bytes_per_s, 1e6));
+    }
+    return link;
   }
   double transfer_s(int32_t from, int32_t to, double bytes) const {
     if (from == to) return 0;

@@ -606,4 +606,58 @@ Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_vie
   return hw;
 }
 
+void set_node_link(Hardware& hw, std::string_view text) {
+  // Per direction, as MPI's and NCCL's point-to-point tests reach them: InfiniBand about 90% of
+  // the line rate with 1-3 us for a small message (OSU latency and bandwidth benchmarks on HDR and
+  // NDR fabrics); Ethernet with TCP about 90% of the line rate and 20-50 us (RoCE is closer to
+  // InfiniBand: give it as numbers).
+  struct Named {
+    std::string_view name;
+    double bytes_per_s, latency_s;
+  };
+  static constexpr Named kLinks[] = {{"ib-ndr", 45e9, 2e-6},
+                                     {"ib-hdr", 22.5e9, 2e-6},
+                                     {"eth100", 11e9, 25e-6},
+                                     {"eth25", 2.8e9, 30e-6},
+                                     {"eth10", 1.1e9, 40e-6}};
+  for (const Named& link : kLinks)
+    if (text == link.name) {
+      hw.node_link_bytes_per_s = link.bytes_per_s;
+      hw.node_link_latency_s = link.latency_s;
+      hw.node_link_source = fmt::format("given: {}", text);
+      return;
+    }
+  const size_t colon = text.find(':');
+  double gbps = 0, us = 0;
+  if (colon != std::string_view::npos &&
+      std::sscanf(std::string(text.substr(0, colon)).c_str(), "%lfGBps", &gbps) == 1 &&
+      std::sscanf(std::string(text.substr(colon + 1)).c_str(), "%lfus", &us) == 1 && gbps > 0 &&
+      us >= 0) {
+    hw.node_link_bytes_per_s = gbps * 1e9;
+    hw.node_link_latency_s = us * 1e-6;
+    hw.node_link_source = fmt::format("given: {}", text);
+    return;
+  }
+  fail(
+      "--node-link {}: not a network; use ib-ndr, ib-hdr, eth100, eth25, eth10, or "
+      "BANDWIDTH:LATENCY such as 50GBps:3us",
+      text);
+}
+
+void repeat_nodes(Hardware& hw, int32_t n_nodes) {
+  if (n_nodes < 1 || n_nodes > 64) fail("--nodes {}: give 1 to 64 machines", n_nodes);
+  if (hw.node_link_bytes_per_s <= 0) {
+    set_node_link(hw, "ib-hdr");
+    hw.node_link_source = "assumed InfiniBand HDR (200 Gb/s): give --node-link";
+  }
+  const std::vector<DeviceSpec> one = hw.gpus;
+  for (int32_t node = 1; node < n_nodes; ++node)
+    for (DeviceSpec gpu : one) {
+      gpu.name = fmt::format("node{}:{}", node, gpu.name);
+      gpu.node = node;
+      hw.gpus.push_back(std::move(gpu));
+    }
+  hw.n_nodes = n_nodes;
+}
+
 }  // namespace tandem::plan

@@ -25,6 +25,7 @@ struct DeviceSpec {
   double interleaved_kernel_bytes_per_s = 0;  // the same for the interleaved formats of
                                               // `tandem repack`; 0 = unknown
   std::string bandwidth_source;     // "measured 2026-12-02", "default for RTX 4090", "given"
+  int32_t node = 0;                 // the machine it is in (Hardware::n_nodes); the host: 0
 };
 
 // `bytes` as a device's measured decode kernels see them: the `interleaved` part (tandem
@@ -50,12 +51,27 @@ struct Hardware {
   LinkKind gpu_link = LinkKind::Pcie4;
   std::string link_source = "assumed PCIe 4: give --link nvlink|pcie4|pcie5";
   double disk_bytes_per_s = 2e9;  // for weights streamed from disk
+  // Several machines (plan --nodes): their GPUs (DeviceSpec::node) join the plan; the RAM and
+  // CPU planned are the first machine's (where rank 0 runs). A copy between machines goes over
+  // their network: its bandwidth per direction and a small message's latency.
+  int32_t n_nodes = 1;
+  double node_link_bytes_per_s = 0;
+  double node_link_latency_s = 0;
+  std::string node_link_source;
   // RAM as described or available now, and the share of it kept free for the operating system and
   // the page cache (default_ram_reserve); host.memory_bytes is what is left for the plan.
   uint64_t ram_bytes = 0;
   uint64_t ram_reserve_bytes = 0;
   std::string ram_reserve_source;  // "default: 10% of RAM, at least 4 GiB", "given"
 };
+
+// The network between machines: "ib-ndr" (InfiniBand NDR, 400 Gb/s), "ib-hdr" (200 Gb/s),
+// "eth100", "eth25", "eth10" (Ethernet, Gb/s), or "50GBps:3us" (bandwidth per direction in GB/s
+// and latency); sets hw's node link. Throws tandem::Error with the accepted forms.
+void set_node_link(Hardware& hw, std::string_view text);
+// `hw` as `n_nodes` identical machines: its GPUs repeated per machine (named "node1:cuda:0" ...
+// beyond the first), the host the first machine's.
+void repeat_nodes(Hardware& hw, int32_t n_nodes);
 
 // What is kept free of `ram_bytes` unless said otherwise: 10% of it, at least 4 GiB, at most half.
 // The kernel starts evicting page-cache pages before MemAvailable reaches zero, and the weights

@@ -46,6 +46,8 @@ class Planner {
   uint64_t room(int32_t d) const { return cap(d) > used(d) ? cap(d) - used(d) : 0; }
   int32_t n_devices() const { return int32_t(p_.devices.size()); }
   const std::string& name(int32_t d) const { return p_.devices[size_t(d)].spec.name; }
+  // How many machines (DeviceSpec::node) the devices `ds` are on.
+  int32_t machines_of(const std::vector<int32_t>& ds) const;
   double bandwidth(int32_t d) const;
   uint64_t bytes(size_t g) const { return inv_.groups[g].bytes; }
   // Whether device d's backend can multiply group g's formats (CUDA: cuda_reads).

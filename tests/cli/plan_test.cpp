@@ -77,6 +77,44 @@ TEST(Plan, ExplainShowsTheCandidatesAndWhyPcieIsSlower) {
       << bad_reserve.output;
 }
 
+// Issue 32's acceptance: V3 at 8 bits over two 8xA100 machines fits, beats one machine, and
+// prints each candidate with its speed; Kimi-K2 at Q4_K_M on two machines of 8x48 GiB too; a plan
+// that does not fit says how many machines would.
+TEST(Plan, NodesPlanOverSeveralMachinesAndSayHowManyWouldFit) {
+  std::string a100s, gpus48;
+  for (int i = 0; i < 8; ++i) a100s += " --gpu a100-80g", gpus48 += " --gpu 48GiB";
+  const std::string host = " --ram 1TiB --cpu-cores 64 --host-bandwidth 200 --link nvlink";
+  auto decode = [](const CliResult& r) {
+    return nlohmann::json::parse(r.output)["predicted"]["decode_tokens_per_s"].get<double>();
+  };
+  const CliResult v3_one =
+      run_tandem("plan --preset deepseek-v3 --quant Q8_0" + a100s + host + " --json");
+  const CliResult v3_two =
+      run_tandem("plan --preset deepseek-v3 --quant Q8_0" + a100s + host + " --nodes 2 --json");
+  ASSERT_EQ(v3_two.exit_code, 0) << v3_two.output;
+  EXPECT_GT(decode(v3_two), decode(v3_one));
+  EXPECT_EQ(nlohmann::json::parse(v3_two.output)["machine"]["nodes"], 2);
+  const CliResult text =
+      run_tandem("plan --preset deepseek-v3 --quant Q8_0" + a100s + host + " --nodes 2");
+  EXPECT_NE(text.output.find("candidates weighed"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("pipeline: layer split"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("node1:cuda:7"), std::string::npos) << text.output;
+
+  const CliResult kimi_one =
+      run_tandem("plan --preset kimi-k2 --quant Q4_K_M" + gpus48 + host + " --json");
+  const CliResult kimi_two =
+      run_tandem("plan --preset kimi-k2 --quant Q4_K_M" + gpus48 + host + " --nodes 2 --json");
+  ASSERT_EQ(kimi_two.exit_code, 0) << kimi_two.output;
+  EXPECT_GT(decode(kimi_two), decode(kimi_one));
+
+  const CliResult short_of_ram =
+      run_tandem("plan --preset kimi-k2 --quant Q8_0" + gpus48 + " --ram 256GiB --link nvlink");
+  EXPECT_EQ(short_of_ram.exit_code, 3) << short_of_ram.output;
+  EXPECT_NE(short_of_ram.output.find("it would fit on 3 machines like this one (plan --nodes 3)"),
+            std::string::npos)
+      << short_of_ram.output;
+}
+
 TEST(Plan, RulesOutWritesAFileThatPlansTheSame) {
   const auto rules = std::filesystem::temp_directory_path() / ("tandem-rules-" + std::to_string(::getpid()) + ".yaml");
   const std::string model = test::fixture("small-v3-Q4_K_M.gguf").string();

@@ -1,0 +1,94 @@
+// Plans over several identical machines (plan --nodes): the GPUs of each join the plan, copies
+// between machines cost the network, and candidates that share one layer's work inside a machine
+// (split heads, copies of experts) stay within one.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "plan/hardware.h"
+#include "plan/planner.h"
+#include "plan_test_support.h"
+
+namespace tandem::plan {
+namespace {
+
+using test::machine;
+using test::with_reserve;
+
+Hardware eight_a100s() {
+  return with_reserve(machine(std::vector<double>(8, 80), 1024, std::vector<double>(8, 2039e9)),
+                      LinkKind::Nvlink);
+}
+
+TEST(Nodes, RepeatedMachinesNameTheirGpusByMachine) {
+  Hardware hw = machine({24, 24}, 64);
+  repeat_nodes(hw, 3);
+  ASSERT_EQ(hw.gpus.size(), 6u);
+  EXPECT_EQ(hw.n_nodes, 3);
+  EXPECT_EQ(hw.gpus[1].name, "cuda:1");
+  EXPECT_EQ(hw.gpus[1].node, 0);
+  EXPECT_EQ(hw.gpus[4].name, "node2:cuda:0");
+  EXPECT_EQ(hw.gpus[4].node, 2);
+  EXPECT_NE(hw.node_link_source.find("assumed"), std::string::npos);
+  EXPECT_THROW(repeat_nodes(hw, 0), Error);
+}
+
+TEST(Nodes, NetworkNamesAndNumbersAreReadAndNonsenseIsRefused) {
+  Hardware hw;
+  set_node_link(hw, "ib-ndr");
+  EXPECT_DOUBLE_EQ(hw.node_link_bytes_per_s, 45e9);
+  set_node_link(hw, "12.5GBps:30us");
+  EXPECT_DOUBLE_EQ(hw.node_link_bytes_per_s, 12.5e9);
+  EXPECT_DOUBLE_EQ(hw.node_link_latency_s, 30e-6);
+  EXPECT_THROW(set_node_link(hw, "carrier-pigeon"), Error);
+  EXPECT_THROW(set_node_link(hw, "-5GBps:3us"), Error);
+}
+
+// Issue 32's machine: DeepSeek-V3 at 8 bits does not fit one 8xA100-80G box (the experts left
+// in RAM set the pace); two fit it in VRAM and predict faster, each candidate with a speed.
+TEST(Nodes, V3AtEightBitsOnTwoEightGpuMachinesFitsAndBeatsOne) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q8_0");
+  const Hardware one = eight_a100s();
+  Hardware two = one;
+  repeat_nodes(two, 2);
+  const Placement p1 = plan_placement(inv, one, {}, {}, nullptr);
+  const Placement p2 = plan_placement(inv, two, {}, {}, nullptr);
+  ASSERT_TRUE(p2.fits);
+  EXPECT_GT(p2.predicted.decode_tokens_per_s, p1.predicted.decode_tokens_per_s);
+  bool pipeline = false, mixed = false;
+  for (const Candidate& c : p2.candidates) {
+    EXPECT_GT(c.predicted.decode_tokens_per_s, 0) << c.name;
+    pipeline |= c.name.starts_with("pipeline");
+    mixed |= c.name.starts_with("mixed");
+    EXPECT_EQ(c.name.find("heads split"), std::string::npos) << c.name;  // not over machines
+  }
+  EXPECT_TRUE(pipeline && mixed);
+  // The second machine's GPUs hold some of it.
+  bool second_used = false;
+  for (int32_t d : p2.group_device) second_used |= d >= 9;
+  EXPECT_TRUE(second_used);
+}
+
+// The same two machines over a slow network predict slower than over a fast one (copies between
+// machines pay it), and there the planner picks the pipeline: one activation crosses per step,
+// not every MoE layer's tokens.
+TEST(Nodes, ASlowerNetworkPredictsASlowerPlan) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q8_0");
+  Hardware fast = eight_a100s(), slow = eight_a100s();
+  set_node_link(fast, "ib-ndr");
+  set_node_link(slow, "eth10");
+  repeat_nodes(fast, 2);
+  repeat_nodes(slow, 2);
+  const Placement pf = plan_placement(inv, fast, {}, {}, nullptr);
+  const Placement ps = plan_placement(inv, slow, {}, {}, nullptr);
+  EXPECT_GT(pf.predicted.decode_tokens_per_s, ps.predicted.decode_tokens_per_s);
+  auto chosen = [](const Placement& p) {
+    for (const Candidate& c : p.candidates)
+      if (c.chosen) return c.name;
+    return std::string();
+  };
+  EXPECT_TRUE(chosen(pf).starts_with("mixed")) << chosen(pf);
+  EXPECT_TRUE(chosen(ps).starts_with("pipeline")) << chosen(ps);
+}
+
+}  // namespace
+}  // namespace tandem::plan
