@@ -146,8 +146,10 @@ class MpiTransport : public Transport {
   enum class Timeout { Throws, EndsTheRun };
 
   // Polls until the request completes or the deadline passes: spinning first (a transfer on the
-  // step's critical path usually lands within microseconds), then sleeping in short naps so a
-  // long wait does not take a core from the compute threads.
+  // step's critical path usually lands within microseconds), then yielding the core for as long
+  // as a step may take, then sleeping in short naps (an idle wait). Napping from the start cost a
+  // nap per message: measured on small-v3-Q4_K_M, 2 ranks on 2 cores, decode 1511 -> 2558
+  // tokens/s (pipeline) and 691 -> 3312 (experts spread) by yielding instead; one process: 3168.
   MPI_Status wait(MPI_Request& request, const std::string& doing, Timeout on_timeout) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration<double>(timeout_s_);
@@ -169,7 +171,12 @@ class MpiTransport : public Transport {
         if (!cancelled) return status;  // it arrived after all
         fail("{}", why);
       }
-      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      // Yielding lets a peer oversubscribed on the same cores run.
+      if (polls < 100) continue;
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(50))
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 
