@@ -14,10 +14,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "backends/cpu/matmul.h"
 #include "backends/cuda/cuda_devices.h"
+#include "cli/bench_ranks.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/background_reader.h"
@@ -133,8 +135,9 @@ void register_bench(CLI::App& app) {
   add_thread_options(cmd, o->engine);
   add_mlock_option(cmd, o->engine);
   add_precision_option(cmd, o->engine);
+  add_spread_option(cmd, o->engine);
   cmd->callback([o] {
-    refuse_several_ranks("bench");
+    if (o->cold && launched_ranks() > 1) fail("--cold measures one process: run it without mpirun");
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
     if (o->depths.empty()) o->depths = {0};
     for (int64_t d : o->depths)
@@ -161,6 +164,7 @@ void register_bench(CLI::App& app) {
         names_gpus && cuda::count_gpus() > 0 ? plan::detect_gpus() : std::vector<plan::DeviceSpec>{};
     const double bandwidth_before = plan::measure_memory_bandwidth(threads);
     Engine engine(o->engine);
+    if (engine.follows()) return engine.follow();  // rank 0 measures and prints
     const plan::ModelInventory inventory = plan::inventory_from_file(engine.file());
     const int64_t n_vocab = engine.n_vocab();
     std::mt19937 rng(42);
@@ -200,6 +204,8 @@ void register_bench(CLI::App& app) {
         decode_at[k].push_back(double(o->generate) / seconds_since(start));
       }
     }
+    std::optional<RankBench> ranks;
+    if (engine.n_ranks() > 1) ranks = bench_ranks(engine, o->engine, o->generate, o->repetitions);
     const std::vector<double>& prefill_tps = prefill_at.front();
     const std::vector<double>& decode_tps = decode_at.front();
     const double bandwidth_after = plan::measure_memory_bandwidth(threads);
@@ -348,6 +354,7 @@ void register_bench(CLI::App& app) {
                                      {"touched_bytes", c.touched_bytes}, {"read_touched_s", read.mean},
                                      {"read_touched_s_sd", read.sd}, {"ratio_to_read", first.mean / read.mean}});
       }
+      if (ranks) out["ranks"] = rank_bench_json(*ranks);
       fmt::print("{}\n", out.dump(2));
       return;
     }
@@ -368,6 +375,7 @@ void register_bench(CLI::App& app) {
     for (size_t k = 1; k < n_depths && tg.mean > 0; ++k)
       fmt::print("decode at depth {}: {:.0f}% of decode at depth {} (repetitions alternating between depths)\n",
                  o->depths[k], 100.0 * stats(decode_at[k]).mean / tg.mean, depth);
+    if (ranks) fmt::print("{}", format_rank_bench(*ranks));
     fmt::print("\nmemory bandwidth (measured, triad on {} threads): {:.1f} GB/s before, {:.1f} GB/s after\n", threads,
                bandwidth_before / 1e9, bandwidth_after / 1e9);
     const std::string cache_read = cache_per_token > 0 ? fmt::format(" + {} of KV cache", format_bytes(cache_per_token)) : "";

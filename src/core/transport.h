@@ -45,6 +45,18 @@ class Transport {
   // Ends every rank of the run after printing `why` (a rank's failure the others cannot recover
   // from); returns only in a single-process run, where the caller's error ends the process.
   virtual void abort_run(std::string_view why) = 0;
+
+  // The point-to-point messages this rank has sent so far, and their bytes (what a step costs
+  // in transfers, for bench).
+  struct Sent {
+    uint64_t messages = 0, bytes = 0;
+  };
+  const Sent& sent() const { return sent_; }
+  // Back to an earlier count: messages that were not the run's (a probe of the link).
+  void sent_reset(const Sent& to) { sent_ = to; }
+
+ protected:
+  Sent sent_;
 };
 
 }  // namespace tandem

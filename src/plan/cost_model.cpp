@@ -21,6 +21,10 @@ const DeviceKindCost& CostParams::of(DeviceKind kind) const {
   return cpu;
 }
 
+double link_seconds(const LinkCost& link, double messages, double bytes) {
+  return messages * link.latency_s + bytes / std::max(link.bandwidth_bytes_per_s, 1e6);
+}
+
 const LinkCost& CostParams::gpu_link(LinkKind kind) const {
   switch (kind) {
     case LinkKind::Nvlink:
@@ -697,9 +701,7 @@ class StepModel {
     return link;
   }
   double transfer_s(int32_t from, int32_t to, double bytes) const {
-    if (from == to) return 0;
-    const LinkCost link = link_between(from, to);
-    return link.latency_s + bytes / std::max(link.bandwidth_bytes_per_s, 1e6);
+    return from == to ? 0 : link_seconds(link_between(from, to), 1, bytes);
   }
   void add_to(Prediction& t, int32_t dev, double s) const {
     (is_gpu(dev) ? t.decode_seconds_gpu : t.decode_seconds_cpu) += s;

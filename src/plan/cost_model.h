@@ -141,6 +141,10 @@ struct CostParams {
   const LinkCost& host_link(LinkKind kind) const;  // host to GPU on a machine of that kind
 };
 
+// What `messages` copies of `bytes` in all cost over `link`: a latency each, the bytes at its rate
+// (every transfer the model charges; bench compares it with a run over MPI ranks).
+double link_seconds(const LinkCost& link, double messages, double bytes);
+
 // Expected number of distinct experts a step of `batch` tokens reads, when each token chooses
 // `n_used` of `n_expert` uniformly: E * (1 - (1 - k/E)^B).
 double expected_distinct_experts(uint32_t n_expert, uint32_t n_used, int64_t batch);

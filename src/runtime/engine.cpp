@@ -42,10 +42,18 @@ uint64_t model_file_fingerprint(const gguf::GgufFile& file) {
   return hash;
 }
 
+// What rank 0 tells the following ranks, in a StepHeader.
+enum FollowerOp : int32_t {
+  kStep = 0,     // a forward pass: its inputs follow
+  kStop = 1,     // rank 0's Engine ended
+  kProbe = 2,    // ping-pong with rank 1 (measure_rank_link)
+  kTraffic = 3,  // gather what every rank has sent (rank_traffic)
+};
+
 // A step as rank 0 sends it to the following ranks: this header, then tokens, positions, sequence
 // ids and logit rows in one message of 3 * n_tokens + n_rows ints.
 struct StepHeader {
-  int32_t stop = 0;  // 1: rank 0's Engine ended, no more steps
+  int32_t op = kStep;
   int32_t n_tokens = 0, n_rows = 0;
   int32_t kernels = 0;
 };
@@ -60,8 +68,8 @@ Engine::Engine(const EngineOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const Spread spread = options.spread.empty() ? Spread::Pipeline : parse_spread(options.spread);
   rank_timeout_s_ = options.rank_timeout_s;
-  transport_ = open_transport({.timeout_s = options.rank_timeout_s});
-  if (transport_->n_ranks() == 1) {
+  if (!options.alone) transport_ = open_transport({.timeout_s = options.rank_timeout_s});
+  if (!transport_ || transport_->n_ranks() == 1) {
     transport_.reset();
     if (!options.spread.empty())
       fail(
@@ -192,15 +200,69 @@ Engine::Engine(const EngineOptions& options) {
 // The model first: it waits for work still queued on the devices, which writes the KV cache.
 Engine::~Engine() {
   if (transport_ && rank() == 0) {
-    StepHeader stop{.stop = 1};
     try {
-      for (int32_t r = 1; r < n_ranks(); ++r)
-        transport_->send(r, std::as_bytes(std::span(&stop, 1)), "the end of the run");
+      announce(kStop);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tandem: %s\n", e.what());
     }
   }
   model_.reset();
+}
+
+void Engine::announce(int32_t op) {
+  const StepHeader header{.op = op};
+  for (int32_t r = 1; r < n_ranks(); ++r)
+    transport_->send(r, std::as_bytes(std::span(&header, 1)), "the next step");
+}
+
+Engine::RankLink Engine::measure_rank_link() {
+  TANDEM_CHECK(transport_ && rank() == 0);
+  announce(kProbe);
+  return ping_pong();
+}
+
+Transport::Sent Engine::rank_traffic() {
+  TANDEM_CHECK(transport_ && rank() == 0);
+  const Transport::Sent before = transport_->sent();
+  announce(kTraffic);
+  transport_->sent_reset(before);  // asking is not the run's traffic
+  return gather_traffic();
+}
+
+// Rank 0 and rank 1 bounce a small message, then a large one, back and forth; the other ranks
+// wait. The probe's own messages are not counted as traffic.
+Engine::RankLink Engine::ping_pong() {
+  RankLink link;
+  if (rank() > 1) return link;
+  const Transport::Sent before = transport_->sent();
+  const int32_t peer = 1 - rank();
+  auto bounce = [&](std::vector<std::byte>& message, int rounds) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) {
+      if (rank() == 0) transport_->send(peer, message, "a probe of the link");
+      transport_->receive(peer, message, "a probe of the link");
+      if (rank() == 1) transport_->send(peer, message, "a probe of the link");
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+           (2.0 * rounds);
+  };
+  std::vector<std::byte> small(8), large(size_t(4) << 20);
+  bounce(small, 20);  // warm-up
+  link.latency_s = bounce(small, 200);
+  const double one_way = bounce(large, 8);
+  link.bytes_per_s = double(large.size()) / std::max(one_way - link.latency_s, 1e-9);
+  transport_->sent_reset(before);
+  return link;
+}
+
+Transport::Sent Engine::gather_traffic() {
+  const Transport::Sent mine = transport_->sent();
+  std::vector<Transport::Sent> all(static_cast<size_t>(n_ranks()));
+  transport_->all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                         "what every rank has sent");
+  Transport::Sent total;
+  for (const Transport::Sent& s : all) total.messages += s.messages, total.bytes += s.bytes;
+  return total;
 }
 
 int32_t Engine::rank() const {
@@ -236,7 +298,16 @@ void Engine::follow() {
       StepHeader header;
       transport_->set_timeout(kIdleWaitSeconds);
       transport_->receive(0, std::as_writable_bytes(std::span(&header, 1)), "the next step");
-      if (header.stop) return;
+      transport_->set_timeout(rank_timeout_s_);
+      if (header.op == kStop) return;
+      if (header.op == kProbe) {
+        ping_pong();
+        continue;
+      }
+      if (header.op == kTraffic) {
+        gather_traffic();
+        continue;
+      }
       const size_t T = size_t(header.n_tokens), R = size_t(header.n_rows);
       body.resize(3 * T + R);
       transport_->receive(0, std::as_writable_bytes(std::span(body)),

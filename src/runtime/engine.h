@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/transport.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "plan/placement.h"
@@ -19,7 +20,6 @@ namespace tandem {
 class Backend;
 class KvCache;
 class Tokenizer;
-class Transport;
 
 struct EngineOptions {
   std::string model_path;
@@ -41,6 +41,7 @@ struct EngineOptions {
   // mid-step before the run ends.
   std::string spread;
   double rank_timeout_s = 60;
+  bool alone = false;  // this process alone even under mpirun (bench's one-process baseline)
 };
 
 class Engine {
@@ -57,6 +58,15 @@ class Engine {
   // On a following rank: runs rank 0's steps until its Engine ends. An error here ends the run on
   // every rank with its message.
   void follow();
+
+  // Rank 0 of a run over several ranks, for bench: the link to rank 1 measured by ping-pong (a
+  // small message's one-way time, and the rate of large ones), and the messages and bytes every
+  // rank has sent so far, summed. The other ranks take part from follow().
+  struct RankLink {
+    double latency_s = 0, bytes_per_s = 0;
+  };
+  RankLink measure_rank_link();
+  Transport::Sent rank_traffic();
 
   const gguf::GgufFile& file() const { return *file_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -106,6 +116,11 @@ class Engine {
   KvCache& kv_cache() { return *cache_; }
 
  private:
+  // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).
+  void announce(int32_t op);
+  // Both ends of measure_rank_link's ping-pong and rank_traffic's gathering.
+  RankLink ping_pong();
+  Transport::Sent gather_traffic();
   // Rank 0: sends a step's inputs to the following ranks.
   void announce_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                      std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,

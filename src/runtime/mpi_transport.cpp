@@ -55,6 +55,8 @@ class MpiTransport : public Transport {
                     MPI_COMM_WORLD, &request),
           what);
     wait(request, fmt::format("sending {} to rank {}", what, to), Timeout::EndsTheRun);
+    ++sent_.messages;
+    sent_.bytes += bytes.size();
   }
 
   void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) override {
