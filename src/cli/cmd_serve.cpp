@@ -52,6 +52,7 @@ void register_serve(CLI::App& app) {
                "/v1/models, /health, /metrics, and a chat page at /. Requests are batched continuously; "
                "each gets the same tokens alone or among others");
   add_engine_options(cmd, o->engine);
+  add_spread_option(cmd, o->engine);
   cmd->add_option("--host", o->server.host, "address to listen on (loopback by default; 0.0.0.0 for all)")
       ->capture_default_str();
   cmd->add_option("--port", o->server.port, "port to listen on")->capture_default_str();
@@ -96,7 +97,12 @@ void register_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   cmd->callback([o] {
-    refuse_several_ranks("serve");
+    // Over several ranks (mpirun) rank 0 listens and schedules; the others load their part and
+    // follow its steps.
+    if (launched_ranks() > 1 && launched_rank() != 0) {
+      Engine engine(o->engine);
+      return engine.follow();
+    }
     if (!o->chat_template.empty())
       chat_template_from_name(o->chat_template);  // fail before loading
     if (o->server.model_alias.empty())
@@ -116,9 +122,14 @@ void register_serve(CLI::App& app) {
     std::thread signal_watcher([&] {
       int signal = 0;
       sigwait(&signals, &signal);
+      // Over several ranks nothing can finish without the others, and mpirun's SIGKILL follows
+      // its SIGTERM: the running requests end now, with an error their clients see.
+      if (launched_ranks() > 1) interrupt_rank_waits();
       if (!load_failed)
-        std::fprintf(stderr, "\ntandem serve: %s: finishing running requests and stopping\n",
-                     signal == SIGINT ? "SIGINT" : "SIGTERM");
+        std::fprintf(stderr, "\ntandem serve: %s: %s and stopping\n",
+                     signal == SIGINT ? "SIGINT" : "SIGTERM",
+                     launched_ranks() > 1 ? "ending running requests with an error"
+                                          : "finishing running requests");
       http.stop();
     });
     std::fprintf(stderr, "tandem serve: listening on http://%s:%d (loading %s)\n", o->server.host.c_str(), port,
@@ -127,6 +138,9 @@ void register_serve(CLI::App& app) {
     std::unique_ptr<Engine> engine;
     std::unique_ptr<BatchScheduler> scheduler;
     try {
+      // Over several ranks, a rank lost mid-step fails the requests it was serving (their
+      // clients get the error) before the run ends.
+      o->engine.rank_failure_grace_s = 2;
       engine = std::make_unique<Engine>(o->engine);
       const uint64_t cache_bytes = prefix_cache_bytes(o->no_prefix_cache ? 0 : o->cache_ram_mib);
       scheduler = std::make_unique<BatchScheduler>(*engine, o->server.max_queued, cache_bytes);

@@ -122,8 +122,7 @@ struct BatchScheduler::Slot {
 
 BatchScheduler::BatchScheduler(Engine& engine, int32_t max_queued, uint64_t prefix_cache_bytes)
     : engine_(engine), max_queued_(max_queued), slots_(size_t(engine.n_seq())) {
-  if (prefix_cache_bytes > 0)
-    prefix_cache_ = std::make_unique<PrefixCache>(engine.kv_cache(), prefix_cache_bytes);
+  engine.enable_prefix_cache(prefix_cache_bytes);
   stats_.prefix_cache_budget = prefix_cache_bytes;
   thread_ = std::thread([this] { loop(); });
 }
@@ -241,14 +240,14 @@ void BatchScheduler::admit() {
 }
 
 void BatchScheduler::restore_prefix(Slot& slot, int32_t seq) {
-  if (!prefix_cache_) return;
+  if (!engine_.has_prefix_cache()) return;
   // The last prompt token is always evaluated: its logits give the first token.
   const std::vector<int32_t>& prompt = slot.request.prompt;
-  const int64_t reused = prefix_cache_->restore(prompt, int64_t(prompt.size()) - 1, seq);
+  const int64_t reused = engine_.restore_prefix(prompt, int64_t(prompt.size()) - 1, seq);
   slot.prompt_done = slot.n_past = reused;
   slot.state->cached_tokens_ = int32_t(reused);
   std::lock_guard lock(mutex_);
-  stats_.prefix_cache = prefix_cache_->stats();
+  stats_.prefix_cache = engine_.prefix_cache_stats();
 }
 
 void BatchScheduler::retire_finished() {
@@ -309,11 +308,11 @@ void BatchScheduler::prompt_step() {
     slot.n_past = slot.prompt_done;
     i = j;
   }
-  if (prefix_cache_ && !ending.empty()) {
+  if (engine_.has_prefix_cache() && !ending.empty()) {
     // Before decoding writes past the prompts (and over the oldest rows of window layers' rings).
-    for (size_t s : ending) prefix_cache_->store(slots_[s]->request.prompt, int32_t(s));
+    for (size_t s : ending) engine_.store_prefix(slots_[s]->request.prompt, int32_t(s));
     std::lock_guard lock(mutex_);
-    stats_.prefix_cache = prefix_cache_->stats();
+    stats_.prefix_cache = engine_.prefix_cache_stats();
   }
   const size_t n_vocab = size_t(engine_.n_vocab());
   for (size_t r = 0; r < ending.size(); ++r) {
@@ -327,7 +326,7 @@ void BatchScheduler::start_followers(size_t leader, const float* logits) {
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot* slot = slots_[s].get();
     if (!slot || slot->follows != int32_t(leader)) continue;
-    engine_.kv_cache().copy_sequence(int64_t(leader), int64_t(s), length);
+    engine_.copy_sequence(int32_t(leader), int32_t(s), length);
     slot->prompt_done = slot->n_past = length;
     slot->follows = -1;
     sample_and_emit(*slot, logits);

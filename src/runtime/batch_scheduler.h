@@ -158,7 +158,6 @@ class BatchScheduler {
   bool stopping_ = false;
   SchedulerStats stats_;
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_seq]; null = free (loop thread only)
-  std::unique_ptr<PrefixCache> prefix_cache_;  // loop thread only; null: none
   bool prompt_turn_ = true;
   std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
   std::vector<float> logits_;

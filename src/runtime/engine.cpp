@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_features.h"
@@ -48,6 +50,11 @@ enum FollowerOp : int32_t {
   kStop = 1,     // rank 0's Engine ended
   kProbe = 2,    // ping-pong with rank 1 (measure_rank_link)
   kTraffic = 3,  // gather what every rank has sent (rank_traffic)
+  // The server's KV work between steps (body as each function below sends it):
+  kPrefixCache = 4,  // enable_prefix_cache: the budget's low and high 32 bits
+  kRestore = 5,      // restore_prefix: limit, seq, tokens
+  kStore = 6,        // store_prefix: seq, tokens
+  kCopy = 7,         // copy_sequence: from, to, length
 };
 
 // A step as rank 0 sends it to the following ranks: this header, then tokens, positions, sequence
@@ -68,6 +75,7 @@ Engine::Engine(const EngineOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const Spread spread = options.spread.empty() ? Spread::Pipeline : parse_spread(options.spread);
   rank_timeout_s_ = options.rank_timeout_s;
+  rank_failure_grace_s_ = options.rank_failure_grace_s;
   if (!options.alone) transport_ = open_transport({.timeout_s = options.rank_timeout_s});
   if (!transport_ || transport_->n_ranks() == 1) {
     transport_.reset();
@@ -199,6 +207,8 @@ Engine::Engine(const EngineOptions& options) {
 
 // The model first: it waits for work still queued on the devices, which writes the KV cache.
 Engine::~Engine() {
+  // A failed run ends before anything is freed: a send that timed out may still read its bytes.
+  if (!rank_failure_.empty()) transport_->abort_run(rank_failure_);
   if (transport_ && rank() == 0) {
     try {
       announce(kStop);
@@ -209,10 +219,49 @@ Engine::~Engine() {
   model_.reset();
 }
 
-void Engine::announce(int32_t op) {
-  const StepHeader header{.op = op};
-  for (int32_t r = 1; r < n_ranks(); ++r)
+void Engine::announce(int32_t op, std::span<const int32_t> body) {
+  if (!rank_failure_.empty()) return;  // the run is ending: no one follows any more
+  const StepHeader header{.op = op, .n_tokens = int32_t(body.size())};
+  for (int32_t r = 1; r < n_ranks(); ++r) {
     transport_->send(r, std::as_bytes(std::span(&header, 1)), "the next step");
+    if (!body.empty()) transport_->send(r, std::as_bytes(body), "the next step");
+  }
+}
+
+void Engine::enable_prefix_cache(uint64_t budget_bytes) {
+  if (transport_ && rank() == 0)
+    announce(kPrefixCache,
+             std::array{int32_t(uint32_t(budget_bytes)), int32_t(uint32_t(budget_bytes >> 32))});
+  prefix_cache_ = budget_bytes > 0 ? std::make_unique<PrefixCache>(*cache_, budget_bytes) : nullptr;
+}
+
+int64_t Engine::restore_prefix(std::span<const int32_t> tokens, int64_t limit, int32_t seq) {
+  TANDEM_CHECK(prefix_cache_);
+  if (transport_ && rank() == 0) {
+    std::vector<int32_t> body{int32_t(limit), seq};
+    body.insert(body.end(), tokens.begin(), tokens.end());
+    announce(kRestore, body);
+  }
+  return prefix_cache_->restore(tokens, limit, seq);
+}
+
+void Engine::store_prefix(std::span<const int32_t> tokens, int32_t seq) {
+  TANDEM_CHECK(prefix_cache_);
+  if (transport_ && rank() == 0) {
+    std::vector<int32_t> body{seq};
+    body.insert(body.end(), tokens.begin(), tokens.end());
+    announce(kStore, body);
+  }
+  prefix_cache_->store(tokens, seq);
+}
+
+PrefixCache::Stats Engine::prefix_cache_stats() const {
+  return prefix_cache_ ? prefix_cache_->stats() : PrefixCache::Stats{};
+}
+
+void Engine::copy_sequence(int32_t from, int32_t to, int64_t length) {
+  if (transport_ && rank() == 0) announce(kCopy, std::array{from, to, int32_t(length)});
+  cache_->copy_sequence(from, to, length);
 }
 
 Engine::RankLink Engine::measure_rank_link() {
@@ -306,6 +355,26 @@ void Engine::follow() {
       }
       if (header.op == kTraffic) {
         gather_traffic();
+        continue;
+      }
+      if (header.op != kStep) {  // the server's KV work: its arguments follow
+        body.resize(size_t(header.n_tokens));
+        if (!body.empty())
+          transport_->receive(0, std::as_writable_bytes(std::span(body)), "the next step");
+        const std::span<const int32_t> args(body);
+        if (header.op == kPrefixCache)
+          enable_prefix_cache(uint64_t(uint32_t(args[0])) | uint64_t(uint32_t(args[1])) << 32);
+        else if (header.op == kRestore)
+          restore_prefix(args.subspan(2), args[0], args[1]);
+        else if (header.op == kStore)
+          store_prefix(args.subspan(1), args[0]);
+        else if (header.op == kCopy)
+          copy_sequence(args[0], args[1], args[2]);
+        else
+          fail(
+              "rank 0 asked for step kind {}, which this rank does not know: the ranks run "
+              "different builds of tandem",
+              header.op);
         continue;
       }
       const size_t T = size_t(header.n_tokens), R = size_t(header.n_rows);
@@ -425,7 +494,9 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
     return;
   }
   // Over several ranks every rank runs the step; one that fails ends them all (the others would
-  // wait on it), naming the step.
+  // wait on it), naming the step: at once, or on rank 0 after the grace a server takes to tell
+  // its clients.
+  if (!rank_failure_.empty()) fail("the run over {} ranks has ended: {}", n_ranks(), rank_failure_);
   try {
     if (rank() == 0) announce_step(tokens, positions, seq_ids, logit_rows, kernels);
     transport_->set_timeout(rank_timeout_s_);
@@ -436,7 +507,12 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
                      .kernels = kernels},
                     cache_->views(), logits.data());
   } catch (const std::exception& e) {
-    transport_->abort_run(e.what());  // what crosses ranks names its step
+    rank_failure_ = e.what();  // what crosses ranks names its step
+    if (rank() != 0 || rank_failure_grace_s_ <= 0) transport_->abort_run(rank_failure_);
+    std::thread([transport = transport_.get(), why = rank_failure_, grace = rank_failure_grace_s_] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+      transport->abort_run(why);
+    }).detach();
     throw;
   }
   ++steps_;

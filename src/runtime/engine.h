@@ -14,6 +14,7 @@
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "plan/placement.h"
+#include "runtime/prefix_cache.h"
 
 namespace tandem {
 
@@ -42,6 +43,10 @@ struct EngineOptions {
   std::string spread;
   double rank_timeout_s = 60;
   bool alone = false;  // this process alone even under mpirun (bench's one-process baseline)
+  // When a step fails over several ranks, rank 0 ends the run on every rank after this long;
+  // meanwhile its evaluate calls fail at once with the error (a server tells its clients). 0:
+  // at once.
+  double rank_failure_grace_s = 0;
 };
 
 class Engine {
@@ -112,12 +117,22 @@ class Engine {
   // The furthest back a sequence holding `length` positions may be cut to and continued (0 but
   // for models with sliding-window layers, whose caches keep only their last rows).
   int64_t earliest_rewind(int64_t length) const;
-  // The KV cache itself: the prefix cache copies prompts' rows out of it and back between steps.
+  // The KV cache itself.
   KvCache& kv_cache() { return *cache_; }
+
+  // A server's work on the KV cache between steps, done on every rank of a run over several ranks
+  // (rank 0 announces each call): the prefix cache (prefix_cache.h; `budget_bytes` 0: none), and
+  // copying a prompt's rows to the other choices of a request (KvCache::copy_sequence).
+  void enable_prefix_cache(uint64_t budget_bytes);
+  bool has_prefix_cache() const { return prefix_cache_ != nullptr; }
+  int64_t restore_prefix(std::span<const int32_t> tokens, int64_t limit, int32_t seq);
+  void store_prefix(std::span<const int32_t> tokens, int32_t seq);
+  PrefixCache::Stats prefix_cache_stats() const;
+  void copy_sequence(int32_t from, int32_t to, int64_t length);
 
  private:
   // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).
-  void announce(int32_t op);
+  void announce(int32_t op, std::span<const int32_t> body = {});
   // Both ends of measure_rank_link's ping-pong and rank_traffic's gathering.
   RankLink ping_pong();
   Transport::Sent gather_traffic();
@@ -128,6 +143,8 @@ class Engine {
 
   std::unique_ptr<Transport> transport_;  // null in a run of one process
   double rank_timeout_s_ = 60;            // EngineOptions::rank_timeout_s
+  double rank_failure_grace_s_ = 0;       // EngineOptions::rank_failure_grace_s
+  std::string rank_failure_;              // the step that failed over the ranks, once one has
   uint64_t steps_ = 0;                    // forward passes so far (named in errors)
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -137,6 +154,7 @@ class Engine {
   int n_threads_ = 1;
   double load_seconds_ = 0;
   std::vector<int32_t> positions_, seq_ids_, logit_rows_;
+  std::unique_ptr<PrefixCache> prefix_cache_;
   std::optional<plan::Placement> placement_;
 };
 

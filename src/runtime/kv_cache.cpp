@@ -86,13 +86,20 @@ uint64_t KvCache::floats_of_rows(int64_t n, bool rings) const {
   return floats;
 }
 
+uint64_t KvCache::stored_floats_of_rows(int64_t n, bool rings) const {
+  uint64_t floats = 0;
+  for (size_t il = 0; il < views_.size(); ++il)
+    if (devices_[il] && (rings || windows_[il] == 0)) floats += uint64_t(n * views_[il].row());
+  return floats;
+}
+
 template <class Copy>
 void KvCache::for_each_run(int64_t seq, int64_t first, int64_t n, bool rings, Copy&& copy) const {
   TANDEM_CHECK(seq >= 0 && seq < n_seq_ && first >= 0 && n >= 0 && first + n <= n_ctx_);
   int64_t offset = 0;  // floats of the host rows before this layer's
   for (size_t il = 0; il < views_.size(); ++il) {
     const KvLayerView& v = views_[il];
-    if (windows_[il] > 0 && !rings) continue;
+    if ((windows_[il] > 0 && !rings) || !devices_[il]) continue;  // null: another rank's layer
     TANDEM_CHECK(n <= v.n_ctx);
     for (int64_t done = 0; done < n;) {
       const int64_t slot = v.slot(first + done);
@@ -121,6 +128,7 @@ void KvCache::copy_sequence(int64_t from, int64_t to, int64_t length) {
   TANDEM_CHECK(from >= 0 && from < n_seq_ && to >= 0 && to < n_seq_ && length <= n_ctx_);
   for (size_t il = 0; il < views_.size(); ++il) {
     const KvLayerView& v = views_[il];
+    if (!devices_[il]) continue;  // another rank's layer
     const int64_t rows = v.ring ? v.n_ctx : length;
     devices_[il]->copy_rows(v.data + to * v.n_ctx * v.row(), v.row(),
                             v.data + from * v.n_ctx * v.row(), v.row(), rows, v.row());

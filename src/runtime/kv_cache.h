@@ -51,12 +51,17 @@ class KvCache {
 
   // Host copies of one sequence's rows of positions [first, first + n), layer after layer in
   // layer order, each layer's rows in position order; ring layers only when `rings` (their rows
-  // must still be held). The prefix cache keeps prompts' rows with these.
+  // must still be held). The prefix cache keeps prompts' rows with these. Only this rank's layers
+  // are copied (all of them in a run of one process): `stored_floats_of_rows` floats, where
+  // `floats_of_rows` counts every layer's (the same on every rank, so that every rank's prefix
+  // cache makes the same choices).
   uint64_t floats_of_rows(int64_t n, bool rings) const;
+  uint64_t stored_floats_of_rows(int64_t n, bool rings) const;
   void read_rows(int64_t seq, int64_t first, int64_t n, bool rings, float* dst) const;
   void write_rows(int64_t seq, int64_t first, int64_t n, bool rings, const float* src);
   // Gives sequence `to` the rows of positions [0, length) of sequence `from` (a ring layer: its
-  // whole ring), on each layer's device: choices of one prompt share its evaluation.
+  // whole ring), on each layer's device: choices of one prompt share its evaluation. This rank's
+  // layers only.
   void copy_sequence(int64_t from, int64_t to, int64_t length);
 
  private:

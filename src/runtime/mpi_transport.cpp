@@ -54,7 +54,7 @@ class MpiTransport : public Transport {
     check(MPI_Isend(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, to, kTag,
                     MPI_COMM_WORLD, &request),
           what);
-    wait(request, fmt::format("sending {} to rank {}", what, to), Timeout::EndsTheRun);
+    wait(request, fmt::format("sending {} to rank {}", what, to), Timeout::LeavesItPending);
     ++sent_.messages;
     sent_.bytes += bytes.size();
   }
@@ -143,9 +143,10 @@ class MpiTransport : public Transport {
   }
 
   // What a wait past its deadline does. A receive can be cancelled (it completes locally), so it
-  // throws and the caller decides; a send or a collective cannot be taken back while MPI may still
-  // touch its buffer, so the run ends there, on every rank, with the message.
-  enum class Timeout { Throws, EndsTheRun };
+  // throws and the caller decides. A send cannot be taken back, but it can be left pending and
+  // the error thrown, the caller keeping its bytes until the run ends (core/transport.h): a server
+  // tells its clients first. A collective ends the run there, on every rank, with the message.
+  enum class Timeout { Throws, LeavesItPending, EndsTheRun };
 
   // Polls until the request completes or the deadline passes: spinning first (a transfer on the
   // step's critical path usually lands within microseconds), then yielding the core for as long
@@ -160,12 +161,20 @@ class MpiTransport : public Transport {
       int done = 0;
       check(MPI_Test(&request, &done, &status), doing);
       if (done) return status;
-      if (std::chrono::steady_clock::now() > deadline) {
-        const std::string why = fmt::format(
-            "rank {}: {} got no answer in {} s: that rank died, hangs, or its link dropped; the "
-            "run cannot go on",
-            rank_, doing, timeout_s_);
+      const bool interrupted = rank_waits_interrupted();
+      if (interrupted || std::chrono::steady_clock::now() > deadline) {
+        const std::string why =
+            interrupted
+                ? fmt::format(
+                      "rank {}: {} was interrupted: the run is stopping (a signal; under "
+                      "mpirun, often another rank's end)",
+                      rank_, doing)
+                : fmt::format(
+                      "rank {}: {} got no answer in {} s: that rank died, hangs, or its link "
+                      "dropped; the run cannot go on",
+                      rank_, doing, timeout_s_);
         if (on_timeout == Timeout::EndsTheRun) abort_run(why);
+        if (on_timeout == Timeout::LeavesItPending) fail("{}", why);
         MPI_Cancel(&request);
         MPI_Wait(&request, &status);
         int cancelled = 0;

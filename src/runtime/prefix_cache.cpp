@@ -74,19 +74,24 @@ void PrefixCache::store(std::span<const int32_t> tokens, int32_t seq) {
       parent = b.id;
       if (!rings || b.has_ring_rows) continue;
       // The block was kept without its ring rows; they are here now.
-      const uint64_t more =
-          cache_.floats_of_rows(kBlockTokens, true) * sizeof(float) - b.rows.size() * sizeof(float);
+      const uint64_t more = cache_.floats_of_rows(kBlockTokens, true) * sizeof(float) - b.bytes;
       if (!make_room(more, now)) return;
-      b.rows.resize(cache_.floats_of_rows(kBlockTokens, true));
+      b.rows.resize(cache_.stored_floats_of_rows(kBlockTokens, true));
       cache_.read_rows(seq, first, kBlockTokens, true, b.rows.data());
       b.has_ring_rows = true;
+      b.bytes += more;
       stats_.bytes += more;
       continue;
     }
     const uint64_t bytes = cache_.floats_of_rows(kBlockTokens, rings) * sizeof(float);
     if (!make_room(bytes, now)) return;
-    Block b{.id = next_id_++, .key = key, .rows = {}, .has_ring_rows = rings, .last_use = now};
-    b.rows.resize(bytes / sizeof(float));
+    Block b{.id = next_id_++,
+            .key = key,
+            .rows = {},
+            .bytes = bytes,
+            .has_ring_rows = rings,
+            .last_use = now};
+    b.rows.resize(cache_.stored_floats_of_rows(kBlockTokens, rings));
     cache_.read_rows(seq, first, kBlockTokens, rings, b.rows.data());
     if (parent) ++blocks_.at(parent).children;
     index_.emplace(std::move(key), b.id);
@@ -114,7 +119,7 @@ bool PrefixCache::make_room(uint64_t bytes, uint64_t now) {
 
 void PrefixCache::erase(Block& block) {
   if (block.key.parent) --blocks_.at(block.key.parent).children;
-  stats_.bytes -= block.rows.size() * sizeof(float);
+  stats_.bytes -= block.bytes;
   --stats_.blocks;
   const uint64_t id = block.id;
   index_.erase(block.key);

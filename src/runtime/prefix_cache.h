@@ -14,6 +14,9 @@
 // goes first. Layers with a sliding window keep only their last rows, so a block holds their rows
 // only when the slot still had them; a prefix is reused only up to where the window before its
 // end is complete.
+//
+// Over several ranks each rank keeps its layers' rows of the same blocks: the budget counts every
+// layer's rows, so that the same calls make the same choices on every rank.
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -60,6 +63,7 @@ class PrefixCache {
     uint64_t id = 0;
     Key key;
     std::vector<float> rows;  // KvCache::read_rows order
+    uint64_t bytes = 0;       // counted against the budget: every rank's rows (floats_of_rows)
     bool has_ring_rows = false;
     uint64_t last_use = 0;
     int32_t children = 0;

@@ -1,6 +1,7 @@
 // The single-process transport, the factory, and checks over any transport (transport.h).
 #include "runtime/transport.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -60,12 +61,29 @@ int32_t launched_ranks() {
   return 1;
 }
 
+int32_t launched_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return 0;
+}
+
 void refuse_several_ranks(std::string_view command) {
   if (launched_ranks() > 1)
     fail(
         "`tandem {}` runs in one process; over several ranks (mpirun -np N) tandem runs `run` and "
         "`eval` so far",
         command);
+}
+
+namespace {
+std::atomic<bool> waits_interrupted{false};
+}  // namespace
+
+void interrupt_rank_waits() {
+  waits_interrupted.store(true);
+}
+bool rank_waits_interrupted() {
+  return waits_interrupted.load(std::memory_order_relaxed);
 }
 
 bool transport_has_mpi() {

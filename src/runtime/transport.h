@@ -22,9 +22,18 @@ std::unique_ptr<Transport> open_transport(const TransportOptions& options = {});
 // OMPI_COMM_WORLD_SIZE, MPICH's and PMIx launchers PMI_SIZE / PMIX_SIZE); 1 for a plain start.
 // Reads the environment only: MPI stays uninitialized.
 int32_t launched_ranks();
+// This process's rank as the launcher gave it (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK); 0 for
+// a plain start. Known before anything is opened: `serve` listens on rank 0 only.
+int32_t launched_rank();
 // Throws tandem::Error when this process is one of several ranks: for `command`s that do not run
 // over several ranks yet.
 void refuse_several_ranks(std::string_view command);
+
+// Makes every wait for another rank, now and later, fail at once ("interrupted"): a server that
+// gets SIGTERM under mpirun (which sends it when a rank died, SIGKILL following) tells its clients
+// before that. Safe from any thread.
+void interrupt_rank_waits();
+bool rank_waits_interrupted();
 
 // Whether this build can run over MPI.
 bool transport_has_mpi();

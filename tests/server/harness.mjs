@@ -42,10 +42,13 @@ export function tokenCount(model, text, { special = false, bos = true } = {}) {
   return JSON.parse(execFileSync(tandemBin, args, { encoding: 'utf8' })).tokens.length;
 }
 
-export async function startServer(model, extraArgs = []) {
+// `launcher`: a command that starts tandem, e.g. ['mpirun', '-np', '2'] for a run over ranks.
+export async function startServer(model, extraArgs = [], { launcher = [] } = {}) {
   const threads = extraArgs.includes('--threads') ? [] : ['--threads', '2'];
-  const child = spawn(tandemBin, ['serve', model, '--port', '0', ...threads, ...extraArgs],
-                      { stdio: ['ignore', 'inherit', 'pipe'] });
+  const args = ['serve', model, '--port', '0', ...threads, ...extraArgs];
+  const child = launcher.length
+      ? spawn(launcher[0], [...launcher.slice(1), tandemBin, ...args], { stdio: ['ignore', 'inherit', 'pipe'] })
+      : spawn(tandemBin, args, { stdio: ['ignore', 'inherit', 'pipe'] });
   let stderr = '';
   const port = await new Promise((resolve, reject) => {
     child.stderr.on('data', (chunk) => {
@@ -66,7 +69,7 @@ export async function startServer(model, extraArgs = []) {
   }
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
   return {
-    port, base, child,
+    port, base, child, exited,
     async stop() {
       child.kill('SIGTERM');
       const { code, signal } = await exited;

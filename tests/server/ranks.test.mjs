@@ -1,0 +1,112 @@
+// `mpirun -np 2 tandem serve`: rank 0 serves, rank 1 holds half of the model. Greedy replies are
+// the same as one process's, also from the prefix cache and for n = 2 choices; a rank that hangs
+// (SIGSTOP) or dies (SIGKILL) mid-stream ends the stream with an error event, not a hang.
+import { readFileSync, readdirSync } from 'node:fs';
+import { check, finish, fixture, postJson, startServer } from './harness.mjs';
+
+const mpirun = process.env.MPIEXEC;
+if (!mpirun) {
+  console.error('MPIEXEC is not set: ctest passes the mpirun CMake found');
+  process.exit(1);
+}
+const model = fixture('qwen3moe-micro-F32.gguf');
+const ranks = ['--spread', 'mixed', '--rank-timeout', '3', '--threads', '1'];
+const launcher = [mpirun, '-np', '2'];
+
+const chat = (content, extra = {}) => ({
+  messages: [{ role: 'user', content }], max_tokens: 16, temperature: 0, ...extra,
+});
+
+async function sameRepliesAsOneProcess() {
+  const one = await startServer(model, ['--threads', '1']);
+  const two = await startServer(model, ranks, { launcher });
+  const question = chat('Tell me about the sea and the ships on it.');
+  const a = await postJson(one.base, '/v1/chat/completions', question);
+  const b = await postJson(two.base, '/v1/chat/completions', question);
+  check(b.status === 200, 'a completion over 2 ranks', b.text);
+  check(a.json?.choices[0].message.content === b.json?.choices[0].message.content,
+        'the same greedy reply over 2 ranks as in one process',
+        `${a.json?.choices[0].message.content} / ${b.json?.choices[0].message.content}`);
+  const again = await postJson(two.base, '/v1/chat/completions', question);
+  check(again.json?.usage.prompt_tokens_details.cached_tokens > 0, 'the prefix cache serves over ranks',
+        JSON.stringify(again.json?.usage));
+  check(again.json?.choices[0].message.content === a.json?.choices[0].message.content,
+        'the cached prompt gives the same reply');
+  const choices = await postJson(two.base, '/v1/chat/completions', chat('Another one about rivers.', { n: 2 }));
+  const single = await postJson(one.base, '/v1/chat/completions', chat('Another one about rivers.'));
+  check(choices.json?.choices.length === 2 &&
+        choices.json.choices.every((c) => c.message.content === single.json?.choices[0].message.content),
+        'n = 2 choices over ranks (the prompt copied to the second) match one process',
+        JSON.stringify(choices.json?.choices.map((c) => c.message.content)));
+  await one.stop();
+  two.child.kill('SIGTERM');
+  await two.exited;
+}
+
+// A long stream; `signal` goes to rank 1 once tokens flow. The stream must end, not hang: with an
+// error event for a rank that hangs (SIGSTOP: rank 0's wait times out). For a rank that dies,
+// mpirun sends rank 0 SIGTERM and SIGKILL one second later: the running requests get an error
+// event when rank 0 is waiting on a transfer then (usually), but a kill can come first and cut
+// the connection; both are accepted, and said.
+async function lostRankEndsTheStream(signal, eventRequired) {
+  const server = await startServer(model, ranks, { launcher });
+  const res = await fetch(server.base + '/v1/chat/completions', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(chat('Go on for a long time.', { max_tokens: 30000, stream: true })),
+  });
+  const start = Date.now();
+  let text = '';
+  let signalled = false;
+  const decoder = new TextDecoder();
+  try {
+    for await (const chunk of res.body) {
+      text += decoder.decode(chunk);
+      if (!signalled && text.length > 2000) {
+        const pid = rankPidByParent(server.child.pid, 1);
+        check(pid > 0, `rank 1's pid found (${signal})`);
+        if (pid) process.kill(pid, signal);
+        signalled = true;
+      }
+      if (Date.now() - start > 60000) break;
+    }
+  } catch (e) {
+    check(!eventRequired, `the stream after rank 1 got ${signal} ends with an event, not a cut connection`,
+          `${e.message}; it ended: ${text.slice(-300)}`);
+    if (!eventRequired) console.log(`${signal}: the connection was cut (${e.message}) after ${Date.now() - start} ms`);
+  }
+  check(Date.now() - start < 30000, `the stream ends soon after rank 1 got ${signal}`);
+  const events = text.split('\n\n').filter((e) => e.startsWith('data: '));
+  const last = events.filter((e) => e !== 'data: [DONE]').pop() || '';
+  const errorEvent = /"error"/.test(last) && /rank 1|interrupted/.test(last);
+  check(errorEvent || !eventRequired,
+        `a ${signal}ed rank ends the stream with an error event naming the cause`, last.slice(0, 300));
+  if (errorEvent) console.log(`${signal}: the stream ended with ${last.slice(0, 200)}`);
+  const ended = await Promise.race([server.exited.then(() => true),
+                                    new Promise((r) => setTimeout(() => r(false), 15000))]);
+  check(ended, `the run ends on its own after rank 1 got ${signal}`);
+  if (!ended) server.child.kill('SIGKILL');
+  for (const rank of [0, 1]) {
+    const pid = rankPidByParent(server.child.pid, rank);
+    if (pid) process.kill(pid, 'SIGKILL');
+  }
+}
+
+// Ranks are children of mpirun; their command lines carry --port 0, so find them by parent.
+function rankPidByParent(parent, rank) {
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (ppid !== parent) continue;
+      const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+      if (env.includes(`OMPI_COMM_WORLD_RANK=${rank}`)) return Number(pid);
+    } catch (e) {}
+  }
+  return 0;
+}
+
+await sameRepliesAsOneProcess();
+await lostRankEndsTheStream('SIGSTOP', true);
+await lostRankEndsTheStream('SIGKILL', false);
+finish('ranks');
