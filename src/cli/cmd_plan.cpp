@@ -146,6 +146,9 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
         machines_needed > 0
             ? fmt::format("it would fit on {} machines like this one (plan --nodes {})",
                           machines_needed, machines_needed)
+        : hw.gpus.empty()
+            ? std::string("more machines would not help: a plan over machines adds their GPUs, "
+                          "and this one has none")
             : fmt::format("it would not fit on {} machines like this one either", kMostNodesTried));
 }
 
@@ -275,7 +278,8 @@ void run_plan(const PlanOptions& o) {
   const Placement p = plan_placement(inv, hw, wl, rules, profile ? &*profile : nullptr);
   // A plan that does not fit: how many such machines would hold it all in memory.
   int32_t machines_needed = 0;
-  for (int32_t n = o.nodes + 1; !p.fits && n <= kMostNodesTried && machines_needed == 0; ++n) {
+  for (int32_t n = o.nodes + 1;
+       !p.fits && !one_machine.gpus.empty() && n <= kMostNodesTried && machines_needed == 0; ++n) {
     Hardware more = one_machine;
     repeat_nodes(more, n);
     if (plan_placement(inv, more, wl, rules, profile ? &*profile : nullptr).fits)

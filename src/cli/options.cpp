@@ -70,7 +70,7 @@ void add_spread_option(CLI::App* cmd, EngineOptions& options) {
                   "machine, or several on one for testing): pipeline (consecutive layers per "
                   "rank, the default), experts (each MoE layer's routed experts over every rank, "
                   "the rest on rank 0) or mixed (both). Each rank maps the same GGUF from its own "
-                  "path and places its part on its own devices; rank 0 prints the output")
+                  "path and places its part on its own devices; rank 0 prints or serves")
       ->check(CLI::IsMember({"pipeline", "experts", "mixed"}));
   cmd->add_option("--rank-timeout", options.rank_timeout_s,
                   "seconds a rank waits for another mid-step before the run ends with the "

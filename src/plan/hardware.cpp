@@ -627,12 +627,17 @@ void set_node_link(Hardware& hw, std::string_view text) {
       hw.node_link_source = fmt::format("given: {}", text);
       return;
     }
+  // "50GBps:3us": each number followed by exactly its unit.
+  auto number_with_unit = [](std::string_view part, std::string_view unit, double& value) {
+    if (!part.ends_with(unit)) return false;
+    part.remove_suffix(unit.size());
+    const auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
+    return error == std::errc() && end == part.data() + part.size();
+  };
   const size_t colon = text.find(':');
   double gbps = 0, us = 0;
-  if (colon != std::string_view::npos &&
-      std::sscanf(std::string(text.substr(0, colon)).c_str(), "%lfGBps", &gbps) == 1 &&
-      std::sscanf(std::string(text.substr(colon + 1)).c_str(), "%lfus", &us) == 1 && gbps > 0 &&
-      us >= 0) {
+  if (colon != std::string_view::npos && number_with_unit(text.substr(0, colon), "GBps", gbps) &&
+      number_with_unit(text.substr(colon + 1), "us", us) && gbps > 0 && us >= 0) {
     hw.node_link_bytes_per_s = gbps * 1e9;
     hw.node_link_latency_s = us * 1e-6;
     hw.node_link_source = fmt::format("given: {}", text);

@@ -57,17 +57,11 @@ enum FollowerOp : int32_t {
   kCopy = 7,         // copy_sequence: from, to, length
 };
 
-// A step as rank 0 sends it to the following ranks: this header, then tokens, positions, sequence
-// ids and logit rows in one message of 3 * n_tokens + n_rows ints.
-struct StepHeader {
-  int32_t op = kStep;
-  int32_t n_tokens = 0, n_rows = 0;
-  int32_t kernels = 0;
-};
-
 // A following rank waits this long for rank 0's next step: rank 0 may sit idle between requests
 // (a rank that dies is ended by mpirun, which ends the run).
 constexpr double kIdleWaitSeconds = 7 * 24 * 3600.0;
+// While loading, a rank waits this long for the others (reading a model from a cold disk).
+constexpr double kLoadWaitSeconds = 3600.0;
 
 }  // namespace
 
@@ -85,6 +79,19 @@ Engine::Engine(const EngineOptions& options) {
           "process runs alone",
           options.spread);
   }
+  // Loading waits on the other ranks (the file check, the context): as long as a load may take.
+  if (transport_) transport_->set_timeout(kLoadWaitSeconds);
+  try {
+    load(options, spread, start);
+  } catch (const std::exception& e) {
+    // Every rank waits on this one: end the run with its error rather than leave them waiting.
+    if (transport_) transport_->abort_run(e.what());
+    throw;
+  }
+}
+
+void Engine::load(const EngineOptions& options, Spread spread,
+                  std::chrono::steady_clock::time_point start) {
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
   if (transport_)
     check_same_on_every_rank(*transport_, model_file_fingerprint(*file_),
@@ -166,7 +173,11 @@ Engine::Engine(const EngineOptions& options) {
   const ModelInfo& info = model_->info();
 
   const std::span<const KvLayerShape> kv_layers = info.kv;
-  if (options.n_ctx <= 0 && devices.layers.front() == backends_[0].get()) {
+  // (Over several ranks: when a layer of this rank keeps its cache in RAM; the ranks then take
+  // the smallest context any of them chose.)
+  const bool cache_in_ram = std::ranges::any_of(
+      devices.layers, [&](const Backend* d) { return d == backends_[0].get(); });
+  if (options.n_ctx <= 0 && cache_in_ram) {
     // Default: the model's context, but never more cache than half the free memory.
     const uint64_t budget = plan::available_ram_bytes() / 2;
     auto bytes = [&](int64_t ctx) {
@@ -213,7 +224,7 @@ Engine::~Engine() {
     try {
       announce(kStop);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tandem: %s\n", e.what());
+      transport_->abort_run(e.what());  // the others would wait for a step that never comes
     }
   }
   model_.reset();
@@ -221,10 +232,13 @@ Engine::~Engine() {
 
 void Engine::announce(int32_t op, std::span<const int32_t> body) {
   if (!rank_failure_.empty()) return;  // the run is ending: no one follows any more
-  const StepHeader header{.op = op, .n_tokens = int32_t(body.size())};
+  // Members, not locals: a send that timed out may read them until the run ends.
+  announced_ = {.op = op, .n_tokens = int32_t(body.size())};
+  announced_body_.assign(body.begin(), body.end());
   for (int32_t r = 1; r < n_ranks(); ++r) {
-    transport_->send(r, std::as_bytes(std::span(&header, 1)), "the next step");
-    if (!body.empty()) transport_->send(r, std::as_bytes(body), "the next step");
+    transport_->send(r, std::as_bytes(std::span(&announced_, 1)), "the next step");
+    if (!body.empty())
+      transport_->send(r, std::as_bytes(std::span(announced_body_)), "the next step");
   }
 }
 
@@ -324,16 +338,18 @@ int32_t Engine::n_ranks() const {
 void Engine::announce_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                            std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
                            KernelChoice kernels) {
-  const StepHeader header{.n_tokens = int32_t(tokens.size()),
-                          .n_rows = int32_t(logit_rows.size()),
-                          .kernels = int32_t(kernels)};
-  std::vector<int32_t> body(tokens.begin(), tokens.end());
+  announced_ = {.op = kStep,
+                .n_tokens = int32_t(tokens.size()),
+                .n_rows = int32_t(logit_rows.size()),
+                .kernels = int32_t(kernels)};
+  std::vector<int32_t>& body = announced_body_;  // a member: see announce()
+  body.assign(tokens.begin(), tokens.end());
   body.insert(body.end(), positions.begin(), positions.end());
   body.insert(body.end(), seq_ids.begin(), seq_ids.end());
   body.insert(body.end(), logit_rows.begin(), logit_rows.end());
   const std::string what = fmt::format("step {}'s inputs", steps_);
   for (int32_t r = 1; r < n_ranks(); ++r) {
-    transport_->send(r, std::as_bytes(std::span(&header, 1)), what);
+    transport_->send(r, std::as_bytes(std::span(&announced_, 1)), what);
     transport_->send(r, std::as_bytes(std::span(body)), what);
   }
 }
@@ -435,7 +451,9 @@ void Engine::evaluate(std::span<const int32_t> tokens, int32_t start, int32_t se
   seq_ids_.assign(size_t(n), seq);
   for (int64_t i = 0; i < n; ++i) positions_[size_t(i)] = start + int32_t(i);
   logit_rows_.clear();
-  if (!cache_->has_rings() || n <= kMaxStepTokens) {
+  // Over several ranks long prompts go in steps too: each rank's wait for the others is then a
+  // step's, not the whole prompt's (--rank-timeout).
+  if ((!cache_->has_rings() && !transport_) || n <= kMaxStepTokens) {
     for (int64_t i = all_logits ? 0 : n - 1; i < n; ++i) logit_rows_.push_back(int32_t(i));
     evaluate_batch(tokens, positions_, seq_ids_, logit_rows_, KernelChoice::ByTokenCount, logits);
     return;
@@ -484,15 +502,12 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
     }
   }
   logits.resize(logit_rows.size() * size_t(n_vocab()));
-  if (!transport_) {
-    model_->forward({.tokens = tokens,
-                     .positions = positions,
-                     .seq_ids = seq_ids,
-                     .logit_rows = logit_rows,
-                     .kernels = kernels},
-                    cache_->views(), logits.data());
-    return;
-  }
+  const Batch batch{.tokens = tokens,
+                    .positions = positions,
+                    .seq_ids = seq_ids,
+                    .logit_rows = logit_rows,
+                    .kernels = kernels};
+  if (!transport_) return model_->forward(batch, cache_->views(), logits.data());
   // Over several ranks every rank runs the step; one that fails ends them all (the others would
   // wait on it), naming the step: at once, or on rank 0 after the grace a server takes to tell
   // its clients.
@@ -500,12 +515,7 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
   try {
     if (rank() == 0) announce_step(tokens, positions, seq_ids, logit_rows, kernels);
     transport_->set_timeout(rank_timeout_s_);
-    model_->forward({.tokens = tokens,
-                     .positions = positions,
-                     .seq_ids = seq_ids,
-                     .logit_rows = logit_rows,
-                     .kernels = kernels},
-                    cache_->views(), logits.data());
+    model_->forward(batch, cache_->views(), logits.data());
   } catch (const std::exception& e) {
     rank_failure_ = e.what();  // what crosses ranks names its step
     if (rank() != 0 || rank_failure_grace_s_ <= 0) transport_->abort_run(rank_failure_);

@@ -2,6 +2,7 @@
 // The public entry of the engine: load a model file onto the devices and evaluate tokens.
 // The CPU, with GPUs (CUDA builds) or simulated devices placed by the planner; every
 // architecture of model/model.h. Sessions (runtime/session.h) generate text on top of it.
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "model/model.h"
 #include "plan/placement.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/rank_spread.h"
 
 namespace tandem {
 
@@ -41,7 +43,7 @@ struct EngineOptions {
   // "pipeline", "experts", "mixed"; empty: pipeline), and the longest a rank waits for another
   // mid-step before the run ends.
   std::string spread;
-  double rank_timeout_s = 60;
+  double rank_timeout_s = 300;
   bool alone = false;  // this process alone even under mpirun (bench's one-process baseline)
   // When a step fails over several ranks, rank 0 ends the run on every rank after this long;
   // meanwhile its evaluate calls fail at once with the error (a server tells its clients). 0:
@@ -131,6 +133,9 @@ class Engine {
   void copy_sequence(int32_t from, int32_t to, int64_t length);
 
  private:
+  // The constructor's work once the transport is open.
+  void load(const EngineOptions& options, Spread spread,
+            std::chrono::steady_clock::time_point start);
   // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).
   void announce(int32_t op, std::span<const int32_t> body = {});
   // Both ends of measure_rank_link's ping-pong and rank_traffic's gathering.
@@ -142,7 +147,7 @@ class Engine {
                      KernelChoice kernels);
 
   std::unique_ptr<Transport> transport_;  // null in a run of one process
-  double rank_timeout_s_ = 60;            // EngineOptions::rank_timeout_s
+  double rank_timeout_s_ = 300;           // EngineOptions::rank_timeout_s
   double rank_failure_grace_s_ = 0;       // EngineOptions::rank_failure_grace_s
   std::string rank_failure_;              // the step that failed over the ranks, once one has
   uint64_t steps_ = 0;                    // forward passes so far (named in errors)
@@ -155,6 +160,15 @@ class Engine {
   double load_seconds_ = 0;
   std::vector<int32_t> positions_, seq_ids_, logit_rows_;
   std::unique_ptr<PrefixCache> prefix_cache_;
+  // A step or other work as rank 0 announces it to the following ranks: this header, then its
+  // ints (a step: tokens, positions, sequence ids and logit rows). The last one is kept here, not
+  // on the stack: a send that timed out may read it until the run ends.
+  struct StepHeader {
+    int32_t op = 0;  // engine.cpp's FollowerOp
+    int32_t n_tokens = 0, n_rows = 0;
+    int32_t kernels = 0;
+  } announced_;
+  std::vector<int32_t> announced_body_;
   std::optional<plan::Placement> placement_;
 };
 

@@ -33,7 +33,8 @@ class MpiTransport : public Transport {
     library_ = library_.substr(0, library_.find_first_of(",\n"));
   }
   // MPI is finalized by whoever initialized it (a cancelled receive leaves nothing pending; a
-  // send or collective that timed out has ended the run).
+  // collective that timed out has ended the run, and after a send that timed out the caller ends
+  // it before this: Engine does).
   ~MpiTransport() override {
     if (owns_mpi_) MPI_Finalize();
   }

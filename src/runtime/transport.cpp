@@ -98,6 +98,12 @@ std::unique_ptr<Transport> open_transport(const TransportOptions& options) {
   if (!(options.timeout_s > 0)) fail("the transport's timeout must be positive (got {} s)", options.timeout_s);
 #if TANDEM_HAVE_MPI
   if (std::unique_ptr<Transport> mpi = open_mpi_transport(options)) return mpi;
+#else
+  if (launched_ranks() > 1)
+    fail(
+        "this tandem was built without MPI, so its {} ranks would each run alone: install Open "
+        "MPI (libopenmpi-dev) and build again, or run it without mpirun",
+        launched_ranks());
 #endif
   return std::make_unique<SingleProcess>();
 }
