@@ -267,6 +267,16 @@ void Transformer::read_ahead_on_host(const FfnLayer& l, const float* h, const in
   }
 }
 
+void Transformer::read_first_uses(const FfnLayer& l, const ExpertShard& shard, const int32_t* ids,
+                                  int64_t n) {
+  std::vector<uint8_t>& seen = expert_seen_[size_t(&l - ffn_.data())];
+  for (int64_t s = 0; s < n; ++s)
+    if (const int32_t e = ids[s]; shard.local_index[size_t(e)] >= 0 && !seen[size_t(e)]) {
+      seen[size_t(e)] = 1;
+      start_reading_expert(l, e, /*urgent=*/true);
+    }
+}
+
 MoeOp Transformer::shard_op(const FfnLayer& l, const ExpertShard& shard, const float* input,
                             const int32_t* ids, const int32_t* local_index, float* slots, int64_t T,
                             KernelChoice kernels) const {
@@ -304,7 +314,6 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
   Workspace& ws = workspace(be);
   const StepInputs& in = ws.inputs;
   const int64_t embd = info_.n_embd, k = info_.n_expert_used, slot_floats = T * k * embd;
-  const size_t il = size_t(&l - ffn_.data());
   int32_t* ids = ws.ints(W::kExpertIds, T * k);
   float* weights = ws.get(W::kExpertWeights, T * k);
   route(l, h, T, kernels, ids, weights, l.route_counts);
@@ -372,17 +381,11 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
     be.copy_to_host_async(host_input, h, size_t(T * embd) * sizeof(float));
     be.copy_to_host_async(host_ids, ids, size_t(T * k) * sizeof(int32_t));
     const MoeOp op = op_for(shard, host_input, host_ids, host_slots);
-    host_done = be.host_task([this, &l, &shard, op, il] {
-      std::vector<uint8_t>& seen = expert_seen_[il];
-      for (int64_t s = 0; s < op.n_tokens * op.top_k; ++s) {
-        const int32_t e = op.expert_ids[s];
-        if (shard.local_index[size_t(e)] < 0) {  // another device's slot: must add as zero
+    host_done = be.host_task([this, &l, &shard, op] {
+      for (int64_t s = 0; s < op.n_tokens * op.top_k; ++s)
+        if (shard.local_index[size_t(op.expert_ids[s])] < 0)  // another device's: adds as zero
           std::fill_n(op.slots + s * op.dim, op.dim, 0.0f);
-        } else if (!seen[size_t(e)]) {
-          seen[size_t(e)] = 1;
-          start_reading_expert(l, e, /*urgent=*/true);
-        }
-      }
+      read_first_uses(l, shard, op.expert_ids, op.n_tokens * op.top_k);
       shard.device->moe(op);
     });
   }
@@ -511,11 +514,7 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T, KernelCho
   for (const ExpertShard& shard : l.shards) {
     Backend& device = *shard.device;
     if (device.uses_host_memory()) {
-      for (int32_t e : peer_ids_)
-        if (shard.local_index[size_t(e)] >= 0 && !expert_seen_[il][size_t(e)]) {
-          expert_seen_[il][size_t(e)] = 1;
-          start_reading_expert(l, e, /*urgent=*/true);
-        }
+      read_first_uses(l, shard, peer_ids_.data(), n_slots);
       device_slots_.assign(peer_slots_.size(), 0.0f);
       device.moe(shard_op(l, shard, peer_input_.data(), peer_ids_.data(), shard.device_local_index,
                           device_slots_.data(), T, kernels));

@@ -201,6 +201,10 @@ class Transformer : public Model {
   // Starts reading expert `e` of `layer` from disk where it is used in place and not cached
   // (GgufFile::start_reading); true if some of it was not.
   bool start_reading_expert(const FfnLayer& layer, int32_t e, bool urgent) const;
+  // Of the experts chosen in `n` slots, those `shard` (host memory) holds and no step chose before:
+  // started reading at once (a cold start), each once. Run by the thread that computes them.
+  void read_first_uses(const FfnLayer& layer, const ExpertShard& shard, const int32_t* ids,
+                       int64_t n);
   // The moe op of one shard of a layer's routed experts, with `local_index` saying which of them
   // it computes.
   MoeOp shard_op(const FfnLayer& layer, const ExpertShard& shard, const float* input,
