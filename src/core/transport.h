@@ -48,17 +48,19 @@ class Transport {
   // from); returns only in a single-process run, where the caller's error ends the process.
   virtual void abort_run(std::string_view why) = 0;
 
-  // The point-to-point messages this rank has sent so far, and their bytes (what a step costs
-  // in transfers, for bench).
-  struct Sent {
+  // What this rank's point-to-point transfers have cost so far: the messages it sent and their
+  // bytes, and the seconds it spent in send and receive (waiting for the peer included). Bench
+  // sets these beside the time each rank computes to find what crossing ranks costs a step.
+  struct Traffic {
     uint64_t messages = 0, bytes = 0;
+    double transfer_s = 0;
   };
-  const Sent& sent() const { return sent_; }
-  // Back to an earlier count: messages that were not the run's (a probe of the link).
-  void sent_reset(const Sent& to) { sent_ = to; }
+  const Traffic& traffic() const { return traffic_; }
+  // Back to an earlier count: transfers that were not the run's (a probe of the link).
+  void traffic_reset(const Traffic& to) { traffic_ = to; }
 
  protected:
-  Sent sent_;
+  Traffic traffic_;
 };
 
 }  // namespace tandem

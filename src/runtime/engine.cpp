@@ -235,11 +235,20 @@ void Engine::announce(int32_t op, std::span<const int32_t> body) {
   // Members, not locals: a send that timed out may read them until the run ends.
   announced_ = {.op = op, .n_tokens = int32_t(body.size())};
   announced_body_.assign(body.begin(), body.end());
+  send_announcement("the next step");
+}
+
+void Engine::send_announcement(std::string_view what) {
+  const Transport::Traffic before = transport_->traffic();
   for (int32_t r = 1; r < n_ranks(); ++r) {
-    transport_->send(r, std::as_bytes(std::span(&announced_, 1)), "the next step");
-    if (!body.empty())
-      transport_->send(r, std::as_bytes(std::span(announced_body_)), "the next step");
+    transport_->send(r, std::as_bytes(std::span(&announced_, 1)), what);
+    if (!announced_body_.empty())
+      transport_->send(r, std::as_bytes(std::span(announced_body_)), what);
   }
+  const Transport::Traffic& after = transport_->traffic();
+  announced_traffic_.messages += after.messages - before.messages;
+  announced_traffic_.bytes += after.bytes - before.bytes;
+  announced_traffic_.transfer_s += after.transfer_s - before.transfer_s;
 }
 
 void Engine::enable_prefix_cache(uint64_t budget_bytes) {
@@ -284,11 +293,13 @@ Engine::RankLink Engine::measure_rank_link() {
   return ping_pong();
 }
 
-Transport::Sent Engine::rank_traffic() {
+std::vector<Engine::RankTraffic> Engine::rank_traffic() {
   TANDEM_CHECK(transport_ && rank() == 0);
-  const Transport::Sent before = transport_->sent();
+  const Transport::Traffic before = transport_->traffic();
+  const Transport::Traffic announced_before = announced_traffic_;
   announce(kTraffic);
-  transport_->sent_reset(before);  // asking is not the run's traffic
+  transport_->traffic_reset(before);  // asking is not the run's traffic
+  announced_traffic_ = announced_before;
   return gather_traffic();
 }
 
@@ -297,7 +308,7 @@ Transport::Sent Engine::rank_traffic() {
 Engine::RankLink Engine::ping_pong() {
   RankLink link;
   if (rank() > 1) return link;
-  const Transport::Sent before = transport_->sent();
+  const Transport::Traffic before = transport_->traffic();
   const int32_t peer = 1 - rank();
   auto bounce = [&](std::vector<std::byte>& message, int rounds) {
     const auto start = std::chrono::steady_clock::now();
@@ -314,18 +325,20 @@ Engine::RankLink Engine::ping_pong() {
   link.latency_s = bounce(small, 200);
   const double one_way = bounce(large, 8);
   link.bytes_per_s = double(large.size()) / std::max(one_way - link.latency_s, 1e-9);
-  transport_->sent_reset(before);
+  transport_->traffic_reset(before);
   return link;
 }
 
-Transport::Sent Engine::gather_traffic() {
-  const Transport::Sent mine = transport_->sent();
-  std::vector<Transport::Sent> all(static_cast<size_t>(n_ranks()));
+std::vector<Engine::RankTraffic> Engine::gather_traffic() {
+  const RankTraffic mine{
+      .traffic = transport_->traffic(),
+      .announced = announced_traffic_,
+      .clock_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+                     .count()};
+  std::vector<RankTraffic> all(static_cast<size_t>(n_ranks()));
   transport_->all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
                          "what every rank has sent");
-  Transport::Sent total;
-  for (const Transport::Sent& s : all) total.messages += s.messages, total.bytes += s.bytes;
-  return total;
+  return all;
 }
 
 int32_t Engine::rank() const {
@@ -347,11 +360,7 @@ void Engine::announce_step(std::span<const int32_t> tokens, std::span<const int3
   body.insert(body.end(), positions.begin(), positions.end());
   body.insert(body.end(), seq_ids.begin(), seq_ids.end());
   body.insert(body.end(), logit_rows.begin(), logit_rows.end());
-  const std::string what = fmt::format("step {}'s inputs", steps_);
-  for (int32_t r = 1; r < n_ranks(); ++r) {
-    transport_->send(r, std::as_bytes(std::span(&announced_, 1)), what);
-    transport_->send(r, std::as_bytes(std::span(body)), what);
-  }
+  send_announcement(fmt::format("step {}'s inputs", steps_));
 }
 
 void Engine::follow() {

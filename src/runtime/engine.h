@@ -67,13 +67,19 @@ class Engine {
   void follow();
 
   // Rank 0 of a run over several ranks, for bench: the link to rank 1 measured by ping-pong (a
-  // small message's one-way time, and the rate of large ones), and the messages and bytes every
-  // rank has sent so far, summed. The other ranks take part from follow().
+  // small message's one-way time, and the rate of large ones), and each rank's transfers so far
+  // with its own clock, so that bench can tell the time a rank computed from the time it spent in
+  // transfers. The other ranks take part from follow().
   struct RankLink {
     double latency_s = 0, bytes_per_s = 0;
   };
   RankLink measure_rank_link();
-  Transport::Sent rank_traffic();
+  struct RankTraffic {
+    Transport::Traffic traffic;    // all of this rank's sends and receives
+    Transport::Traffic announced;  // of them, rank 0's announcements of what comes next
+    double clock_s = 0;            // this rank's steady clock (only its differences mean much)
+  };
+  std::vector<RankTraffic> rank_traffic();  // one a rank, in rank order
 
   const gguf::GgufFile& file() const { return *file_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -138,9 +144,11 @@ class Engine {
             std::chrono::steady_clock::time_point start);
   // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).
   void announce(int32_t op, std::span<const int32_t> body = {});
+  // announced_ and announced_body_ to every other rank, counted in announced_traffic_.
+  void send_announcement(std::string_view what);
   // Both ends of measure_rank_link's ping-pong and rank_traffic's gathering.
   RankLink ping_pong();
-  Transport::Sent gather_traffic();
+  std::vector<RankTraffic> gather_traffic();
   // Rank 0: sends a step's inputs to the following ranks.
   void announce_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                      std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
@@ -151,6 +159,7 @@ class Engine {
   double rank_failure_grace_s_ = 0;       // EngineOptions::rank_failure_grace_s
   std::string rank_failure_;              // the step that failed over the ranks, once one has
   uint64_t steps_ = 0;                    // forward passes so far (named in errors)
+  Transport::Traffic announced_traffic_;  // rank 0: what announce() has sent
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<Backend>> backends_;  // [0] = cpu

@@ -51,17 +51,19 @@ class MpiTransport : public Transport {
 
   void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) override {
     check_peer(to, what);
+    const TimeTransfer timed(traffic_);
     MPI_Request request;
     check(MPI_Isend(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, to, kTag,
                     MPI_COMM_WORLD, &request),
           what);
     wait(request, fmt::format("sending {} to rank {}", what, to), Timeout::LeavesItPending);
-    ++sent_.messages;
-    sent_.bytes += bytes.size();
+    ++traffic_.messages;
+    traffic_.bytes += bytes.size();
   }
 
   void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) override {
     check_peer(from, what);
+    const TimeTransfer timed(traffic_);
     MPI_Request request;
     check(MPI_Irecv(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, from, kTag,
                     MPI_COMM_WORLD, &request),
@@ -129,6 +131,17 @@ class MpiTransport : public Transport {
 
  private:
   static constexpr int kTag = 17;
+
+  // Adds the time of one send or receive to Traffic::transfer_s, however it ends.
+  struct TimeTransfer {
+    explicit TimeTransfer(Traffic& traffic) : traffic(traffic) {}
+    ~TimeTransfer() {
+      traffic.transfer_s +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    Traffic& traffic;
+    const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  };
 
   void check_peer(int32_t peer, std::string_view what) const {
     if (peer < 0 || peer >= size_ || peer == rank_)

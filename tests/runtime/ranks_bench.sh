@@ -12,9 +12,10 @@ import json, sys
 ranks = json.loads(sys.argv[1])["ranks"]
 print(ranks)
 assert ranks["n_ranks"] == 2 and ranks["spread"] == "pipeline", ranks
-# Per step: rank 0's announcement (header and inputs) to rank 1, the residual stream at the cut,
-# the logits back: 4 messages.
-assert ranks["messages_per_step"] == 4, ranks
+# Per step: the residual stream at the cut and the logits back; besides them rank 0's
+# announcement (header and inputs) to rank 1.
+assert ranks["messages_per_step"] == 2 and ranks["announced_messages_per_step"] == 2, ranks
+assert ranks["prediction_comparable"] is True, ranks
 assert ranks["bytes_per_step"] > 0 and ranks["link_latency_s"] > 0 and ranks["link_bytes_per_s"] > 0
 assert ranks["predicted_transfer_s_per_step"] > 0
 assert ranks["decode_tokens_per_s"] > 0 and ranks["decode_alone_tokens_per_s"] > 0
