@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "gguf/gguf_file.h"
+#include "plan/cluster.h"
 #include "plan/hardware.h"
 #include "plan/inventory.h"
 #include "plan/planner.h"
@@ -42,7 +43,7 @@ struct PlanOptions {
   std::string rules_path, profile_path, rules_out;
   std::string link, ram_reserve;
   int32_t nodes = 1;
-  std::string node_link;
+  std::string node_link, cluster_path;
   bool json = false, explain = false;
 };
 
@@ -81,7 +82,7 @@ Counts counts_on(const Placement& p, const ModelInventory& inv, int32_t d) {
 }
 
 void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl,
-                const Hardware& hw, bool explain, int32_t machines_needed) {
+                const Hardware& hw, bool explain, bool cluster, int32_t machines_needed) {
   fmt::print(
       "plan for {} {}: {} of weights in {} groups; context {} x {} sequence{}, prefill "
       "batch {}\n",
@@ -94,17 +95,19 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
         hw.n_nodes, hw.node_link_bytes_per_s / 1e9, hw.node_link_latency_s * 1e6,
         hw.node_link_source);
   fmt::print("\n");
-  fmt::print("{:<8} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n", "device", "model", "memory",
-             "weights", "KV cache", "buffers", "used", "use");
+  size_t name_width = 8;  // "node1:cuda:0" on plans over machines
+  for (const DeviceUsage& u : p.devices) name_width = std::max(name_width, u.spec.name.size());
+  fmt::print("{:<{}} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n", "device", name_width,
+             "model", "memory", "weights", "KV cache", "buffers", "used", "use");
   for (const DeviceUsage& u : p.devices) {
     const std::string model =
         fmt::format("{} ({:.0f} GB/s{})", u.spec.model, u.spec.bandwidth_bytes_per_s / 1e9,
                     u.spec.bandwidth_source.rfind("measured", 0) == 0 ? " measured" : "");
-    fmt::print("{:<8} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5.1f}%\n", u.spec.name, model,
-               format_bytes(u.spec.memory_bytes), format_bytes(u.weight_bytes),
+    fmt::print("{:<{}} {:<36} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5.1f}%\n", u.spec.name,
+               name_width, model, format_bytes(u.spec.memory_bytes), format_bytes(u.weight_bytes),
                format_bytes(u.kv_bytes), format_bytes(u.buffer_bytes), format_bytes(u.used_bytes()),
                100.0 * double(u.used_bytes()) / double(std::max<uint64_t>(u.spec.memory_bytes, 1)));
-    fmt::print("{:<8} holds {}\n", "", u.holds);
+    fmt::print("{:<{}} holds {}\n", "", name_width, u.holds);
   }
   const Counts disk = counts_on(p, inv, kOnDisk);
   if (disk.groups)
@@ -143,7 +146,8 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
   if (!p.fits)
     fmt::print(
         "\n{}\n",
-        machines_needed > 0
+        cluster ? std::string("add machines to the cluster file, or take a smaller quant")
+        : machines_needed > 0
             ? fmt::format("it would fit on {} machines like this one (plan --nodes {})",
                           machines_needed, machines_needed)
         : hw.gpus.empty()
@@ -248,19 +252,16 @@ void run_plan(const PlanOptions& o) {
     fail("--ctx, --parallel and --batch must be positive");
   const ModelInventory inv = o.preset.empty() ? inventory_from_file(gguf::GgufFile::open(o.model))
                                               : inventory_from_preset(o.preset, o.quant);
-  Hardware hw = o.gpus.empty() && o.ram.empty()
+  const bool cluster = !o.cluster_path.empty();
+  Hardware hw = cluster ? load_cluster(o.cluster_path, o.threads)
+                : o.gpus.empty() && o.ram.empty()
                     ? detect_hardware(o.threads)
                     : describe_hardware(o.gpus, o.ram, o.host_bandwidth_gb_per_s * 1e9, o.threads);
   if (o.host_bandwidth_gb_per_s > 0) {
     hw.host.bandwidth_bytes_per_s = o.host_bandwidth_gb_per_s * 1e9;
     hw.host.bandwidth_source = "given";
   }
-  if (o.cpu_cores > 0) {
-    // Matmul throughput scales with the cores a host has; the detected one is per core.
-    hw.host.flops_per_s *= double(o.cpu_cores) / double(std::max(hw.cpu_cores, 1));
-    hw.cpu_cores = o.cpu_cores;
-    hw.host.model = fmt::format("CPU ({} cores, given)", o.cpu_cores);
-  }
+  if (o.cpu_cores > 0) set_cpu_cores(hw, o.cpu_cores);
   if (!o.link.empty()) {
     hw.gpu_link = parse_link(o.link);
     hw.link_source = "given";
@@ -278,8 +279,9 @@ void run_plan(const PlanOptions& o) {
   const Placement p = plan_placement(inv, hw, wl, rules, profile ? &*profile : nullptr);
   // A plan that does not fit: how many such machines would hold it all in memory.
   int32_t machines_needed = 0;
-  for (int32_t n = o.nodes + 1;
-       !p.fits && !one_machine.gpus.empty() && n <= kMostNodesTried && machines_needed == 0; ++n) {
+  for (int32_t n = o.nodes + 1; !p.fits && !cluster && !one_machine.gpus.empty() &&
+                                n <= kMostNodesTried && machines_needed == 0;
+       ++n) {
     Hardware more = one_machine;
     repeat_nodes(more, n);
     if (plan_placement(inv, more, wl, rules, profile ? &*profile : nullptr).fits)
@@ -289,7 +291,7 @@ void run_plan(const PlanOptions& o) {
   if (o.json)
     print_json(p, inv, wl, hw, machines_needed);
   else
-    print_text(p, inv, wl, hw, o.explain || o.nodes > 1, machines_needed);
+    print_text(p, inv, wl, hw, o.explain || hw.n_nodes > 1, cluster, machines_needed);
   if (!o.rules_out.empty()) {
     std::ofstream out(o.rules_out, std::ios::binary | std::ios::trunc);
     const std::string yaml = rules_to_yaml(p, inv);
@@ -351,6 +353,16 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--node-link", o->node_link,
                   "the network between machines: ib-ndr, ib-hdr (default, assumed), eth100, "
                   "eth25, eth10, or BANDWIDTH:LATENCY such as 50GBps:3us");
+  CLI::Option* cluster = cmd->add_option(
+      "--cluster", o->cluster_path,
+      "plan for the machines a YAML file describes, alike or not (instead of --gpu, --ram, "
+      "--nodes ...): `machines:` a list, rank 0's first, each with `gpus: [a100-80g, 8x 48GiB]` "
+      "and `link: nvlink`, the first also `ram`, `cpu_cores`, `host_bandwidth` (GB/s); and "
+      "`network: ib-ndr` between them (as --node-link). Only the first machine's RAM and CPU "
+      "hold parts of the model");
+  for (const char* other :
+       {"--gpu", "--ram", "--host-bandwidth", "--cpu-cores", "--link", "--nodes", "--node-link"})
+    cluster->excludes(cmd->get_option(other));
   cmd->add_flag("--explain", o->explain,
                 "also print the candidate placements weighed, with their predicted speeds, and "
                 "why an idle GPU stays idle");

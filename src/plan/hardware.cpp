@@ -606,6 +606,12 @@ Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_vie
   return hw;
 }
 
+void set_cpu_cores(Hardware& hw, int32_t cores) {
+  hw.host.flops_per_s *= double(cores) / double(std::max(hw.cpu_cores, 1));
+  hw.cpu_cores = cores;
+  hw.host.model = fmt::format("CPU ({} cores, given)", cores);
+}
+
 void set_node_link(Hardware& hw, std::string_view text) {
   // Per direction, as MPI's and NCCL's point-to-point tests reach them: InfiniBand about 90% of
   // the line rate with 1-3 us for a small message (OSU latency and bandwidth benchmarks on HDR and

@@ -86,6 +86,10 @@ void set_ram_reserve(Hardware& hw, uint64_t reserve_bytes, std::string source);
 // "8GiB" or "10%" of `ram_bytes`; throws tandem::Error with the accepted forms.
 uint64_t parse_ram_reserve(std::string_view text, uint64_t ram_bytes);
 
+// A host with `cores` cores (plan --cpu-cores): its matmul throughput scaled from the detected
+// host's, which is per core.
+void set_cpu_cores(Hardware& hw, int32_t cores);
+
 // "nvlink", "pcie4", "pcie5" (throws tandem::Error naming the choices); and back.
 LinkKind parse_link(std::string_view text);
 const char* link_name(LinkKind kind);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -113,6 +114,49 @@ TEST(Plan, NodesPlanOverSeveralMachinesAndSayHowManyWouldFit) {
   EXPECT_NE(short_of_ram.output.find("it would fit on 3 machines like this one (plan --nodes 3)"),
             std::string::npos)
       << short_of_ram.output;
+}
+
+// A cluster file of two like machines plans what --nodes 2 plans; one of unlike machines names
+// each machine's GPUs; it stands instead of --gpu and the other machine options.
+TEST(Plan, ClusterFilePlansLikeNodesAndTakesUnlikeMachines) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto like = dir / ("tandem-cluster-like-" + std::to_string(::getpid()) + ".yaml");
+  const auto unlike = dir / ("tandem-cluster-unlike-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(like) << "machines:\n"
+                         "  - {gpus: [8x a100-80g], link: nvlink, ram: 1TiB, cpu_cores: 64,"
+                         " host_bandwidth: 200}\n"
+                         "  - {gpus: [8x a100-80g], link: nvlink}\n";
+  std::ofstream(unlike) << "machines:\n"
+                           "  - {gpus: [4090, 4090], ram: 256GiB, host_bandwidth: 80}\n"
+                           "  - {gpus: [8x 48GiB], link: pcie5}\n"
+                           "network: eth100\n";
+  std::string a100s;
+  for (int i = 0; i < 8; ++i) a100s += " --gpu a100-80g";
+  auto decode = [](const CliResult& r) {
+    return nlohmann::json::parse(r.output)["predicted"]["decode_tokens_per_s"].get<double>();
+  };
+  const CliResult nodes = run_tandem("plan --preset deepseek-v3 --quant Q8_0" + a100s +
+                                     " --ram 1TiB --cpu-cores 64 --host-bandwidth 200 --link "
+                                     "nvlink --nodes 2 --json");
+  const CliResult file =
+      run_tandem("plan --preset deepseek-v3 --quant Q8_0 --cluster " + like.string() + " --json");
+  ASSERT_EQ(file.exit_code, 0) << file.output;
+  EXPECT_DOUBLE_EQ(decode(file), decode(nodes));
+  EXPECT_EQ(nlohmann::json::parse(file.output)["machine"]["nodes"], 2);
+
+  const CliResult mixed =
+      run_tandem("plan --preset kimi-k2 --quant Q4_K_M --cluster " + unlike.string());
+  EXPECT_EQ(mixed.exit_code, 0) << mixed.output;
+  EXPECT_NE(mixed.output.find("node1:cuda:7 "), std::string::npos) << mixed.output;
+  EXPECT_NE(mixed.output.find("given: eth100"), std::string::npos) << mixed.output;
+  EXPECT_NE(mixed.output.find("candidates weighed"), std::string::npos) << mixed.output;
+
+  const CliResult both =
+      run_tandem("plan --preset kimi-k2 --gpu 4090 --cluster " + unlike.string());
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  std::filesystem::remove(like);
+  std::filesystem::remove(unlike);
 }
 
 TEST(Plan, RulesOutWritesAFileThatPlansTheSame) {

@@ -1,0 +1,172 @@
+#include "plan/cluster.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tandem::plan {
+namespace {
+
+struct Machine {
+  std::vector<std::string> gpus;
+  std::string link, ram;
+  int32_t cpu_cores = 0;
+  double host_bandwidth_gb_per_s = 0;
+};
+
+// "8x a100-80g" is eight of the card; anything else is one.
+void add_gpus(const std::string& item, std::vector<std::string>& gpus) {
+  const size_t x = item.find("x ");
+  int count = 0;
+  if (x != std::string::npos && x > 0) {
+    const auto [end, error] = std::from_chars(item.data(), item.data() + x, count);
+    if (error == std::errc() && end == item.data() + x && count > 0) {
+      gpus.insert(gpus.end(), size_t(count), item.substr(x + 2));
+      return;
+    }
+  }
+  gpus.push_back(item);
+}
+
+std::string scalar(const YAML::Node& value, const std::string& where) {
+  if (!value.IsScalar()) fail("{}: give one value", where);
+  return value.as<std::string>();
+}
+
+template <typename T>
+T number(const YAML::Node& value, const std::string& where) {
+  try {
+    return value.as<T>();
+  } catch (const YAML::Exception&) {
+    fail("{}: '{}' is not a number", where, YAML::Dump(value));
+  }
+}
+
+Machine parse_machine(const YAML::Node& node, const std::string& where, bool first) {
+  if (!node.IsMap()) fail("{}: give the machine as fields (gpus, link, ...)", where);
+  Machine m;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string at = fmt::format("{}, {}", where, key);
+    if (!first && (key == "ram" || key == "cpu_cores" || key == "host_bandwidth"))
+      fail(
+          "{}: only the first machine's RAM and CPU are planned (experts that no GPU holds "
+          "stay in the RAM of rank 0's machine); leave it out here",
+          at);
+    if (key == "gpus") {
+      if (kv.second.IsScalar()) {
+        add_gpus(kv.second.as<std::string>(), m.gpus);
+      } else if (kv.second.IsSequence()) {
+        for (const YAML::Node& item : kv.second) add_gpus(scalar(item, at), m.gpus);
+      } else {
+        fail("{}: give a list of cards ([a100-80g, a100-80g] or [8x a100-80g])", at);
+      }
+    } else if (key == "link") {
+      m.link = scalar(kv.second, at);
+    } else if (key == "ram") {
+      m.ram = scalar(kv.second, at);
+    } else if (key == "cpu_cores") {
+      m.cpu_cores = number<int32_t>(kv.second, at);
+      if (m.cpu_cores < 1) fail("{}: give 1 or more cores", at);
+    } else if (key == "host_bandwidth") {
+      m.host_bandwidth_gb_per_s = number<double>(kv.second, at);
+      if (!(m.host_bandwidth_gb_per_s > 0)) fail("{}: give the bandwidth in GB/s", at);
+    } else {
+      fail(
+          "{}: unknown field (a machine has gpus, link, and on the first ram, cpu_cores, "
+          "host_bandwidth)",
+          at);
+    }
+  }
+  return m;
+}
+
+// The cost model takes one kind of link between the GPUs of a machine: the slowest of theirs.
+int link_speed_order(LinkKind kind) {
+  switch (kind) {
+    case LinkKind::Pcie4:
+      return 0;
+    case LinkKind::Pcie5:
+      return 1;
+    case LinkKind::Nvlink:
+      return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int32_t threads) {
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    fail("{}:{}: not valid YAML: {}", source, e.mark.line + 1, e.msg);
+  }
+  if (!doc.IsMap() || !doc["machines"] || !doc["machines"].IsSequence() ||
+      doc["machines"].size() == 0)
+    fail(
+        "{}: give a list `machines:` with one entry per machine, rank 0's first (see `tandem "
+        "plan --help`)",
+        source);
+  for (const auto& kv : doc) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "machines" && key != "network")
+      fail("{}: unknown field '{}' (a cluster file has machines and network)", source, key);
+  }
+  std::vector<Machine> machines;
+  for (size_t i = 0; i < doc["machines"].size(); ++i)
+    machines.push_back(
+        parse_machine(doc["machines"][i], fmt::format("{}: machine {}", source, i + 1), i == 0));
+  if (machines.size() > 64) fail("{}: {} machines; plans go up to 64", source, machines.size());
+
+  const Machine& first = machines[0];
+  Hardware hw =
+      describe_hardware(first.gpus, first.ram, first.host_bandwidth_gb_per_s * 1e9, threads);
+  if (first.cpu_cores > 0) set_cpu_cores(hw, first.cpu_cores);
+  if (doc["network"]) set_node_link(hw, scalar(doc["network"], fmt::format("{}: network", source)));
+  if (hw.node_link_bytes_per_s <= 0 && machines.size() > 1) {
+    set_node_link(hw, "ib-hdr");
+    hw.node_link_source = "assumed InfiniBand HDR (200 Gb/s): give `network:`";
+  }
+  // The cost model takes one kind of link between the GPUs of a machine: the slowest of the
+  // machines' (one that gives none is taken as PCIe 4, the slowest kind).
+  std::vector<std::string> links;
+  for (size_t i = 0; i < machines.size(); ++i) {
+    const Machine& m = machines[i];
+    const LinkKind kind = m.link.empty() ? LinkKind::Pcie4 : parse_link(m.link);
+    if (i == 0 || link_speed_order(kind) < link_speed_order(hw.gpu_link)) hw.gpu_link = kind;
+    links.push_back(m.link.empty() ? "pcie4 assumed" : m.link);
+    if (i == 0) continue;
+    for (size_t g = 0; g < m.gpus.size(); ++g) {
+      DeviceSpec gpu = parse_gpu(m.gpus[g], int32_t(g), DeviceKind::Cuda);
+      gpu.name = fmt::format("node{}:{}", i, gpu.name);
+      gpu.node = int32_t(i);
+      hw.gpus.push_back(std::move(gpu));
+    }
+  }
+  if (machines.size() > 1)
+    hw.link_source = fmt::format("the slowest of the machines' ({}): the cost model takes one kind",
+                                 fmt::join(links, ", "));
+  else if (!first.link.empty())
+    hw.link_source = "given";
+  hw.n_nodes = int32_t(machines.size());
+  return hw;
+}
+
+Hardware load_cluster(const std::string& path, int32_t threads) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read the cluster file {}", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_cluster(text.str(), path, threads);
+}
+
+}  // namespace tandem::plan
