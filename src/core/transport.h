@@ -8,8 +8,8 @@
 // Every wait has a deadline: a peer that does not answer in time (it died, its link dropped, it
 // is stuck) makes the call throw tandem::Error naming the peer and what was being moved, never
 // hang. After such an error the run cannot go on; `abort_run` ends every rank. A send that timed
-// out stays pending inside MPI: its bytes must stay as they are until abort_run (a collective that
-// times out ends the run at once).
+// out, or a receive whose message had begun to arrive, stays pending inside MPI: its buffer must
+// stay alive until abort_run (a collective that times out ends the run at once).
 #include <cstddef>
 #include <cstdint>
 #include <span>

@@ -156,10 +156,11 @@ class MpiTransport : public Transport {
     fail("rank {}: MPI failed moving {}: {}", rank_, what, std::string_view(text, size_t(length)));
   }
 
-  // What a wait past its deadline does. A receive can be cancelled (it completes locally), so it
-  // throws and the caller decides. A send cannot be taken back, but it can be left pending and
-  // the error thrown, the caller keeping its bytes until the run ends (core/transport.h): a server
-  // tells its clients first. A collective ends the run there, on every rank, with the message.
+  // What a wait past its deadline does. A receive is cancelled where it can be (one not yet
+  // matched to a message), so it throws and the caller decides. A send cannot be taken back, but it
+  // can be left pending and the error thrown, the caller keeping its bytes until the run ends
+  // (core/transport.h): a server tells its clients first. A collective ends the run there, on every
+  // rank, with the message.
   enum class Timeout { Throws, LeavesItPending, EndsTheRun };
 
   // Polls until the request completes or the deadline passes: spinning first (a transfer on the
@@ -189,11 +190,21 @@ class MpiTransport : public Transport {
                       rank_, doing, timeout_s_);
         if (on_timeout == Timeout::EndsTheRun) abort_run(why);
         if (on_timeout == Timeout::LeavesItPending) fail("{}", why);
+        // A receive already matched to a message in flight cannot be cancelled, and waiting for
+        // it hangs when its sender died (seen: a served stream cut by mpirun's SIGKILL while this
+        // rank sat in MPI_Wait). So the cancel gets a moment; past it the receive stays pending,
+        // as a timed-out send does.
         MPI_Cancel(&request);
-        MPI_Wait(&request, &status);
-        int cancelled = 0;
-        MPI_Test_cancelled(&status, &cancelled);
-        if (!cancelled) return status;  // it arrived after all
+        const auto given_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+        while (std::chrono::steady_clock::now() < given_up) {
+          int cancel_done = 0;
+          MPI_Test(&request, &cancel_done, &status);
+          if (!cancel_done) continue;
+          int cancelled = 0;
+          MPI_Test_cancelled(&status, &cancelled);
+          if (!cancelled) return status;  // it arrived after all
+          break;
+        }
         fail("{}", why);
       }
       // Yielding lets a peer oversubscribed on the same cores run.
