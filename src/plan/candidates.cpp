@@ -135,6 +135,19 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
                                machines_of(use) > 1 ? "mixed: " : "", heads ? " + heads split" : "",
                                copies ? " + hot experts copied" : "", k, over_machines(use))});
         }
+    // Over several machines, also every layer's attention side on the first machine's GPUs and
+    // each MoE layer's experts over every machine's (--spread experts of the runtime): no
+    // pipeline stages, but every MoE layer's input and outputs cross the network.
+    std::vector<int32_t> first_machine;
+    for (int32_t g : gpus_)
+      if (p_.devices[size_t(g)].spec.node == 0) first_machine.push_back(g);
+    if (machines_of(gpus_) > 1 && !first_machine.empty())
+      specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
+                       .gpus = gpus_,
+                       .hot_gpus = first_machine,
+                       .spread = true,
+                       .name = fmt::format("experts: layers on 1 machine, experts over {} GPUs{}",
+                                           gpus_.size(), over_machines(gpus_))});
     return specs;
   }
   // Hybrid: which experts stay on the GPUs. All of some layers (those layers never wait for the
@@ -161,7 +174,7 @@ void Planner::build(CandidateSpec& spec) {
     gpus_ = all;
     return;
   }
-  place_hot_path_over(spec.gpus, spec.spread);
+  place_hot_path_over(spec.hot_gpus.empty() ? spec.gpus : spec.hot_gpus, spec.spread);
   if (spec.split_heads) split_heads(spec.gpus);
   place_experts_spread(spec);
   if (spec.copy_experts) copy_hot_experts(spec.gpus);

@@ -26,6 +26,9 @@ struct CandidateSpec {
   };
   Kind kind = Kind::LayerSplit;
   std::vector<int32_t> gpus;  // device indices it uses, in index order
+  // ExpertParallel over machines: the hot path on these alone (the first machine's GPUs), the
+  // experts over `gpus`; empty: the hot path over `gpus` too.
+  std::vector<int32_t> hot_gpus;
   int32_t whole_layers = 0;   // Hybrid: quarters (0-4) of the most whole layers that fit
   bool spread = false;
   bool split_heads = false;  // ExpertParallel: each layer's attention heads over `gpus` too

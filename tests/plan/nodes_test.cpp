@@ -54,14 +54,17 @@ TEST(Nodes, V3AtEightBitsOnTwoEightGpuMachinesFitsAndBeatsOne) {
   const Placement p2 = plan_placement(inv, two, {}, {}, nullptr);
   ASSERT_TRUE(p2.fits);
   EXPECT_GT(p2.predicted.decode_tokens_per_s, p1.predicted.decode_tokens_per_s);
-  bool pipeline = false, mixed = false;
+  // The three ways over machines of the issue: pipeline stages, every layer on the first machine
+  // with its experts over all of them, and both.
+  bool pipeline = false, mixed = false, experts = false;
   for (const Candidate& c : p2.candidates) {
     EXPECT_GT(c.predicted.decode_tokens_per_s, 0) << c.name;
     pipeline |= c.name.starts_with("pipeline");
     mixed |= c.name.starts_with("mixed");
+    experts |= c.name.starts_with("experts: layers on 1 machine, experts over 16 GPUs");
     EXPECT_EQ(c.name.find("heads split"), std::string::npos) << c.name;  // not over machines
   }
-  EXPECT_TRUE(pipeline && mixed);
+  EXPECT_TRUE(pipeline && mixed && experts);
   // The second machine's GPUs hold some of it.
   bool second_used = false;
   for (int32_t d : p2.group_device) second_used |= d >= 9;
