@@ -30,7 +30,7 @@ RankBench bench_ranks(Engine& engine, const EngineOptions& options, int64_t n_ge
   TANDEM_CHECK(engine.n_ranks() > 1 && !engine.follows());
   if (n_gen < 1) fail("bench over several ranks measures decode steps: give --n-gen 1 or more");
   RankBench r{.n_ranks = engine.n_ranks(),
-              .spread = options.spread.empty() ? "pipeline" : options.spread};
+              .spread = std::string(spread_name(engine.rank_spread()))};
   EngineOptions alone_options = options;
   alone_options.alone = true;
   alone_options.spread.clear();
@@ -75,7 +75,7 @@ RankBench bench_ranks(Engine& engine, const EngineOptions& options, int64_t n_ge
   r.predicted_s_per_step = plan::link_seconds(
       {.bandwidth_bytes_per_s = r.link.bytes_per_s, .latency_s = r.link.latency_s},
       r.messages_per_step, r.bytes_per_step);
-  r.comparable = r.spread == "pipeline";
+  r.comparable = engine.rank_spread() == Spread::Pipeline;
   return r;
 }
 

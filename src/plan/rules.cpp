@@ -38,7 +38,8 @@ std::pair<int32_t, int32_t> parse_range(const YAML::Node& node, std::string_view
 }
 
 bool is_device_name(const std::string& name) {
-  static const std::regex device(R"(cpu|disk|(cuda|sim):[0-9]+)");
+  // nodeM:cuda:N is a GPU of another machine in a plan over several (plan --nodes, --cluster).
+  static const std::regex device(R"(cpu|disk|(node[0-9]+:)?(cuda|sim):[0-9]+)");
   return std::regex_match(name, device);
 }
 
@@ -87,8 +88,8 @@ Rules parse_rules(std::string_view yaml_text, std::string_view source) {
       fail("{}:{}: match: '{}' is not a valid regex ({})", source, line, pin.pattern, e.what());
     }
     if (!is_device_name(pin.device))
-      fail("{}:{}: device: '{}' is not a device name (cpu, cuda:N, sim:N, disk)", source, line,
-           pin.device);
+      fail("{}:{}: device: '{}' is not a device name (cpu, cuda:N, sim:N, nodeM:cuda:N, disk)",
+           source, line, pin.device);
     rules.pins.push_back(std::move(pin));
   }
   return rules;

@@ -89,9 +89,35 @@ std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
   return budgets;
 }
 
+namespace {
+
+// `p` (a plan over several machines) as machine `machine` runs it: the host, then that machine's
+// GPUs in order; parts on other machines go to the host here, to be dropped by
+// keep_parts_of_rank (they run on their own machine's rank).
+plan::Placement machine_placement(const plan::Placement& p, int32_t machine) {
+  std::vector<int32_t> local(p.devices.size(), 0);
+  plan::Placement mine = p;
+  mine.devices.assign(1, p.devices[0]);
+  for (size_t d = 1; d < p.devices.size(); ++d)
+    if (p.devices[d].spec.node == machine) {
+      local[d] = int32_t(mine.devices.size());
+      mine.devices.push_back(p.devices[d]);
+    }
+  auto to_local = [&](int32_t d) { return d == plan::kOnDisk ? d : local[size_t(d)]; };
+  for (int32_t& d : mine.group_device) d = to_local(d);
+  for (int32_t& d : mine.layer_device) d = to_local(d);
+  // Copies and split heads share a layer within one machine; a run over ranks drops them.
+  mine.group_copies.clear();
+  for (auto& shares : mine.layer_heads) shares.clear();
+  return mine;
+}
+
+}  // namespace
+
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
-                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads) {
+                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads,
+                          int32_t n_machines, int32_t machine) {
   // Only a text that names GPUs looks for them (a CUDA context per GPU is not free).
   const bool names_gpus = devices.find("cuda") != std::string_view::npos || devices.find("auto") != std::string_view::npos;
   const int gpus_found = names_gpus ? cuda::count_gpus() : 0;
@@ -136,6 +162,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     const cuda::GpuLinks links = cuda::detect_gpu_links();
     plan::apply_gpu_links(hardware, links.known, links.nvlink, links.pcie_generation, links.how);
   }
+  if (n_machines > 1) plan::repeat_nodes(hardware, n_machines);
   const plan::Rules rules = rules_path.empty() ? plan::Rules{} : plan::load_rules(rules_path);
   std::optional<plan::RoutingProfile> profile;
   if (!profile_path.empty()) {
@@ -159,12 +186,40 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     else
       setup.backends.push_back(std::make_unique<sim::SimBackend>(n_sims++, r.sim_bytes));
   }
-  setup.plan = device_plan_for(setup.placement, inventory, setup.backends);
+  if (n_machines > 1) {
+    setup.ranks = rank_plan_for(setup.placement, inventory);
+    setup.plan =
+        device_plan_for(machine_placement(setup.placement, machine), inventory, setup.backends);
+  } else {
+    setup.plan = device_plan_for(setup.placement, inventory, setup.backends);
+  }
   for (const plan::DeviceUsage& usage : setup.placement.devices)
     setup.summary += fmt::format("  {:<6} {:>10} of {:>10}: {}\n", usage.spec.name, format_bytes(usage.used_bytes()),
                                  usage.spec.memory_bytes >= (uint64_t(1) << 50) ? "host" : format_bytes(usage.spec.memory_bytes),
                                  usage.holds);
   return setup;
+}
+
+RankPlan rank_plan_for(const plan::Placement& p, const plan::ModelInventory& inventory) {
+  auto machine_of = [&](int32_t device) {  // the host and the disk are the first machine's
+    return device == plan::kOnDisk ? 0 : p.devices[size_t(device)].spec.node;
+  };
+  RankPlan ranks;
+  for (uint32_t il = 0; il < inventory.n_layers; ++il) {
+    ranks.layers.push_back(machine_of(p.layer_device[il]));
+    ranks.experts.emplace_back(size_t(inventory.info.n_expert), ranks.layers.back());
+  }
+  for (size_t g = 0; g < inventory.groups.size(); ++g) {
+    const plan::InventoryGroup& group = inventory.groups[g];
+    const int32_t machine = machine_of(p.group_device[g]);
+    if (group.kind == WeightGroup::Embedding)
+      ranks.embeddings = machine;
+    else if (group.kind == WeightGroup::OutputHead)
+      ranks.output = machine;
+    else if (group.kind == WeightGroup::RoutedExperts)
+      ranks.experts[size_t(group.layer)][size_t(group.expert)] = machine;
+  }
+  return ranks;
 }
 
 DevicePlan device_plan_for(const plan::Placement& p, const plan::ModelInventory& inventory,

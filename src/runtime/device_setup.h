@@ -35,17 +35,26 @@ std::vector<uint64_t> parse_sim_devices(std::string_view spec);
 
 struct DeviceSetup {
   std::vector<std::unique_ptr<Backend>> backends;  // [0] = cpu, then the requests in order
-  plan::Placement placement;
-  DevicePlan plan;
+  plan::Placement placement;                       // over every machine when planned for several
+  DevicePlan plan;      // this machine's devices (parts of other machines on the host)
+  RankPlan ranks;       // planned for several machines: the machine of every part
   std::string summary;  // a few lines: where everything went
 };
 
 // Plans `file` onto the CPU plus the requested devices and creates the backends.
 // `rules_path` and `profile_path` may be empty. Throws when the plan does not fit, with the
-// planner's problems.
+// planner's problems. With `n_machines` > 1 (a run over MPI ranks, --spread plan) the plan is for
+// that many machines like this one (plan::repeat_nodes: their GPUs join, RAM and CPU are the
+// first's), and this is machine `machine`: `ranks` says where each part runs, and `plan` maps
+// this machine's parts to its backends (keep_parts_of_rank then drops the others').
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
-                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false);
+                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false,
+                          int32_t n_machines = 1, int32_t machine = 0);
+
+// The machine of every part of `placement` (a plan over several, DeviceSpec::node): what runs
+// on which rank.
+RankPlan rank_plan_for(const plan::Placement& placement, const plan::ModelInventory& inventory);
 
 // Where a placement's parts run: `backends` in the placement's device order ([0] the host, which
 // also computes what is streamed from disk).

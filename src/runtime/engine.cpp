@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,6 +43,19 @@ uint64_t model_file_fingerprint(const gguf::GgufFile& file) {
     fail("{}: cannot read its header back", file.name());
   uint64_t hash = 0xcbf29ce484222325ull ^ file.total_file_bytes();
   for (char c : header) hash = (hash ^ uint8_t(c)) * 0x100000001b3ull;
+  return hash;
+}
+
+// Which rank runs each part, hashed (FNV-1a): ranks that planned alike agree on it.
+uint64_t rank_plan_fingerprint(const RankPlan& ranks) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  auto mix = [&](int32_t value) { hash = (hash ^ uint32_t(value)) * 0x100000001b3ull; };
+  mix(ranks.embeddings);
+  mix(ranks.output);
+  for (size_t il = 0; il < ranks.layers.size(); ++il) {
+    mix(ranks.layers[il]);
+    for (int32_t r : ranks.experts[il]) mix(r);
+  }
   return hash;
 }
 
@@ -95,7 +110,8 @@ void Engine::load(const EngineOptions& options, Spread spread,
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
   if (transport_)
     check_same_on_every_rank(*transport_, model_file_fingerprint(*file_),
-                             fmt::format("{}'s size and header", options.model_path));
+                             fmt::format("{}'s size and header", options.model_path),
+                             "every machine must hold the same file");
   const ModelInfo file_info = read_model_info(*file_);  // refuses an unknown architecture
 
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
@@ -103,7 +119,19 @@ void Engine::load(const EngineOptions& options, Spread spread,
   DevicePlan devices;
   // "auto" on a machine without GPUs is a CPU run, without planning.
   const std::string device_spec = options.devices == "auto" && cuda::count_gpus() == 0 ? "cpu" : options.devices;
-  if (device_spec.empty() || device_spec == "cpu") {
+  const bool cpu_only = device_spec.empty() || device_spec == "cpu";
+  // Over ranks with devices, the plan over as many machines like this one places every part,
+  // unless --spread says otherwise. A CPU's RAM is planned for the first machine only, so ranks
+  // of CPUs alone take a pipeline.
+  if (transport_ && options.spread.empty()) spread = cpu_only ? Spread::Pipeline : Spread::Plan;
+  if (transport_ && spread == Spread::Plan && cpu_only)
+    fail(
+        "--spread plan places the model on the devices of every rank's machine; this rank has "
+        "none (--devices {}): give --devices, or --spread pipeline, experts or mixed",
+        device_spec.empty() ? "cpu" : device_spec);
+  spread_ = spread;
+  std::optional<RankPlan> planned_ranks;
+  if (cpu_only) {
     backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_, "cpu", options.pin_threads));
     devices = DevicePlan::single(*backends_[0], file_info.n_layer, file_info.n_expert);
   } else {
@@ -113,15 +141,35 @@ void Engine::load(const EngineOptions& options, Spread spread,
                    "--ctx to choose\n", 4096, (long long)n_ctx);
       n_ctx = 4096;
     }
-    DeviceSetup setup = setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_,
-                                      n_ctx, options.n_seq, options.pin_threads);
+    const bool plan_ranks = transport_ && spread == Spread::Plan;
+    DeviceSetup setup =
+        setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_, n_ctx,
+                      options.n_seq, options.pin_threads, plan_ranks ? n_ranks() : 1, rank());
     backends_ = std::move(setup.backends);
     devices = setup.plan;
+    if (plan_ranks) {
+      planned_ranks = setup.ranks;
+      // Each rank planned alone: the plans agree only when the ranks' machines (and flags) do.
+      check_same_on_every_rank(
+          *transport_, rank_plan_fingerprint(setup.ranks),
+          "the plan over the ranks (each rank plans for machines like its own)",
+          "give every rank the same --devices and --rules on like machines, "
+          "or --spread pipeline, experts or mixed");
+      if (const std::vector<int32_t> idle = ranks_without_parts(setup.ranks, n_ranks());
+          !idle.empty())
+        fail(
+            "the plan over {} machines like this one (--devices {}) puts nothing on rank(s) {}: "
+            "the model fits on fewer, and the cost model predicts that faster (`tandem plan "
+            "MODEL --nodes {}` shows why). Run on fewer ranks, or give --spread pipeline, "
+            "experts or mixed to divide it anyway",
+            n_ranks(), device_spec, fmt::join(idle, ", "), n_ranks());
+    }
     placement_ = std::move(setup.placement);
     if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(), setup.summary.c_str());
   }
   if (transport_) {
-    RankPlan ranks = spread_over_ranks(spread, file_info, transport_->n_ranks());
+    RankPlan ranks = planned_ranks ? *planned_ranks
+                                   : spread_over_ranks(spread, file_info, transport_->n_ranks());
     ranks.transport = transport_.get();
     keep_parts_of_rank(devices, ranks, transport_->rank());
     if (options.verbose)

@@ -40,8 +40,9 @@ struct EngineOptions {
   bool mlock = false;           // lock the model file in RAM so it is never paged out
   bool pin_threads = true;      // each CPU thread on its own physical core (thread_pool.h)
   // Under `mpirun -np N` (N > 1): how the model is divided between the ranks (rank_spread.h:
-  // "pipeline", "experts", "mixed"; empty: pipeline), and the longest a rank waits for another
-  // mid-step before the run ends.
+  // "plan", "pipeline", "experts", "mixed"; empty: plan where the ranks have devices to plan
+  // for, pipeline on CPUs alone), and the longest a rank waits for another mid-step before the
+  // run ends.
   std::string spread;
   double rank_timeout_s = 300;
   bool alone = false;  // this process alone even under mpirun (bench's one-process baseline)
@@ -62,6 +63,8 @@ class Engine {
   int32_t rank() const;
   int32_t n_ranks() const;
   bool follows() const { return rank() != 0; }
+  // How the model is divided between the ranks (the default resolved; Pipeline in one process).
+  Spread rank_spread() const { return spread_; }
   // On a following rank: runs rank 0's steps until its Engine ends. An error here ends the run on
   // every rank with its message.
   void follow();
@@ -159,6 +162,7 @@ class Engine {
   double rank_failure_grace_s_ = 0;       // EngineOptions::rank_failure_grace_s
   std::string rank_failure_;              // the step that failed over the ranks, once one has
   uint64_t steps_ = 0;                    // forward passes so far (named in errors)
+  Spread spread_ = Spread::Pipeline;      // over ranks: how the model is divided
   Transport::Traffic announced_traffic_;  // rank 0: what announce() has sent
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -8,7 +8,9 @@ Spread parse_spread(std::string_view name) {
   if (name == "pipeline") return Spread::Pipeline;
   if (name == "experts") return Spread::Experts;
   if (name == "mixed") return Spread::Mixed;
-  fail("--spread {}: not a way to spread a model over ranks; use pipeline, experts or mixed", name);
+  if (name == "plan") return Spread::Plan;
+  fail("--spread {}: not a way to spread a model over ranks; use plan, pipeline, experts or mixed",
+       name);
 }
 
 std::string_view spread_name(Spread spread) {
@@ -19,12 +21,14 @@ std::string_view spread_name(Spread spread) {
       return "experts";
     case Spread::Mixed:
       return "mixed";
+    case Spread::Plan:
+      return "plan";
   }
   return "?";
 }
 
 RankPlan spread_over_ranks(Spread spread, const ModelInfo& info, int32_t n_ranks) {
-  TANDEM_CHECK(n_ranks >= 1);
+  TANDEM_CHECK(n_ranks >= 1 && spread != Spread::Plan);
   const int64_t n_layers = info.n_layer, n_expert = info.n_expert;
   const bool stages = spread != Spread::Experts, spread_experts = spread != Spread::Pipeline;
   if (stages && n_layers < n_ranks)
@@ -48,6 +52,23 @@ RankPlan spread_over_ranks(Spread spread, const ModelInfo& info, int32_t n_ranks
       for (int64_t e = 0; e < n_expert; ++e) experts[size_t(e)] = int32_t(e * n_ranks / n_expert);
   }
   return ranks;
+}
+
+std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks) {
+  std::vector<bool> has(size_t(n_ranks), false);
+  auto mark = [&](int32_t r) {
+    if (r >= 0 && r < n_ranks) has[size_t(r)] = true;
+  };
+  mark(ranks.embeddings);
+  mark(ranks.output);
+  for (size_t il = 0; il < ranks.layers.size(); ++il) {
+    mark(ranks.layers[il]);
+    for (int32_t r : ranks.experts[il]) mark(r);
+  }
+  std::vector<int32_t> idle;
+  for (int32_t r = 0; r < n_ranks; ++r)
+    if (!has[size_t(r)]) idle.push_back(r);
+  return idle;
 }
 
 void keep_parts_of_rank(DevicePlan& plan, const RankPlan& ranks, int32_t rank) {

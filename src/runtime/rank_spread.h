@@ -5,6 +5,7 @@
 // them.
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "model/device_plan.h"
 #include "model/model.h"
@@ -15,17 +16,22 @@ enum class Spread {
   Pipeline,  // consecutive layers per rank; one activation crosses each cut per step
   Experts,   // every layer on rank 0, each MoE layer's routed experts spread over all ranks
   Mixed,     // layers as the pipeline, experts as Experts
+  Plan,      // where a plan over N machines like this rank's puts each part (device_setup.h)
 };
 
-// "pipeline", "experts" or "mixed"; throws tandem::Error naming the accepted names.
+// "pipeline", "experts", "mixed" or "plan"; throws tandem::Error naming the accepted names.
 Spread parse_spread(std::string_view name);
 std::string_view spread_name(Spread spread);
 
-// Which rank runs each part of a model of `info` over `n_ranks` ranks (transport not set).
+// Which rank runs each part of a model of `info` over `n_ranks` ranks (transport not set), for
+// every spread but Plan.
 // Pipeline stages take consecutive layers in equal shares (the first stage the embeddings, the
 // last the output head); routed experts go in consecutive equal shares. Throws tandem::Error
 // when there are fewer layers (pipeline) or experts (experts) than ranks.
 RankPlan spread_over_ranks(Spread spread, const ModelInfo& info, int32_t n_ranks);
+
+// The ranks of `n_ranks` that `ranks` gives no part of the model, in order.
+std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks);
 
 // Restricts `plan` (this rank's devices for the whole model) to the parts `ranks` gives `rank`:
 // the others become null. Split heads and copies of experts are dropped: they spread one layer

@@ -108,7 +108,8 @@ std::unique_ptr<Transport> open_transport(const TransportOptions& options) {
   return std::make_unique<SingleProcess>();
 }
 
-void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_view what) {
+void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_view what,
+                              std::string_view fix) {
   const int32_t n = transport.n_ranks();
   std::vector<uint64_t> all(size_t(n), 0);
   transport.all_gather(std::as_bytes(std::span(&value, 1)), std::as_writable_bytes(std::span(all)),
@@ -117,8 +118,7 @@ void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_
   for (int32_t r = 1; r < n; ++r)
     if (all[size_t(r)] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
   if (!differing.empty())
-    fail("{} differs between rank 0 and rank(s) {}: every machine must hold the same file", what,
-         differing);
+    fail("{} differs between rank 0 and rank(s) {}: {}", what, differing, fix);
 }
 
 }  // namespace tandem

@@ -38,8 +38,10 @@ bool rank_waits_interrupted();
 // Whether this build can run over MPI.
 bool transport_has_mpi();
 
-// Throws tandem::Error unless every rank's `value` equals rank 0's, naming the ranks that differ
-// and `what` ("the model file's size and header hash"); every rank throws alike.
-void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_view what);
+// Throws tandem::Error unless every rank's `value` equals rank 0's, naming the ranks that differ,
+// `what` ("the model file's size and header hash") and `fix` ("every machine must hold the same
+// file"); every rank throws alike.
+void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_view what,
+                              std::string_view fix);
 
 }  // namespace tandem

@@ -51,8 +51,9 @@ TEST(Rules, errors_name_the_file_line_and_field) {
             "rules.yaml:4: unknown field 'layer' (fields: match, layers, experts, device)");
   EXPECT_EQ(error_of("rules:\n  - match: x\n    layers: 9-3\n    device: cpu\n"),
             "rules.yaml:3: layers: expected a number or an inclusive range like 0-29, found '9-3'");
-  EXPECT_EQ(error_of("rules:\n  - match: x\n    device: gpu0\n"),
-            "rules.yaml:2: device: 'gpu0' is not a device name (cpu, cuda:N, sim:N, disk)");
+  EXPECT_EQ(
+      error_of("rules:\n  - match: x\n    device: gpu0\n"),
+      "rules.yaml:2: device: 'gpu0' is not a device name (cpu, cuda:N, sim:N, nodeM:cuda:N, disk)");
   EXPECT_NE(error_of("rules:\n  - match: '('\n    device: cpu\n")
                 .find("rules.yaml:2: match: '(' is not a valid regex"),
             std::string::npos);

@@ -41,6 +41,18 @@ TEST(RankSpread, TooManyRanksForTheModelIsRefusedWithTheFix) {
   EXPECT_THROW(spread_over_ranks(Spread::Experts, moe_model(8, 2, 0), 3), Error);
   EXPECT_THROW(parse_spread("tensor"), Error);
   EXPECT_EQ(parse_spread("mixed"), Spread::Mixed);
+  EXPECT_EQ(parse_spread("plan"), Spread::Plan);
+}
+
+TEST(RankSpread, RanksWithoutPartsAreNamed) {
+  RankPlan ranks = spread_over_ranks(Spread::Experts, moe_model(2, 4, 0), 2);
+  EXPECT_TRUE(ranks_without_parts(ranks, 2).empty());
+  EXPECT_EQ(ranks_without_parts(ranks, 4), (std::vector<int32_t>{2, 3}));
+  ranks.experts[1].assign(4, 0);
+  ranks.experts[0].assign(4, 0);
+  EXPECT_EQ(ranks_without_parts(ranks, 2), (std::vector<int32_t>{1}));
+  ranks.output = 1;  // the head alone is a part
+  EXPECT_TRUE(ranks_without_parts(ranks, 2).empty());
 }
 
 TEST(RankSpread, ARankKeepsOnlyItsPartsAndDropsOneMachineSplits) {

@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# ranks_eval.sh MPIRUN TANDEM PYTHON FIXTURES MODEL REF NP SPREAD [EXTRA TANDEM ARGS...]: evaluates
-# MODEL.gguf on REF's input tokens in one process and under `mpirun -np NP` with `--spread SPREAD`
-# (and the extra flags, e.g. --devices, on both). An F32 model must give bit-identical output (the
-# same greedy tokens and every logit); every model must pass check.py over the ranks' output.
+# ranks_eval.sh MPIRUN TANDEM PYTHON FIXTURES MODEL REF NP SPREAD [EXTRA TANDEM ARGS...]
+#               [--ranks-only ARGS...]: evaluates MODEL.gguf on REF's input tokens in one process
+# and under `mpirun -np NP` with `--spread SPREAD` (and the extra flags, e.g. --devices, on both;
+# those after --ranks-only, e.g. --rules naming other machines' devices, over the ranks only). An
+# F32 model must give bit-identical output (the same greedy tokens and every logit); every model
+# must pass check.py over the ranks' output.
 set -euo pipefail
 mpirun=$1 tandem=$2 python=$3 fixtures=$4 model=$5 ref=$6 np=$7 spread=$8
 shift 8
+both=() ranks_only=()
+while (($#)); do
+  if [[ $1 == --ranks-only ]]; then
+    shift
+    ranks_only=("$@")
+    break
+  fi
+  both+=("$1")
+  shift
+done
 if [[ ! -f $fixtures/$model.gguf ]]; then
   echo "shared fixtures not found in $fixtures: the tests expect ../shared/fixtures beside the repository" >&2
   exit 1
 fi
 one=$(mktemp --suffix=.json) spread_out=$(mktemp --suffix=.json)
 trap 'rm -f "$one" "$spread_out"' EXIT
-"$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" --out "$one" --threads 1 "$@"
+"$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" --out "$one" --threads 1 "${both[@]}"
 timeout 100 "$mpirun" -np "$np" "$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" \
-  --out "$spread_out" --threads 1 --spread "$spread" --rank-timeout 30 "$@"
+  --out "$spread_out" --threads 1 --spread "$spread" --rank-timeout 30 "${both[@]}" "${ranks_only[@]}"
 "$python" "$fixtures/check.py" --quiet "$fixtures/$ref" "$spread_out"
 if [[ $model == *F32* ]]; then
   if ! cmp -s "$one" "$spread_out"; then

@@ -91,10 +91,11 @@ TEST(Transport, AllToAllOfUnevenSizesGivesEachRankItsParts) {
 
 TEST(Transport, AValueThatDiffersBetweenRanksIsRefusedOnEveryRank) {
   Transport& t = *g_transport;
-  EXPECT_NO_THROW(check_same_on_every_rank(t, 0x1234, "the model file"));
+  EXPECT_NO_THROW(check_same_on_every_rank(t, 0x1234, "the model file", "hold the same"));
   if (t.n_ranks() < 2) return;
   try {
-    check_same_on_every_rank(t, t.rank() == 1 ? 7 : 8, "the model file's size and header hash");
+    check_same_on_every_rank(t, t.rank() == 1 ? 7 : 8, "the model file's size and header hash",
+                             "every machine must hold the same file");
     ADD_FAILURE() << "a differing value passed";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank(s) 1"), std::string::npos) << e.what();
