@@ -38,20 +38,23 @@ void register_chat(CLI::App& app) {
   auto o = std::make_shared<Options>();
   o->generate.max_tokens = 1024;
   CLI::App* cmd = app.add_subcommand(
-      "chat", "Interactive multi-turn chat with the model's chat template. Type a message and "
-              "press Enter; Ctrl-C stops a reply, Ctrl-D quits");
+      "chat",
+      "Interactive multi-turn chat with the model's chat template. Type a message and "
+      "press Enter; Ctrl-C stops a reply (under mpirun it ends the run), Ctrl-D quits");
   add_engine_options(cmd, o->engine);
+  add_spread_option(cmd, o->engine);
   cmd->add_option("--system", o->system, "system prompt");
   cmd->add_option("--chat-template", o->chat_template, kChatTemplateHelp);
   cmd->add_option("-n,--n-predict", o->generate.max_tokens, "tokens per reply at most")->capture_default_str();
   add_sampling_options(cmd, o->generate.sampling, o->seed_given);
   cmd->callback([o] {
-    refuse_several_ranks("chat");
     if (!o->seed_given) o->generate.sampling.seed = random_seed();
     validate(o->generate.sampling);
     if (!o->chat_template.empty())
       chat_template_from_name(o->chat_template);  // fail before loading
     Engine engine(o->engine);
+    // Over MPI ranks rank 0 reads (mpirun gives only it the terminal's input) and samples.
+    if (engine.follows()) return engine.follow();
     const Tokenizer& tokenizer = engine.tokenizer();
     const ChatTemplateKind kind = choose_chat_template(engine.file(), o->chat_template);
     const std::string bos = tokenizer.bos_id() ? std::string(tokenizer.token_text(*tokenizer.bos_id())) : "";
@@ -61,9 +64,12 @@ void register_chat(CLI::App& app) {
     struct sigaction action{};
     action.sa_handler = on_sigint;
     sigaction(SIGINT, &action, nullptr);  // no SA_RESTART: Ctrl-C at the prompt ends getline
-    const bool interactive = ::isatty(STDIN_FILENO);
-    std::fprintf(stderr, "tandem chat: %s template, context %lld tokens. Ctrl-C stops a reply, Ctrl-D quits.\n",
-                 std::string(chat_template_name(kind)).c_str(), (long long)engine.n_ctx());
+    // mpirun passes the terminal's input through a pipe: a person is typing all the same.
+    const bool interactive = ::isatty(STDIN_FILENO) || engine.n_ranks() > 1;
+    // mpirun ends every rank on Ctrl-C: it does not pass SIGINT on.
+    std::fprintf(stderr, "tandem chat: %s template, context %lld tokens. %s, Ctrl-D quits.\n",
+                 std::string(chat_template_name(kind)).c_str(), (long long)engine.n_ctx(),
+                 engine.n_ranks() > 1 ? "Ctrl-C ends the run (mpirun)" : "Ctrl-C stops a reply");
     Session session(engine);
     std::string line;
     for (;;) {
