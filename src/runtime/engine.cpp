@@ -137,8 +137,12 @@ void Engine::load(const EngineOptions& options, Spread spread,
   } else {
     // Devices with budgets need a real context length to plan the KV cache.
     if (options.n_ctx <= 0 && n_ctx > 4096) {
-      std::fprintf(stderr, "tandem: context %d tokens (the model's is %lld) to plan the devices' memory; set "
-                   "--ctx to choose\n", 4096, (long long)n_ctx);
+      if (rank() == 0)  // every rank chooses the same
+        std::fprintf(
+            stderr,
+            "tandem: context %d tokens (the model's is %lld) to plan the devices' memory; set "
+            "--ctx to choose\n",
+            4096, (long long)n_ctx);
       n_ctx = 4096;
     }
     const bool plan_ranks = transport_ && spread == Spread::Plan;
@@ -165,7 +169,16 @@ void Engine::load(const EngineOptions& options, Spread spread,
             n_ranks(), device_spec, fmt::join(idle, ", "), n_ranks());
     }
     placement_ = std::move(setup.placement);
-    if (options.verbose) std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(), setup.summary.c_str());
+    if (options.verbose && rank() == 0)  // every rank planned the same
+      std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(),
+                   setup.summary.c_str());
+    if (plan_ranks && rank() == 0)
+      for (const plan::Candidate& c : placement_->candidates)
+        if (c.chosen)
+          std::fprintf(stderr,
+                       "tandem: over %d ranks as planned for %d machines like this one: %s, "
+                       "predicted %.2f tokens/s decode (cost model; --verbose: the placement)\n",
+                       n_ranks(), n_ranks(), c.name.c_str(), c.predicted.decode_tokens_per_s);
   }
   if (transport_) {
     RankPlan ranks = planned_ranks ? *planned_ranks
