@@ -1,12 +1,12 @@
 #pragma once
 // `tandem bench` over several ranks (mpirun -np N): what crossing ranks costs a decode step.
 // Each rank counts the time it spends in transfers (sending, receiving, waiting for a peer); the
-// rest of its time it computes. The time of a step in which no rank computes is what the
-// transfers cost it: that is set beside the cost model's time for the step's transfers over the
-// link between rank 0 and rank 1, as a ping-pong measures it. In a pipeline every transfer lies on
-// the step's path, so the two compare; with experts spread the transfers overlap the experts'
-// compute on other ranks, and only the measured time is a cost. The same decode also runs in
-// rank 0 alone (repetitions alternating), for the speed over the ranks against one process.
+// rest of its time it computes. Where the ranks take turns (a pipeline), the time of a step in
+// which no rank computes is what the transfers cost it: that is set beside the cost model's time
+// for the step's transfers over the link between rank 0 and rank 1, as a ping-pong measures it.
+// Where ranks compute experts at once the transfers overlap that compute and only the cost
+// model's figure is printed. The same decode also runs in rank 0 alone (repetitions
+// alternating), for the speed over the ranks against one process.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,10 +24,11 @@ struct RankBench {
   // announcements of each step, which the other ranks receive while rank 0 computes.
   double messages_per_step = 0, bytes_per_step = 0;
   double announced_messages_per_step = 0, announced_bytes_per_step = 0;
+  double announcing_s_per_step = 0;  // rank 0's time sending them
   Engine::RankLink link;
-  double measured_s_per_step = 0;   // the step's time in which no rank computed
+  double measured_s_per_step = 0;   // the step's time in which no rank computed, less announcing
   double predicted_s_per_step = 0;  // the cost model's time of the step's transfers on that link
-  bool comparable = false;          // every transfer on the step's path (a pipeline)
+  bool comparable = false;          // the ranks take turns: the measure holds
 };
 
 // On rank 0 of `engine` (spread over ranks, loaded with `options`): `n_gen` decode steps per

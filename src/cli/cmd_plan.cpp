@@ -111,8 +111,8 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
   }
   const Counts disk = counts_on(p, inv, kOnDisk);
   if (disk.groups)
-    fmt::print("{:<8} {} streamed from the file at every use: {} groups ({} experts)\n", "disk",
-               format_bytes(disk.bytes), disk.groups, disk.experts);
+    fmt::print("{:<{}} {} streamed from the file at every use: {} groups ({} experts)\n", "disk",
+               name_width, format_bytes(disk.bytes), disk.groups, disk.experts);
 
   const Prediction& s = p.predicted;
   fmt::print(

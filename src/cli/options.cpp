@@ -67,9 +67,10 @@ void add_device_options(CLI::App* cmd, EngineOptions& options) {
 void add_spread_option(CLI::App* cmd, EngineOptions& options) {
   cmd->add_option("--spread", options.spread,
                   "under `mpirun -np N`, how the model is divided between the N ranks (one per "
-                  "machine, or several on one for testing): plan (the default with --devices: "
-                  "where `tandem plan --nodes N` for machines like this one puts each part, the "
-                  "fastest predicted), pipeline (consecutive layers per rank; the default on CPUs "
+                  "machine, or several on one for testing): plan (the default when every rank "
+                  "has devices: where a plan over N machines like this one puts each part, as "
+                  "`tandem plan --nodes N` plans, the fastest predicted), pipeline (consecutive "
+                  "layers per rank; the default on CPUs "
                   "alone), experts (each MoE layer's routed experts over every rank, the rest on "
                   "rank 0) or mixed (both). Each rank maps the same GGUF from its own path and "
                   "places its part on its own devices; rank 0 prints or serves")

@@ -48,8 +48,8 @@ class Transport {
   // from); returns only in a single-process run, where the caller's error ends the process.
   virtual void abort_run(std::string_view why) = 0;
 
-  // What this rank's point-to-point transfers have cost so far: the messages it sent and their
-  // bytes, and the seconds it spent in send and receive (waiting for the peer included). Bench
+  // What this rank's transfers have cost so far: the point-to-point messages it sent and their
+  // bytes, and the seconds it spent in every transfer call (waiting for peers included). Bench
   // sets these beside the time each rank computes to find what crossing ranks costs a step.
   struct Traffic {
     uint64_t messages = 0, bytes = 0;

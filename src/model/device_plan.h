@@ -23,7 +23,7 @@ struct RankPlan {
   Transport* transport = nullptr;  // null: a run of one process, every part here
   int32_t embeddings = 0, output = 0;
   std::vector<int32_t> layers;                // [layer]: attention, norms, router, shared experts
-  std::vector<std::vector<int32_t>> experts;  // [MoE layer][routed expert]; empty for dense layers
+  std::vector<std::vector<int32_t>> experts;  // [layer][routed expert]; dense layers: the layer's
 
   bool spread() const { return transport != nullptr; }
 };

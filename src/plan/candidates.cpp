@@ -138,10 +138,18 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
     // Over several machines, also every layer's attention side on the first machine's GPUs and
     // each MoE layer's experts over every machine's (--spread experts of the runtime): no
     // pipeline stages, but every MoE layer's input and outputs cross the network.
+    // Only where the first machine's GPUs hold every layer's hot path (place_hot_path_over
+    // would otherwise fall back to all machines', and the name would not say what it is).
     std::vector<int32_t> first_machine;
+    uint64_t first_room = 0, hot_total = 0;
     for (int32_t g : gpus_)
-      if (p_.devices[size_t(g)].spec.node == 0) first_machine.push_back(g);
-    if (machines_of(gpus_) > 1 && !first_machine.empty())
+      if (p_.devices[size_t(g)].spec.node == 0) first_machine.push_back(g), first_room += room(g);
+    for (uint32_t l = 0; l < inv_.n_layers; ++l)
+      if (p_.layer_device[l] == kUnplaced) hot_total += unplaced_hot_bytes(l) + kv_per_layer_[l];
+    if (output >= 0 && p_.group_device[size_t(output)] == kUnplaced)
+      hot_total += bytes(size_t(output));
+    if (machines_of(gpus_) > 1 && !first_machine.empty() &&
+        double(hot_total) <= 0.95 * double(first_room))
       specs.push_back({.kind = CandidateSpec::Kind::ExpertParallel,
                        .gpus = gpus_,
                        .hot_gpus = first_machine,

@@ -88,6 +88,17 @@ Machine parse_machine(const YAML::Node& node, const std::string& where, bool fir
   return m;
 }
 
+// `parse()`'s result, its error prefixed with where in the file the text came from (the
+// parsers it calls name the command-line flags that take the same text).
+template <typename Parse>
+auto where_in(const std::string& where, Parse parse) {
+  try {
+    return parse();
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+}
+
 // The cost model takes one kind of link between the GPUs of a machine: the slowest of theirs.
 int link_speed_order(LinkKind kind) {
   switch (kind) {
@@ -127,11 +138,21 @@ Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int3
         parse_machine(doc["machines"][i], fmt::format("{}: machine {}", source, i + 1), i == 0));
   if (machines.size() > 64) fail("{}: {} machines; plans go up to 64", source, machines.size());
 
+  for (size_t i = 1; i < machines.size(); ++i)
+    if (machines[i].gpus.empty())
+      fail(
+          "{}: machine {} has no gpus: a plan places parts only on the GPUs of the machines "
+          "after the first",
+          source, i + 1);
   const Machine& first = machines[0];
-  Hardware hw =
-      describe_hardware(first.gpus, first.ram, first.host_bandwidth_gb_per_s * 1e9, threads);
+  Hardware hw = where_in(fmt::format("{}: machine 1", source), [&] {
+    return describe_hardware(first.gpus, first.ram, first.host_bandwidth_gb_per_s * 1e9, threads);
+  });
   if (first.cpu_cores > 0) set_cpu_cores(hw, first.cpu_cores);
-  if (doc["network"]) set_node_link(hw, scalar(doc["network"], fmt::format("{}: network", source)));
+  if (doc["network"]) {
+    const std::string where = fmt::format("{}: network", source);
+    where_in(where, [&] { set_node_link(hw, scalar(doc["network"], where)); });
+  }
   if (hw.node_link_bytes_per_s <= 0 && machines.size() > 1) {
     set_node_link(hw, "ib-hdr");
     hw.node_link_source = "assumed InfiniBand HDR (200 Gb/s): give `network:`";
@@ -141,12 +162,15 @@ Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int3
   std::vector<std::string> links;
   for (size_t i = 0; i < machines.size(); ++i) {
     const Machine& m = machines[i];
-    const LinkKind kind = m.link.empty() ? LinkKind::Pcie4 : parse_link(m.link);
+    const std::string where = fmt::format("{}: machine {}", source, i + 1);
+    const LinkKind kind =
+        m.link.empty() ? LinkKind::Pcie4 : where_in(where, [&] { return parse_link(m.link); });
     if (i == 0 || link_speed_order(kind) < link_speed_order(hw.gpu_link)) hw.gpu_link = kind;
     links.push_back(m.link.empty() ? "pcie4 assumed" : m.link);
     if (i == 0) continue;
     for (size_t g = 0; g < m.gpus.size(); ++g) {
-      DeviceSpec gpu = parse_gpu(m.gpus[g], int32_t(g), DeviceKind::Cuda);
+      DeviceSpec gpu =
+          where_in(where, [&] { return parse_gpu(m.gpus[g], int32_t(g), DeviceKind::Cuda); });
       gpu.name = fmt::format("node{}:{}", i, gpu.name);
       gpu.node = int32_t(i);
       hw.gpus.push_back(std::move(gpu));
@@ -155,8 +179,8 @@ Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int3
   if (machines.size() > 1)
     hw.link_source = fmt::format("the slowest of the machines' ({}): the cost model takes one kind",
                                  fmt::join(links, ", "));
-  else if (!first.link.empty())
-    hw.link_source = "given";
+  else
+    hw.link_source = first.link.empty() ? "assumed PCIe 4: give `link:`" : "given";
   hw.n_nodes = int32_t(machines.size());
   return hw;
 }

@@ -88,8 +88,10 @@ Rules parse_rules(std::string_view yaml_text, std::string_view source) {
       fail("{}:{}: match: '{}' is not a valid regex ({})", source, line, pin.pattern, e.what());
     }
     if (!is_device_name(pin.device))
-      fail("{}:{}: device: '{}' is not a device name (cpu, cuda:N, sim:N, nodeM:cuda:N, disk)",
-           source, line, pin.device);
+      fail(
+          "{}:{}: device: '{}' is not a device name (cpu, cuda:N, sim:N, disk; nodeM:cuda:N or "
+          "nodeM:sim:N on another machine)",
+          source, line, pin.device);
     rules.pins.push_back(std::move(pin));
   }
   return rules;

@@ -117,7 +117,8 @@ plan::Placement machine_placement(const plan::Placement& p, int32_t machine) {
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads,
-                          int32_t n_machines, int32_t machine) {
+                          int32_t n_machines, int32_t machine,
+                          const std::function<void(plan::Hardware&)>& agree) {
   // Only a text that names GPUs looks for them (a CUDA context per GPU is not free).
   const bool names_gpus = devices.find("cuda") != std::string_view::npos || devices.find("auto") != std::string_view::npos;
   const int gpus_found = names_gpus ? cuda::count_gpus() : 0;
@@ -162,6 +163,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     const cuda::GpuLinks links = cuda::detect_gpu_links();
     plan::apply_gpu_links(hardware, links.known, links.nvlink, links.pcie_generation, links.how);
   }
+  if (agree) agree(hardware);
   if (n_machines > 1) plan::repeat_nodes(hardware, n_machines);
   const plan::Rules rules = rules_path.empty() ? plan::Rules{} : plan::load_rules(rules_path);
   std::optional<plan::RoutingProfile> profile;

@@ -4,6 +4,7 @@
 // that stand in for GPUs (`sim:N`). The planner decides what goes where, within each device's
 // budget and any rule-file pins.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -46,11 +47,14 @@ struct DeviceSetup {
 // planner's problems. With `n_machines` > 1 (a run over MPI ranks, --spread plan) the plan is for
 // that many machines like this one (plan::repeat_nodes: their GPUs join, RAM and CPU are the
 // first's), and this is machine `machine`: `ranks` says where each part runs, and `plan` maps
-// this machine's parts to its backends (keep_parts_of_rank then drops the others').
+// this machine's parts to its backends (keep_parts_of_rank then drops the others'). `agree`, when
+// given, makes this machine's description the same as every other rank's before planning
+// (rank_agreement.h), so that all of them plan alike.
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false,
-                          int32_t n_machines = 1, int32_t machine = 0);
+                          int32_t n_machines = 1, int32_t machine = 0,
+                          const std::function<void(plan::Hardware&)>& agree = {});
 
 // The machine of every part of `placement` (a plan over several, DeviceSpec::node): what runs
 // on which rank.

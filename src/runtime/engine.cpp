@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "plan/hardware.h"
 #include "runtime/device_setup.h"
 #include "runtime/kv_cache.h"
+#include "runtime/rank_agreement.h"
 #include "runtime/rank_spread.h"
 #include "runtime/transport.h"
 #include "text/tokenizer.h"
@@ -46,7 +48,8 @@ uint64_t model_file_fingerprint(const gguf::GgufFile& file) {
   return hash;
 }
 
-// Which rank runs each part, hashed (FNV-1a): ranks that planned alike agree on it.
+// Which rank runs each part, hashed (FNV-1a over its 32-bit values): ranks that planned alike
+// agree on it.
 uint64_t rank_plan_fingerprint(const RankPlan& ranks) {
   uint64_t hash = 0xcbf29ce484222325ull;
   auto mix = [&](int32_t value) { hash = (hash ^ uint32_t(value)) * 0x100000001b3ull; };
@@ -64,7 +67,7 @@ enum FollowerOp : int32_t {
   kStep = 0,     // a forward pass: its inputs follow
   kStop = 1,     // rank 0's Engine ended
   kProbe = 2,    // ping-pong with rank 1 (measure_rank_link)
-  kTraffic = 3,  // gather what every rank has sent (rank_traffic)
+  kTraffic = 3,  // gather every rank's transfers and clock (rank_traffic)
   // The server's KV work between steps (body as each function below sends it):
   kPrefixCache = 4,  // enable_prefix_cache: the budget's low and high 32 bits
   kRestore = 5,      // restore_prefix: limit, seq, tokens
@@ -120,15 +123,15 @@ void Engine::load(const EngineOptions& options, Spread spread,
   // "auto" on a machine without GPUs is a CPU run, without planning.
   const std::string device_spec = options.devices == "auto" && cuda::count_gpus() == 0 ? "cpu" : options.devices;
   const bool cpu_only = device_spec.empty() || device_spec == "cpu";
-  // Over ranks with devices, the plan over as many machines like this one places every part,
-  // unless --spread says otherwise. A CPU's RAM is planned for the first machine only, so ranks
-  // of CPUs alone take a pipeline.
-  if (transport_ && options.spread.empty()) spread = cpu_only ? Spread::Pipeline : Spread::Plan;
+  // Over ranks that all have devices, the plan over as many machines like theirs places every
+  // part, unless --spread says otherwise. The planner plans the RAM of the first machine only, so
+  // ranks of CPUs alone take a pipeline.
+  if (transport_ && options.spread.empty()) spread = default_spread(*transport_, cpu_only);
   if (transport_ && spread == Spread::Plan && cpu_only)
     fail(
         "--spread plan places the model on the devices of every rank's machine; this rank has "
-        "none (--devices {}): give --devices, or --spread pipeline, experts or mixed",
-        device_spec.empty() ? "cpu" : device_spec);
+        "none ({}): give --devices, or --spread pipeline, experts or mixed",
+        options.devices == "auto" ? "--devices auto found no GPU" : "--devices cpu");
   spread_ = spread;
   std::optional<RankPlan> planned_ranks;
   if (cpu_only) {
@@ -146,30 +149,33 @@ void Engine::load(const EngineOptions& options, Spread spread,
       n_ctx = 4096;
     }
     const bool plan_ranks = transport_ && spread == Spread::Plan;
-    DeviceSetup setup =
-        setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_, n_ctx,
-                      options.n_seq, options.pin_threads, plan_ranks ? n_ranks() : 1, rank());
+    std::function<void(plan::Hardware&)> agree;
+    if (plan_ranks) agree = [&](plan::Hardware& hw) { agree_on_hardware(*transport_, hw); };
+    DeviceSetup setup = setup_devices(*file_, device_spec, options.rules, options.profile,
+                                      n_threads_, n_ctx, options.n_seq, options.pin_threads,
+                                      plan_ranks ? n_ranks() : 1, rank(), agree);
     backends_ = std::move(setup.backends);
     devices = setup.plan;
     if (plan_ranks) {
       planned_ranks = setup.ranks;
-      // Each rank planned alone: the plans agree only when the ranks' machines (and flags) do.
+      // Each rank planned alone from the same numbers: only other flags can make them differ.
       check_same_on_every_rank(
           *transport_, rank_plan_fingerprint(setup.ranks),
           "the plan over the ranks (each rank plans for machines like its own)",
-          "give every rank the same --devices and --rules on like machines, "
-          "or --spread pipeline, experts or mixed");
+          "give every rank the same --rules, --profile and --ctx, or --spread pipeline, experts "
+          "or mixed");
       if (const std::vector<int32_t> idle = ranks_without_parts(setup.ranks, n_ranks());
           !idle.empty())
         fail(
             "the plan over {} machines like this one (--devices {}) puts nothing on rank(s) {}: "
-            "the model fits on fewer, and the cost model predicts that faster (`tandem plan "
-            "MODEL --nodes {}` shows why). Run on fewer ranks, or give --spread pipeline, "
-            "experts or mixed to divide it anyway",
+            "the cost model predicts the model faster on fewer machines' devices (or in rank "
+            "0's RAM; `tandem plan MODEL --nodes {}` shows why). Run on fewer ranks, pin parts "
+            "to other machines' devices with --rules (device: node1:cuda:0), or give --spread "
+            "pipeline, experts or mixed to divide it anyway",
             n_ranks(), device_spec, fmt::join(idle, ", "), n_ranks());
     }
     placement_ = std::move(setup.placement);
-    if (options.verbose && rank() == 0)  // every rank planned the same
+    if (options.verbose && (rank() == 0 || !plan_ranks))  // --spread plan: all plan alike
       std::fprintf(stderr, "tandem: placement on %s:\n%s", device_spec.c_str(),
                    setup.summary.c_str());
     if (plan_ranks && rank() == 0)
@@ -185,6 +191,7 @@ void Engine::load(const EngineOptions& options, Spread spread,
                                    : spread_over_ranks(spread, file_info, transport_->n_ranks());
     ranks.transport = transport_.get();
     keep_parts_of_rank(devices, ranks, transport_->rank());
+    rank_plan_ = ranks;
     if (options.verbose)
       std::fprintf(stderr, "tandem: rank %d of %d (%s), model spread as %s\n", rank(), n_ranks(),
                    transport_->describe().c_str(), std::string(spread_name(spread)).c_str());
@@ -398,7 +405,7 @@ std::vector<Engine::RankTraffic> Engine::gather_traffic() {
                      .count()};
   std::vector<RankTraffic> all(static_cast<size_t>(n_ranks()));
   transport_->all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                         "what every rank has sent");
+                         "every rank's transfers");
   return all;
 }
 

@@ -65,6 +65,8 @@ class Engine {
   bool follows() const { return rank() != 0; }
   // How the model is divided between the ranks (the default resolved; Pipeline in one process).
   Spread rank_spread() const { return spread_; }
+  // Over ranks: which rank runs each part (empty in one process).
+  const RankPlan& rank_plan() const { return rank_plan_; }
   // On a following rank: runs rank 0's steps until its Engine ends. An error here ends the run on
   // every rank with its message.
   void follow();
@@ -163,6 +165,7 @@ class Engine {
   std::string rank_failure_;              // the step that failed over the ranks, once one has
   uint64_t steps_ = 0;                    // forward passes so far (named in errors)
   Spread spread_ = Spread::Pipeline;      // over ranks: how the model is divided
+  RankPlan rank_plan_;                    // over ranks: which rank runs each part
   Transport::Traffic announced_traffic_;  // rank 0: what announce() has sent
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;

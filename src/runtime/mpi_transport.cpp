@@ -80,6 +80,7 @@ class MpiTransport : public Transport {
   void broadcast(int32_t root, std::span<std::byte> bytes, std::string_view what) override {
     if (root < 0 || root >= size_)
       fail("rank {}: {} comes from rank {}, not one of the {}", rank_, what, root, size_);
+    const TimeTransfer timed(traffic_);
     MPI_Request request;
     check(MPI_Ibcast(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, root,
                      MPI_COMM_WORLD, &request),
@@ -91,6 +92,7 @@ class MpiTransport : public Transport {
                   std::string_view what) override {
     if (all.size() != mine.size() * size_t(size_))
       fail("gathering {}: {} bytes for {} ranks of {}", what, all.size(), size_, mine.size());
+    const TimeTransfer timed(traffic_);
     MPI_Request request;
     const int n = checked_int(mine.size(), what);
     check(MPI_Iallgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, MPI_COMM_WORLD,
@@ -115,6 +117,7 @@ class MpiTransport : public Transport {
     }
     if (send_total > out.size() || recv_total > in.size())
       fail("exchanging {}: the counts add up to more than the buffers hold", what);
+    const TimeTransfer timed(traffic_);
     MPI_Request request;
     check(MPI_Ialltoallv(out.data(), send_counts.data(), send_at.data(), MPI_BYTE, in.data(),
                          recv_counts.data(), recv_at.data(), MPI_BYTE, MPI_COMM_WORLD, &request),
@@ -132,7 +135,8 @@ class MpiTransport : public Transport {
  private:
   static constexpr int kTag = 17;
 
-  // Adds the time of one send or receive to Traffic::transfer_s, however it ends.
+  // Adds the time of one transfer to Traffic::transfer_s, however it ends. Collectives count too:
+  // bench's gathers of every rank's traffic are time no rank computes.
   struct TimeTransfer {
     explicit TimeTransfer(Traffic& traffic) : traffic(traffic) {}
     ~TimeTransfer() {
@@ -157,7 +161,8 @@ class MpiTransport : public Transport {
   }
 
   // What a wait past its deadline does. A receive is cancelled where it can be (one not yet
-  // matched to a message), so it throws and the caller decides. A send cannot be taken back, but it
+  // matched to a message) and throws; one that cannot be stays pending, and its buffer must live
+  // until the run ends, as a send's. A send cannot be taken back, but it
   // can be left pending and the error thrown, the caller keeping its bytes until the run ends
   // (core/transport.h): a server tells its clients first. A collective ends the run there, on every
   // rank, with the message.
@@ -198,8 +203,11 @@ class MpiTransport : public Transport {
         const auto given_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
         while (std::chrono::steady_clock::now() < given_up) {
           int cancel_done = 0;
-          MPI_Test(&request, &cancel_done, &status);
-          if (!cancel_done) continue;
+          check(MPI_Test(&request, &cancel_done, &status), doing);
+          if (!cancel_done) {
+            std::this_thread::yield();
+            continue;
+          }
           int cancelled = 0;
           MPI_Test_cancelled(&status, &cancelled);
           if (!cancelled) return status;  // it arrived after all

@@ -80,11 +80,15 @@ network: eth100
 }
 
 TEST(Cluster, FieldsThePlannerWouldNotUseAreRefusedByName) {
-  EXPECT_NE(error_of("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n  - gpus: [4090]\n"
-                     "    ram: 512GiB\n")
+  const std::string ram_on_second =
+      "machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n  - gpus: [4090]\n    ram: 512GiB\n";
+  EXPECT_NE(error_of(ram_on_second)
                 .find("machine 2, ram: only the first machine's RAM and CPU are planned"),
             std::string::npos)
-      << error_of("machines:\n  - gpus: [4090]\n  - gpus: [4090]\n    ram: 512GiB\n");
+      << error_of(ram_on_second);
+  EXPECT_NE(error_of("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n  - link: nvlink\n")
+                .find("machine 2 has no gpus"),
+            std::string::npos);
   EXPECT_NE(error_of("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n    nics: 2\n")
                 .find("machine 1, nics: unknown field"),
             std::string::npos);
@@ -96,13 +100,19 @@ TEST(Cluster, FieldsThePlannerWouldNotUseAreRefusedByName) {
   EXPECT_NE(error_of("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n    cpu_cores: many\n")
                 .find("is not a number"),
             std::string::npos);
-  // Cards, links and networks are checked as --gpu, --link and --node-link check them.
-  EXPECT_THROW(cluster("machines:\n  - gpus: [a-potato]\n    host_bandwidth: 80\n"), Error);
-  EXPECT_THROW(cluster("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n    link: usb\n"),
-               Error);
-  EXPECT_THROW(
-      cluster("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\nnetwork: carrier-pigeon\n"),
-      Error);
+  // Cards, links and networks are checked as --gpu, --link and --node-link check them, and the
+  // error says where in the file.
+  EXPECT_NE(error_of("machines:\n  - gpus: [a-potato]\n    host_bandwidth: 80\n")
+                .find("test.yaml: machine 1: "),
+            std::string::npos);
+  EXPECT_NE(error_of("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\n  - gpus: [4090]\n"
+                     "    link: usb\n")
+                .find("test.yaml: machine 2: "),
+            std::string::npos);
+  EXPECT_NE(
+      error_of("machines:\n  - gpus: [4090]\n    host_bandwidth: 80\nnetwork: carrier-pigeon\n")
+          .find("test.yaml: network: "),
+      std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,60 @@
+#include "runtime/rank_agreement.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/transport.h"
+
+namespace tandem {
+namespace {
+
+// Every rank's `mine`, in rank order.
+template <typename T>
+std::vector<T> gather(Transport& transport, T mine, std::string_view what) {
+  std::vector<T> all(size_t(transport.n_ranks()));
+  transport.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                       what);
+  return all;
+}
+
+// The rates of a device the plan reads (DeviceSpec), in a fixed order.
+constexpr size_t kRates = 5;
+void rates_of(const plan::DeviceSpec& d, double* out) {
+  out[0] = d.bandwidth_bytes_per_s, out[1] = d.flops_per_s, out[2] = d.int8_ops_per_s;
+  out[3] = d.decode_kernel_bytes_per_s, out[4] = d.interleaved_kernel_bytes_per_s;
+}
+void set_rates(plan::DeviceSpec& d, const double* in) {
+  d.bandwidth_bytes_per_s = in[0], d.flops_per_s = in[1], d.int8_ops_per_s = in[2];
+  d.decode_kernel_bytes_per_s = in[3], d.interleaved_kernel_bytes_per_s = in[4];
+}
+
+}  // namespace
+
+Spread default_spread(Transport& transport, bool cpu_only) {
+  const std::vector<int32_t> all =
+      gather<int32_t>(transport, cpu_only ? 1 : 0, "whether every rank has devices");
+  return std::ranges::any_of(all, [](int32_t c) { return c != 0; }) ? Spread::Pipeline
+                                                                    : Spread::Plan;
+}
+
+void agree_on_hardware(Transport& transport, plan::Hardware& hw) {
+  check_same_on_every_rank(transport, hw.gpus.size(), "the number of devices to plan for",
+                           "give every rank the same --devices (like machines), or --spread "
+                           "pipeline, experts or mixed");
+  for (plan::DeviceSpec& gpu : hw.gpus) {
+    const std::vector<uint64_t> memory =
+        gather<uint64_t>(transport, gpu.memory_bytes, "each device's free memory");
+    gpu.memory_bytes = *std::ranges::min_element(memory);
+  }
+  std::vector<double> rates((hw.gpus.size() + 1) * kRates);
+  rates_of(hw.host, rates.data());
+  for (size_t i = 0; i < hw.gpus.size(); ++i) rates_of(hw.gpus[i], rates.data() + (i + 1) * kRates);
+  transport.broadcast(0, std::as_writable_bytes(std::span(rates)), "rank 0's device rates");
+  set_rates(hw.host, rates.data());
+  for (size_t i = 0; i < hw.gpus.size(); ++i)
+    set_rates(hw.gpus[i], rates.data() + (i + 1) * kRates);
+}
+
+}  // namespace tandem
