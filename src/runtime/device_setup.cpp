@@ -89,12 +89,7 @@ std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
   return budgets;
 }
 
-namespace {
-
-// `p` (a plan over several machines) as machine `machine` runs it: the host, then that machine's
-// GPUs in order; parts on other machines go to the host here, to be dropped by
-// keep_parts_of_rank (they run on their own machine's rank).
-plan::Placement machine_placement(const plan::Placement& p, int32_t machine) {
+plan::Placement placement_on_machine(const plan::Placement& p, int32_t machine) {
   std::vector<int32_t> local(p.devices.size(), 0);
   plan::Placement mine = p;
   mine.devices.assign(1, p.devices[0]);
@@ -111,8 +106,6 @@ plan::Placement machine_placement(const plan::Placement& p, int32_t machine) {
   for (auto& shares : mine.layer_heads) shares.clear();
   return mine;
 }
-
-}  // namespace
 
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
@@ -191,7 +184,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
   if (n_machines > 1) {
     setup.ranks = rank_plan_for(setup.placement, inventory);
     setup.plan =
-        device_plan_for(machine_placement(setup.placement, machine), inventory, setup.backends);
+        device_plan_for(placement_on_machine(setup.placement, machine), inventory, setup.backends);
   } else {
     setup.plan = device_plan_for(setup.placement, inventory, setup.backends);
   }

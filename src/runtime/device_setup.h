@@ -56,6 +56,11 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           int32_t n_machines = 1, int32_t machine = 0,
                           const std::function<void(plan::Hardware&)>& agree = {});
 
+// `placement` (a plan over several machines) as machine `machine` runs it: the host, then that
+// machine's GPUs in order; parts on other machines go to the host here, to be dropped by
+// keep_parts_of_rank (they run on their own machine's rank). Copies and split heads are dropped.
+plan::Placement placement_on_machine(const plan::Placement& placement, int32_t machine);
+
 // The machine of every part of `placement` (a plan over several, DeviceSpec::node): what runs
 // on which rank.
 RankPlan rank_plan_for(const plan::Placement& placement, const plan::ModelInventory& inventory);

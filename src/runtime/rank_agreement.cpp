@@ -55,6 +55,12 @@ void agree_on_hardware(Transport& transport, plan::Hardware& hw) {
   set_rates(hw.host, rates.data());
   for (size_t i = 0; i < hw.gpus.size(); ++i)
     set_rates(hw.gpus[i], rates.data() + (i + 1) * kRates);
+  int32_t link = int32_t(hw.gpu_link);
+  transport.broadcast(0, std::as_writable_bytes(std::span(&link, 1)), "rank 0's GPU links");
+  if (link != int32_t(hw.gpu_link)) {
+    hw.gpu_link = plan::LinkKind(link);
+    hw.link_source = "rank 0's, so that every rank plans alike";
+  }
 }
 
 }  // namespace tandem

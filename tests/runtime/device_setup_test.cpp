@@ -109,5 +109,64 @@ TEST(DeviceSetup, APlacementsDevicesHomesAndCopiesReachTheExecutor) {
   EXPECT_GT(copies, 0u);
 }
 
+// A plan over two machines by hand: host and cuda:0 on the first, node1:cuda:0 and node1:cuda:1
+// on the second. Two layers of two experts; layer 0 on cuda:0, layer 1 on node1:cuda:1, one
+// expert on the host, one streamed from disk, the head on node1:cuda:0.
+plan::Placement two_machine_plan() {
+  plan::Placement p;
+  auto device = [](std::string name, int32_t node) {
+    plan::DeviceUsage u;
+    u.spec.name = std::move(name);
+    u.spec.node = node;
+    return u;
+  };
+  p.devices = {device("cpu", 0), device("cuda:0", 0), device("node1:cuda:0", 1),
+               device("node1:cuda:1", 1)};
+  p.layer_device = {1, 3};
+  // Groups: embeddings, output, layer 0's experts 0-1, layer 1's experts 0-1.
+  p.group_device = {0, 2, 1, 0, plan::kOnDisk, 3};
+  p.group_copies = {{}, {}, {}, {}, {}, {2}};
+  p.layer_heads = {{}, {{.device = 3, .first_head = 0, .n_heads = 1}}};
+  return p;
+}
+
+plan::ModelInventory two_layer_inventory() {
+  plan::ModelInventory inv;
+  inv.n_layers = 2;
+  inv.info.n_expert = 2;
+  inv.groups = {{.kind = WeightGroup::Embedding},
+                {.kind = WeightGroup::OutputHead},
+                {.kind = WeightGroup::RoutedExperts, .layer = 0, .expert = 0},
+                {.kind = WeightGroup::RoutedExperts, .layer = 0, .expert = 1},
+                {.kind = WeightGroup::RoutedExperts, .layer = 1, .expert = 0},
+                {.kind = WeightGroup::RoutedExperts, .layer = 1, .expert = 1}};
+  return inv;
+}
+
+TEST(DeviceSetup, APlanOverMachinesGivesEachRankItsMachinesPartsOnItsOwnDevices) {
+  const plan::Placement p = two_machine_plan();
+  const RankPlan ranks = rank_plan_for(p, two_layer_inventory());
+  EXPECT_EQ(ranks.embeddings, 0);
+  EXPECT_EQ(ranks.output, 1);
+  EXPECT_EQ(ranks.layers, (std::vector<int32_t>{0, 1}));
+  // The host's and the disk's experts are the first machine's, under a layer of the second.
+  EXPECT_EQ(ranks.experts[0], (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(ranks.experts[1], (std::vector<int32_t>{0, 1}));
+
+  // Machine 1 runs its parts on its own devices, in order: node1:cuda:0 is its 1, node1:cuda:1
+  // its 2; what the other machine runs goes to the host, to be dropped.
+  const plan::Placement second = placement_on_machine(p, 1);
+  ASSERT_EQ(second.devices.size(), 3u);
+  EXPECT_EQ(second.devices[2].spec.name, "node1:cuda:1");
+  EXPECT_EQ(second.layer_device, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(second.group_device, (std::vector<int32_t>{0, 1, 0, 0, plan::kOnDisk, 2}));
+  EXPECT_TRUE(second.group_copies.empty());
+  EXPECT_TRUE(second.layer_heads[1].empty());
+  const plan::Placement first = placement_on_machine(p, 0);
+  ASSERT_EQ(first.devices.size(), 2u);
+  EXPECT_EQ(first.layer_device, (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(first.group_device, (std::vector<int32_t>{0, 0, 1, 0, plan::kOnDisk, 0}));
+}
+
 }  // namespace
 }  // namespace tandem
