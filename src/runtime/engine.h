@@ -80,7 +80,7 @@ class Engine {
   };
   RankLink measure_rank_link();
   struct RankTraffic {
-    Transport::Traffic traffic;    // all of this rank's sends and receives
+    Transport::Traffic traffic;    // its sends (counted) and its time in transfers
     Transport::Traffic announced;  // of them, rank 0's announcements of what comes next
     double clock_s = 0;            // this rank's steady clock (only its differences mean much)
   };

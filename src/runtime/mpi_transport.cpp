@@ -161,11 +161,10 @@ class MpiTransport : public Transport {
   }
 
   // What a wait past its deadline does. A receive is cancelled where it can be (one not yet
-  // matched to a message) and throws; one that cannot be stays pending, and its buffer must live
-  // until the run ends, as a send's. A send cannot be taken back, but it
-  // can be left pending and the error thrown, the caller keeping its bytes until the run ends
-  // (core/transport.h): a server tells its clients first. A collective ends the run there, on every
-  // rank, with the message.
+  // matched to a message) and throws; one that cannot be stays pending, its buffer alive until
+  // the run ends. A send cannot be taken back either: it is left pending and the error thrown, the
+  // caller keeping its bytes until the run ends (core/transport.h), so that a server tells its
+  // clients first. A collective ends the run there, on every rank, with the message.
   enum class Timeout { Throws, LeavesItPending, EndsTheRun };
 
   // Polls until the request completes or the deadline passes: spinning first (a transfer on the

@@ -1,8 +1,8 @@
 #pragma once
 // How a run over several ranks divides a model between them (DESIGN.md "Several machines"), as
 // `--spread` chooses: whole layers per rank (a pipeline), each MoE layer's routed experts over
-// every rank, or both. Within a rank, its own devices hold its parts as its one-machine plan puts
-// them.
+// every rank, or both; within a rank, its own devices hold its parts as its one-machine plan puts
+// them. Or (Plan) where a plan over N machines puts each part (device_setup.h rank_plan_for).
 #include <cstdint>
 #include <string_view>
 #include <vector>
