@@ -181,13 +181,10 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     else
       setup.backends.push_back(std::make_unique<sim::SimBackend>(n_sims++, r.sim_bytes));
   }
-  if (n_machines > 1) {
-    setup.ranks = rank_plan_for(setup.placement, inventory);
-    setup.plan =
-        device_plan_for(placement_on_machine(setup.placement, machine), inventory, setup.backends);
-  } else {
-    setup.plan = device_plan_for(setup.placement, inventory, setup.backends);
-  }
+  if (n_machines > 1) setup.ranks = rank_plan_for(setup.placement, inventory);
+  setup.plan = device_plan_for(
+      n_machines > 1 ? placement_on_machine(setup.placement, machine) : setup.placement, inventory,
+      setup.backends);
   for (const plan::DeviceUsage& usage : setup.placement.devices)
     setup.summary += fmt::format("  {:<6} {:>10} of {:>10}: {}\n", usage.spec.name, format_bytes(usage.used_bytes()),
                                  usage.spec.memory_bytes >= (uint64_t(1) << 50) ? "host" : format_bytes(usage.spec.memory_bytes),

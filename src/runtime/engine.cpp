@@ -266,10 +266,7 @@ void Engine::load(const EngineOptions& options, Spread spread,
     }
   }
   if (transport_) {  // every rank keeps the same context: the smallest any of them chose
-    std::vector<int64_t> all(static_cast<size_t>(n_ranks()));
-    transport_->all_gather(std::as_bytes(std::span(&n_ctx, 1)),
-                           std::as_writable_bytes(std::span(all)), "the context length");
-    n_ctx = *std::min_element(all.begin(), all.end());
+    n_ctx = std::ranges::min(gather_from_every_rank(*transport_, n_ctx, "the context length"));
   }
   cache_ =
       std::make_unique<KvCache>(devices.layers, kv_layers, n_ctx, options.n_seq, kMaxStepTokens);
@@ -403,10 +400,7 @@ std::vector<Engine::RankTraffic> Engine::gather_traffic() {
       .announced = announced_traffic_,
       .clock_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
                      .count()};
-  std::vector<RankTraffic> all(static_cast<size_t>(n_ranks()));
-  transport_->all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                         "every rank's transfers");
-  return all;
+  return gather_from_every_rank(*transport_, mine, "every rank's transfers");
 }
 
 int32_t Engine::rank() const {

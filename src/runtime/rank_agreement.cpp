@@ -10,15 +10,6 @@
 namespace tandem {
 namespace {
 
-// Every rank's `mine`, in rank order.
-template <typename T>
-std::vector<T> gather(Transport& transport, T mine, std::string_view what) {
-  std::vector<T> all(size_t(transport.n_ranks()));
-  transport.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                       what);
-  return all;
-}
-
 // The rates of a device the plan reads (DeviceSpec), in a fixed order.
 constexpr size_t kRates = 5;
 void rates_of(const plan::DeviceSpec& d, double* out) {
@@ -33,8 +24,8 @@ void set_rates(plan::DeviceSpec& d, const double* in) {
 }  // namespace
 
 Spread default_spread(Transport& transport, bool cpu_only) {
-  const std::vector<int32_t> all =
-      gather<int32_t>(transport, cpu_only ? 1 : 0, "whether every rank has devices");
+  const std::vector<int32_t> all = gather_from_every_rank<int32_t>(
+      transport, cpu_only ? 1 : 0, "whether every rank has devices");
   return std::ranges::any_of(all, [](int32_t c) { return c != 0; }) ? Spread::Pipeline
                                                                     : Spread::Plan;
 }
@@ -45,7 +36,7 @@ void agree_on_hardware(Transport& transport, plan::Hardware& hw) {
                            "pipeline, experts or mixed");
   for (plan::DeviceSpec& gpu : hw.gpus) {
     const std::vector<uint64_t> memory =
-        gather<uint64_t>(transport, gpu.memory_bytes, "each device's free memory");
+        gather_from_every_rank(transport, gpu.memory_bytes, "each device's free memory");
     gpu.memory_bytes = *std::ranges::min_element(memory);
   }
   std::vector<double> rates((hw.gpus.size() + 1) * kRates);

@@ -111,9 +111,7 @@ std::unique_ptr<Transport> open_transport(const TransportOptions& options) {
 void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_view what,
                               std::string_view fix) {
   const int32_t n = transport.n_ranks();
-  std::vector<uint64_t> all(size_t(n), 0);
-  transport.all_gather(std::as_bytes(std::span(&value, 1)), std::as_writable_bytes(std::span(all)),
-                       what);
+  const std::vector<uint64_t> all = gather_from_every_rank(transport, value, what);
   std::string differing;
   for (int32_t r = 1; r < n; ++r)
     if (all[size_t(r)] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);

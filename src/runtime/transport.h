@@ -4,7 +4,9 @@
 // single rank's. Plus the checks every rank makes together before loading.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/transport.h"
 
@@ -37,6 +39,15 @@ bool rank_waits_interrupted();
 
 // Whether this build can run over MPI.
 bool transport_has_mpi();
+
+// Every rank's `mine` (a plain value, the same type on every rank), in rank order. A collective.
+template <typename T>
+std::vector<T> gather_from_every_rank(Transport& transport, const T& mine, std::string_view what) {
+  std::vector<T> all(size_t(transport.n_ranks()));
+  transport.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                       what);
+  return all;
+}
 
 // Throws tandem::Error unless every rank's `value` equals rank 0's, naming the ranks that differ,
 // `what` ("the model file's size and header hash") and `fix` ("every machine must hold the same
