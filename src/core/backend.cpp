@@ -6,6 +6,12 @@ namespace tandem {
 
 bool Backend::copy_from_peer(Backend&, void*, const void*, size_t) { return false; }
 
+std::unique_ptr<RankChannel> Backend::open_rank_channel(Transport&, int32_t peer, bool,
+                                                        std::string_view what) {
+  fail("{} has no direct path to rank {}'s devices (for {}): its buffers go through host memory",
+       name(), peer, what);
+}
+
 bool Backend::copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes) {
   return to.copy_from_peer(*this, peer_dst, src, bytes);
 }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "core/dtype.h"
 #include "core/host_device.h"
@@ -273,6 +274,25 @@ class Graph {
   virtual ~Graph() = default;
 };
 
+class Transport;  // core/transport.h
+
+// How a device's buffers reach a device of another rank (DESIGN.md "Several machines"). Through
+// host memory (the caller copies them out, sends them over the Transport and copies them in at
+// the other end) unless both ends have the same direct path: NCCL between GPUs, or the sim
+// backend's stand-in for it (which sends through host memory too, but by the channel's code).
+enum class RankChannelKind : uint32_t { ThroughHost, Nccl, Simulated };
+
+// A direct path between this rank's device and one device of another rank, opened by the two
+// ranks together (Backend::open_rank_channel). Each call returns when the buffer has been sent or
+// has arrived, in stream order after what was submitted before it; it throws tandem::Error naming
+// the peer and `what` when the peer does not take part within the transport's timeout.
+class RankChannel {
+ public:
+  virtual ~RankChannel() = default;
+  virtual void send(const void* device_src, size_t bytes, std::string_view what) = 0;
+  virtual void receive(void* device_dst, size_t bytes, std::string_view what) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -298,6 +318,13 @@ class Backend {
   // on the receiver's stream. Same ordering and return value as `to.copy_from_peer(*this, ...)`,
   // which is what backends without their own streams do.
   virtual bool copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes);
+  // How this device's buffers can go to another rank's device (see RankChannelKind).
+  virtual RankChannelKind rank_channel_kind() const { return RankChannelKind::ThroughHost; }
+  // Opens that path to a device of rank `peer` whose kind is the same: both ranks call this
+  // together, the sending one with `sends` true; `host` carries what the opening needs and sets
+  // its timeout. Throws tandem::Error naming the problem (and on a backend without one).
+  virtual std::unique_ptr<RankChannel> open_rank_channel(Transport& host, int32_t peer, bool sends,
+                                                         std::string_view what);
   // Host memory that copy_*_async can use without blocking (page-locked for CUDA, on 2 MiB
   // pages); plain host memory elsewhere.
   virtual std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) = 0;

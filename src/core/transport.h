@@ -3,7 +3,8 @@
 // (DESIGN.md "Several machines"): activations from one pipeline stage to the next, routed tokens
 // to the machines that hold their experts, each step's inputs from rank 0 to the others. It lives
 // here so that the executor (model/) can move its activations without knowing how; MPI carries
-// them (runtime/transport.h opens it), and there is no network code of tandem's own.
+// them (runtime/transport.h opens it), and there is no network code of tandem's own. Buffers in
+// GPU memory can go beside it, device to device (NCCL): core/backend.h's RankChannel.
 //
 // Every wait has a deadline: a peer that does not answer in time (it died, its link dropped, it
 // is stuck) makes the call throw tandem::Error naming the peer and what was being moved, never
@@ -28,6 +29,7 @@ class Transport {
   virtual std::string describe() const = 0;
   // The longest any call waits for a peer from now on (a load may allow more than a step).
   virtual void set_timeout(double seconds) = 0;
+  virtual double timeout_s() const = 0;
 
   // Point to point; `what` names the transfer in errors ("layer 12's input, step 40").
   virtual void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) = 0;
@@ -58,6 +60,13 @@ class Transport {
   const Traffic& traffic() const { return traffic_; }
   // Back to an earlier count: transfers that were not the run's (a probe of the link).
   void traffic_reset(const Traffic& to) { traffic_ = to; }
+  // Counts a transfer that went beside this transport (a GPU buffer over NCCL: core/backend.h's
+  // RankChannel) as if it had gone through it.
+  void count_transfer(bool sent, uint64_t bytes, double seconds) {
+    traffic_.messages += sent;
+    traffic_.bytes += sent ? bytes : 0;
+    traffic_.transfer_s += seconds;
+  }
 
  protected:
   Traffic traffic_;

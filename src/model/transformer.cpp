@@ -194,21 +194,62 @@ int32_t Transformer::my_rank() const {
   return devices_.ranks.spread() ? devices_.ranks.transport->rank() : 0;
 }
 
-void Transformer::move_between_ranks(int32_t from, Backend* from_device, const void* src,
-                                     int32_t to, Backend* to_device, void* dst, size_t bytes,
-                                     const std::string& what) {
+void Transformer::move_between_ranks(uint32_t cut, const std::string& crossing, int32_t from,
+                                     Backend* from_device, const void* src, int32_t to,
+                                     Backend* to_device, void* dst, size_t bytes) {
   const int32_t me = my_rank();
   if (me != from && me != to) return;
+  const bool sends = me == from;
+  const std::string what = fmt::format("{}, step {}", crossing, steps_);
+  if (RankChannel* channel = rank_channel(cut, crossing, sends ? to : from, sends,
+                                          sends ? *from_device : *to_device)) {
+    if (sends)
+      channel->send(src, bytes, what);
+    else
+      channel->receive(dst, bytes, what);
+    return;
+  }
   if (rank_staging_.size() < bytes) rank_staging_.resize(bytes);
   const std::span<std::byte> staged(rank_staging_.data(), bytes);
   Transport& transport = *devices_.ranks.transport;
-  if (me == from) {
+  if (sends) {
     from_device->copy_to_host(staged.data(), src, bytes);
     transport.send(to, staged, what);
   } else {
     transport.receive(from, staged, what);
     to_device->copy_from_host(dst, staged.data(), bytes);
   }
+}
+
+RankChannel* Transformer::rank_channel(uint32_t cut, const std::string& crossing, int32_t peer,
+                                       bool sends, Backend& device) {
+  if (auto known = rank_channels_.find(cut); known != rank_channels_.end())
+    return known->second.get();
+  Transport& transport = *devices_.ranks.transport;
+  const RankChannelKind mine = device.rank_channel_kind();
+  RankChannelKind theirs = RankChannelKind::ThroughHost;
+  const std::string asking = fmt::format("the kind of path {} takes", crossing);
+  const auto kind_bytes = std::as_bytes(std::span(&mine, 1));
+  const auto their_bytes = std::as_writable_bytes(std::span(&theirs, 1));
+  if (sends) {
+    transport.send(peer, kind_bytes, asking);
+    transport.receive(peer, their_bytes, asking);
+  } else {
+    transport.receive(peer, their_bytes, asking);
+    transport.send(peer, kind_bytes, asking);
+  }
+  std::unique_ptr<RankChannel>& channel = rank_channels_[cut];
+  if (mine != theirs || mine == RankChannelKind::ThroughHost) return nullptr;
+  channel = device.open_rank_channel(transport, peer, sends, crossing);
+  // Once per cut: that GPU buffers do go device to device is worth knowing, and tests look for it.
+  const char* how = mine == RankChannelKind::Nccl ? "NCCL" : "a simulated device channel";
+  if (sends)
+    std::fprintf(stderr, "tandem: rank %d: %s goes from %s to rank %d's device directly (%s)\n",
+                 my_rank(), crossing.c_str(), device.name().c_str(), peer, how);
+  else
+    std::fprintf(stderr, "tandem: rank %d: %s comes from rank %d's device into %s directly (%s)\n",
+                 my_rank(), crossing.c_str(), peer, device.name().c_str(), how);
+  return channel.get();
 }
 
 void Transformer::transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes,
@@ -396,8 +437,8 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
     const FfnLayer& l = ffn_[il];
     if (ranks.spread() && l.rank != holder) {  // a cut between ranks: the residual stream moves
       float* moved = l.device ? workspace(*l.device).get(W::kResidual, T * embd) : nullptr;
-      move_between_ranks(holder, at, x, l.rank, l.device, moved, size_t(T * embd) * sizeof(float),
-                         fmt::format("layer {}'s input, step {}", il, steps_));
+      move_between_ranks(il, fmt::format("layer {}'s input", il), holder, at, x, l.rank, l.device,
+                         moved, size_t(T * embd) * sizeof(float));
       holder = l.rank;
       if (l.device) x = moved, at = l.device;
     }
@@ -441,9 +482,8 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   }
   if (ranks.spread() && ranks.output != holder) {
     float* moved = head ? workspace(*head).get(W::kLast, R * embd) : nullptr;
-    move_between_ranks(holder, at, last, ranks.output, head, moved,
-                       size_t(R * embd) * sizeof(float),
-                       fmt::format("the output head's input, step {}", steps_));
+    move_between_ranks(uint32_t(ffn_.size()), "the output head's input", holder, at, last,
+                       ranks.output, head, moved, size_t(R * embd) * sizeof(float));
     last = moved, at = head;
   }
   const size_t logit_bytes = size_t(R * info_.n_vocab) * sizeof(float);

@@ -11,6 +11,7 @@
 // norm, ffn. Reaches devices only through core/backend.h.
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -213,11 +214,18 @@ class Transformer : public Model {
 
   // ---- a run over several ranks (DevicePlan::ranks) ----
   int32_t my_rank() const;
+  // The residual stream crossing the cut before layer `cut` (n_layers: into the output head),
   // `bytes` at `src` on `from_device` of rank `from` to `dst` on `to_device` of rank `to`: a send
   // on one, a receive on the other, nothing on the rest. Devices and pointers of the other rank
-  // are unused (null).
-  void move_between_ranks(int32_t from, Backend* from_device, const void* src, int32_t to,
-                          Backend* to_device, void* dst, size_t bytes, const std::string& what);
+  // are unused (null). `crossing` names it in errors ("layer 12's input").
+  void move_between_ranks(uint32_t cut, const std::string& crossing, int32_t from,
+                          Backend* from_device, const void* src, int32_t to, Backend* to_device,
+                          void* dst, size_t bytes);
+  // The direct path (core/backend.h's RankChannel) over that cut, opened the first time the
+  // stream crosses it: the two ranks tell each other their device's kind of path and open one
+  // when the kinds match; null (through host memory) otherwise, from then on.
+  RankChannel* rank_channel(uint32_t cut, const std::string& crossing, int32_t peer, bool sends,
+                            Backend& device);
   // On the layer's rank, after routing: sends the input and routing to the other ranks that hold
   // some of the layer's experts (`h` and `ids` on the layer's device).
   void send_to_expert_peers(const FfnLayer& layer, const float* h, const int32_t* ids,
@@ -252,6 +260,7 @@ class Transformer : public Model {
   // routing and slots on the ranks that exchange them.
   uint64_t steps_ = 0;  // forward passes so far: named in what crosses ranks
   std::vector<std::byte> rank_staging_;
+  std::map<uint32_t, std::unique_ptr<RankChannel>> rank_channels_;  // [cut], null: through host
   std::vector<float> peer_input_, peer_slots_, device_slots_, packed_slots_;
   std::vector<int32_t> peer_ids_;
 };

@@ -195,6 +195,11 @@ void Engine::load(const EngineOptions& options, Spread spread,
     if (options.verbose)
       std::fprintf(stderr, "tandem: rank %d of %d (%s), model spread as %s\n", rank(), n_ranks(),
                    transport_->describe().c_str(), std::string(spread_name(spread)).c_str());
+    // Without NCCL each cut between GPUs of two ranks costs a copy out and a copy in: said once.
+    const bool has_gpu = std::ranges::any_of(
+        devices.layers, [](const Backend* d) { return d && d->name().starts_with("cuda:"); });
+    if (transport_->n_ranks() > 1 && has_gpu && !cuda::nccl_loaded())
+      std::fprintf(stderr, "tandem: rank %d: %s\n", rank(), cuda::describe_nccl().c_str());
   }
   model_ = load_model(*file_, devices);
   model_->set_graphs_enabled(options.graphs);

@@ -48,6 +48,7 @@ class MpiTransport : public Transport {
     if (!(seconds > 0)) fail("the transport's timeout must be positive (got {} s)", seconds);
     timeout_s_ = seconds;
   }
+  double timeout_s() const override { return timeout_s_; }
 
   void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) override {
     check_peer(to, what);

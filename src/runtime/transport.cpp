@@ -23,7 +23,8 @@ class SingleProcess : public Transport {
   int32_t rank() const override { return 0; }
   int32_t n_ranks() const override { return 1; }
   std::string describe() const override { return "single process"; }
-  void set_timeout(double) override {}
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
+  double timeout_s() const override { return timeout_s_; }
   void send(int32_t to, std::span<const std::byte>, std::string_view what) override {
     fail("cannot send {} to rank {}: this run has one rank (start it with mpirun -np N)", what,
          to);
@@ -50,6 +51,9 @@ class SingleProcess : public Transport {
     if (out_counts[0] > 0) std::memcpy(in.data(), out.data(), out_counts[0]);
   }
   void abort_run(std::string_view) override {}
+
+ private:
+  double timeout_s_ = 60;
 };
 
 }  // namespace
@@ -105,7 +109,9 @@ std::unique_ptr<Transport> open_transport(const TransportOptions& options) {
         "MPI (libopenmpi-dev) and build again, or run it without mpirun",
         launched_ranks());
 #endif
-  return std::make_unique<SingleProcess>();
+  auto single = std::make_unique<SingleProcess>();
+  single->set_timeout(options.timeout_s);
+  return single;
 }
 
 void check_same_on_every_rank(Transport& transport, uint64_t value, std::string_view what,

@@ -22,11 +22,27 @@ if [[ ! -f $fixtures/$model.gguf ]]; then
   echo "shared fixtures not found in $fixtures: the tests expect ../shared/fixtures beside the repository" >&2
   exit 1
 fi
-one=$(mktemp --suffix=.json) spread_out=$(mktemp --suffix=.json)
-trap 'rm -f "$one" "$spread_out"' EXIT
+one=$(mktemp --suffix=.json) spread_out=$(mktemp --suffix=.json) said=$(mktemp)
+trap 'rm -f "$one" "$spread_out" "$said"' EXIT
 "$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" --out "$one" --threads 1 "${both[@]}"
+status=0
 timeout 100 "$mpirun" -np "$np" "$tandem" eval "$fixtures/$model.gguf" --ref "$fixtures/$ref" \
-  --out "$spread_out" --threads 1 --spread "$spread" --rank-timeout 30 "${both[@]}" "${ranks_only[@]}"
+  --out "$spread_out" --threads 1 --spread "$spread" --rank-timeout 30 "${both[@]}" \
+  "${ranks_only[@]}" 2>"$said" || status=$?
+cat "$said" >&2
+((status == 0)) || exit "$status"
+# Cuts between ranks go device to device where both ends are sim devices (the stand-in for NCCL),
+# and through host memory from the CPU.
+channel_lines=$(grep -c "directly (a simulated device channel)" "$said" || true)
+if [[ " ${both[*]} " == *" --devices sim"* && $spread != experts ]]; then
+  if ((channel_lines == 0)); then
+    echo "FAIL: no cut between the ranks' sim devices went over their device channel"
+    exit 1
+  fi
+elif ((channel_lines > 0)); then
+  echo "FAIL: a cut from a rank's CPU went over a device channel"
+  exit 1
+fi
 "$python" "$fixtures/check.py" --quiet "$fixtures/$ref" "$spread_out"
 if [[ $model == *F32* ]]; then
   if ! cmp -s "$one" "$spread_out"; then

@@ -32,4 +32,12 @@ GpuLinks detect_gpu_links() {
   return {.how = "built without CUDA"};
 }
 
+bool nccl_loaded() {
+  return false;
+}
+
+std::string describe_nccl() {
+  return "built without CUDA, so without NCCL";
+}
+
 }  // namespace tandem::cuda

@@ -28,6 +28,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   bool uses_host_memory() const override { return false; }
   int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
 
   std::shared_ptr<DeviceBuffer> allocate(size_t bytes, const std::string& what) override;
   // Large copies go through two page-locked staging buffers in turn, so that reading the source
@@ -38,6 +39,10 @@ class CudaBackend final : public Backend {
   // each other, staged by the driver otherwise), ordered by events on both streams.
   bool copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes) override;
   bool copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes) override;
+  // Another rank's GPU: NCCL (nccl_rank_channel.cpp) where libnccl.so.2 loads.
+  RankChannelKind rank_channel_kind() const override;
+  std::unique_ptr<RankChannel> open_rank_channel(Transport& host, int32_t peer, bool sends,
+                                                 std::string_view what) override;
   std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
   void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
   void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;

@@ -52,4 +52,9 @@ struct GpuLinks {
 };
 GpuLinks detect_gpu_links();
 
+// How GPU buffers cross ranks: over NCCL (libnccl.so.2, loaded at run time the first time this is
+// asked), described as "NCCL 2.28.9", or through host memory, described with why.
+bool nccl_loaded();
+std::string describe_nccl();
+
 }  // namespace tandem::cuda

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/transport.h"
 
 namespace tandem::sim {
 
@@ -276,6 +278,53 @@ void SimBackend::copy_to_host_async(void* host_dst, const void* device_src, size
 
 void SimBackend::copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) {
   submit([=] { std::memcpy(device_dst, host_src, bytes); });
+}
+
+namespace {
+
+// NCCL's shape without NCCL: opening passes an id from the sending rank to the receiving one
+// (which checks it, as NCCL would refuse a wrong one), and each buffer goes out of the device,
+// over the host transport and into the other device, in stream order.
+class SimRankChannel final : public RankChannel {
+ public:
+  SimRankChannel(SimBackend& device, Transport& host, int32_t peer, bool sends,
+                 std::string_view what)
+      : device_(device), host_(host), peer_(peer) {
+    uint64_t id = kId;
+    const std::string id_for = fmt::format("the sim channel's id for {}", what);
+    if (sends) {
+      host.send(peer, std::as_bytes(std::span(&id, 1)), id_for);
+    } else {
+      host.receive(peer, std::as_writable_bytes(std::span(&id, 1)), id_for);
+      if (id != kId)
+        fail("rank {} opening a sim channel for {} from rank {}: it sent {:#x}, not a channel id",
+             host.rank(), what, peer, id);
+    }
+  }
+  void send(const void* device_src, size_t bytes, std::string_view what) override {
+    staged_.resize(bytes);
+    device_.copy_to_host(staged_.data(), device_src, bytes);
+    host_.send(peer_, staged_, what);
+  }
+  void receive(void* device_dst, size_t bytes, std::string_view what) override {
+    staged_.resize(bytes);
+    host_.receive(peer_, staged_, what);
+    device_.copy_from_host(device_dst, staged_.data(), bytes);
+  }
+
+ private:
+  static constexpr uint64_t kId = 0x73696d6368616e6e;  // "simchann"
+  SimBackend& device_;
+  Transport& host_;
+  int32_t peer_;
+  std::vector<std::byte> staged_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankChannel> SimBackend::open_rank_channel(Transport& host, int32_t peer,
+                                                           bool sends, std::string_view what) {
+  return std::make_unique<SimRankChannel>(*this, host, peer, sends, what);
 }
 
 void SimBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
