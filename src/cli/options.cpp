@@ -75,6 +75,11 @@ void add_spread_option(CLI::App* cmd, EngineOptions& options) {
                   "rank 0) or mixed (both). Each rank maps the same GGUF from its own path and "
                   "places its part on its own devices; rank 0 prints or serves")
       ->check(CLI::IsMember({"plan", "pipeline", "experts", "mixed"}));
+  cmd->add_option("--cluster", options.cluster,
+                  "under `mpirun -np N`: plan over the N machines this YAML file describes (as "
+                  "`tandem plan --cluster` does) instead of N like this one; rank R runs machine "
+                  "R's parts on its --devices, which stand for that machine's GPUs in order")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--rank-timeout", options.rank_timeout_s,
                   "seconds a rank waits for another mid-step before the run ends with the "
                   "missing rank named")

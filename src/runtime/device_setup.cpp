@@ -111,7 +111,8 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads,
                           int32_t n_machines, int32_t machine,
-                          const std::function<void(plan::Hardware&)>& agree) {
+                          const std::function<void(plan::Hardware&)>& agree,
+                          const plan::Hardware* cluster) {
   // Only a text that names GPUs looks for them (a CUDA context per GPU is not free).
   const bool names_gpus = devices.find("cuda") != std::string_view::npos || devices.find("auto") != std::string_view::npos;
   const int gpus_found = names_gpus ? cuda::count_gpus() : 0;
@@ -156,8 +157,28 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     const cuda::GpuLinks links = cuda::detect_gpu_links();
     plan::apply_gpu_links(hardware, links.known, links.nvlink, links.pcie_generation, links.how);
   }
+  if (cluster) {
+    const auto listed = std::ranges::count_if(
+        cluster->gpus, [&](const plan::DeviceSpec& gpu) { return gpu.node == machine; });
+    if (size_t(listed) != requests.size())
+      fail(
+          "the cluster file gives machine {} (rank {}) {} GPU{}, and this rank has {} device{} "
+          "(--devices {}): give it as many devices as its machine lists, in the same order",
+          machine, machine, listed, listed == 1 ? "" : "s", requests.size(),
+          requests.size() == 1 ? "" : "s", devices);
+    // A listed GPU gets no more memory than the device standing for it has; agree (the least
+    // over the ranks) then gives every rank the owners' numbers.
+    const plan::Hardware here = std::move(hardware);
+    hardware = *cluster;
+    hardware.ram_bytes = hardware.host.memory_bytes = uint64_t(1) << 50;  // as above
+    hardware.ram_reserve_bytes = 0;
+    size_t local = 0;
+    for (plan::DeviceSpec& gpu : hardware.gpus)
+      if (gpu.node == machine)
+        gpu.memory_bytes = std::min(gpu.memory_bytes, here.gpus[local++].memory_bytes);
+  }
   if (agree) agree(hardware);
-  if (n_machines > 1) plan::repeat_nodes(hardware, n_machines);
+  if (n_machines > 1 && !cluster) plan::repeat_nodes(hardware, n_machines);
   const plan::Rules rules = rules_path.empty() ? plan::Rules{} : plan::load_rules(rules_path);
   std::optional<plan::RoutingProfile> profile;
   if (!profile_path.empty()) {

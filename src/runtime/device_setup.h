@@ -49,12 +49,16 @@ struct DeviceSetup {
 // first's), and this is machine `machine`: `ranks` says where each part runs, and `plan` maps
 // this machine's parts to its backends (keep_parts_of_rank then drops the others'). `agree`, when
 // given, makes this machine's description the same as every other rank's before planning
-// (rank_agreement.h), so that all of them plan alike.
+// (rank_agreement.h), so that all of them plan alike. `cluster` (a cluster file's machines, as
+// many as `n_machines`) replaces the machines like this one: the requested devices stand for
+// machine `machine`'s GPUs in it, in order, and must be as many; each GPU is planned with no more
+// memory than its device has.
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
                           int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false,
                           int32_t n_machines = 1, int32_t machine = 0,
-                          const std::function<void(plan::Hardware&)>& agree = {});
+                          const std::function<void(plan::Hardware&)>& agree = {},
+                          const plan::Hardware* cluster = nullptr);
 
 // `placement` (a plan over several machines) as machine `machine` runs it: the host, then that
 // machine's GPUs in order; parts on other machines go to the host here, to be dropped by

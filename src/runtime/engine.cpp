@@ -85,7 +85,15 @@ constexpr double kLoadWaitSeconds = 3600.0;
 
 Engine::Engine(const EngineOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  const Spread spread = options.spread.empty() ? Spread::Pipeline : parse_spread(options.spread);
+  Spread spread = options.spread.empty() ? Spread::Pipeline : parse_spread(options.spread);
+  if (!options.cluster.empty()) {
+    if (!options.spread.empty() && spread != Spread::Plan)
+      fail(
+          "--cluster {} plans where every part runs, and --spread {} divides the model without a "
+          "plan: give one or the other",
+          options.cluster, options.spread);
+    spread = Spread::Plan;
+  }
   rank_timeout_s_ = options.rank_timeout_s;
   rank_failure_grace_s_ = options.rank_failure_grace_s;
   if (!options.alone) transport_ = open_transport({.timeout_s = options.rank_timeout_s});
@@ -96,6 +104,11 @@ Engine::Engine(const EngineOptions& options) {
           "--spread {} divides a model between the ranks of `mpirun -np N tandem ...`; this "
           "process runs alone",
           options.spread);
+    if (!options.cluster.empty())
+      fail(
+          "--cluster {0} plans a run over MPI ranks, one per machine it lists: start it with "
+          "`mpirun -np N tandem ...` (`tandem plan MODEL --cluster {0}` shows the plan)",
+          options.cluster);
   }
   // Loading waits on the other ranks (the file check, the context): as long as a load may take.
   if (transport_) transport_->set_timeout(kLoadWaitSeconds);
@@ -126,7 +139,8 @@ void Engine::load(const EngineOptions& options, Spread spread,
   // Over ranks that all have devices, the plan over as many machines like theirs places every
   // part, unless --spread says otherwise. The planner plans the RAM of the first machine only, so
   // ranks of CPUs alone take a pipeline.
-  if (transport_ && options.spread.empty()) spread = default_spread(*transport_, cpu_only);
+  if (transport_ && options.spread.empty() && options.cluster.empty())
+    spread = default_spread(*transport_, cpu_only);
   if (transport_ && spread == Spread::Plan && cpu_only)
     fail(
         "--spread plan places the model on the devices of every rank's machine; this rank has "
@@ -151,9 +165,16 @@ void Engine::load(const EngineOptions& options, Spread spread,
     const bool plan_ranks = transport_ && spread == Spread::Plan;
     std::function<void(plan::Hardware&)> agree;
     if (plan_ranks) agree = [&](plan::Hardware& hw) { agree_on_hardware(*transport_, hw); };
-    DeviceSetup setup = setup_devices(*file_, device_spec, options.rules, options.profile,
-                                      n_threads_, n_ctx, options.n_seq, options.pin_threads,
-                                      plan_ranks ? n_ranks() : 1, rank(), agree);
+    std::optional<plan::Hardware> cluster;
+    if (!options.cluster.empty())
+      cluster = cluster_of_ranks(*transport_, options.cluster, n_threads_);
+    const std::string machines =
+        cluster ? fmt::format("the {} machines of {}", n_ranks(), options.cluster)
+                : fmt::format("{} machines like this one", n_ranks());
+    DeviceSetup setup =
+        setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_, n_ctx,
+                      options.n_seq, options.pin_threads, plan_ranks ? n_ranks() : 1, rank(), agree,
+                      cluster ? &*cluster : nullptr);
     backends_ = std::move(setup.backends);
     devices = setup.plan;
     if (plan_ranks) {
@@ -161,18 +182,19 @@ void Engine::load(const EngineOptions& options, Spread spread,
       // Each rank planned alone from the same numbers: only other flags can make them differ.
       check_same_on_every_rank(
           *transport_, rank_plan_fingerprint(setup.ranks),
-          "the plan over the ranks (each rank plans for machines like its own)",
+          "the plan over the ranks (each rank plans alone)",
           "give every rank the same --rules, --profile and --ctx, or --spread pipeline, experts "
           "or mixed");
       if (const std::vector<int32_t> idle = ranks_without_parts(setup.ranks, n_ranks());
           !idle.empty())
         fail(
-            "the plan over {} machines like this one (--devices {}) puts nothing on rank(s) {}: "
+            "the plan over {} (--devices {}) puts nothing on rank(s) {}: "
             "the cost model predicts the model faster on fewer machines' devices (or in rank "
-            "0's RAM; `tandem plan MODEL --nodes {}` shows why). Run on fewer ranks, pin parts "
+            "0's RAM; `tandem plan MODEL {}` shows why). Run on fewer ranks, pin parts "
             "to other machines' devices with --rules (device: node1:cuda:0), or give --spread "
             "pipeline, experts or mixed to divide it anyway",
-            n_ranks(), device_spec, fmt::join(idle, ", "), n_ranks());
+            machines, device_spec, fmt::join(idle, ", "),
+            cluster ? "--cluster " + options.cluster : fmt::format("--nodes {}", n_ranks()));
     }
     placement_ = std::move(setup.placement);
     if (options.verbose && (rank() == 0 || !plan_ranks))  // --spread plan: all plan alike
@@ -182,9 +204,10 @@ void Engine::load(const EngineOptions& options, Spread spread,
       for (const plan::Candidate& c : placement_->candidates)
         if (c.chosen)
           std::fprintf(stderr,
-                       "tandem: over %d ranks as planned for %d machines like this one: %s, "
-                       "predicted %.2f tokens/s decode (cost model; --verbose: the placement)\n",
-                       n_ranks(), n_ranks(), c.name.c_str(), c.predicted.decode_tokens_per_s);
+                       "tandem: over %d ranks as planned for %s: %s, predicted %.2f tokens/s "
+                       "decode (cost model; --verbose: the placement)\n",
+                       n_ranks(), machines.c_str(), c.name.c_str(),
+                       c.predicted.decode_tokens_per_s);
   }
   if (transport_) {
     RankPlan ranks = planned_ranks ? *planned_ranks

@@ -45,6 +45,9 @@ struct EngineOptions {
   // run ends.
   std::string spread;
   double rank_timeout_s = 300;
+  // Under `mpirun`: a cluster file (plan/cluster.h) to plan over instead of N machines like this
+  // one: a rank per machine it lists, in order, each with the devices listed for its machine.
+  std::string cluster;
   bool alone = false;  // this process alone even under mpirun (bench's one-process baseline)
   // When a step fails over several ranks, rank 0 ends the run on every rank after this long;
   // meanwhile its evaluate calls fail at once with the error (a server tells its clients). 0:

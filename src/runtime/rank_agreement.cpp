@@ -1,10 +1,14 @@
 #include "runtime/rank_agreement.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "core/error.h"
+#include "plan/cluster.h"
 #include "runtime/transport.h"
 
 namespace tandem {
@@ -52,6 +56,28 @@ void agree_on_hardware(Transport& transport, plan::Hardware& hw) {
     hw.gpu_link = plan::LinkKind(link);
     hw.link_source = "rank 0's, so that every rank plans alike";
   }
+}
+
+plan::Hardware cluster_of_ranks(Transport& transport, const std::string& path, int32_t threads) {
+  plan::Hardware cluster = plan::load_cluster(path, threads);
+  uint64_t fingerprint = 0xcbf29ce484222325ull;  // FNV-1a over what the plan reads of the machines
+  auto mix = [&](uint64_t value) { fingerprint = (fingerprint ^ value) * 0x100000001b3ull; };
+  mix(uint64_t(cluster.n_nodes));
+  for (const plan::DeviceSpec& gpu : cluster.gpus) {
+    mix(uint64_t(gpu.node));
+    mix(gpu.memory_bytes);
+    mix(uint64_t(gpu.bandwidth_bytes_per_s));
+  }
+  check_same_on_every_rank(transport, fingerprint,
+                           fmt::format("the machines the cluster file {} lists", path),
+                           "give every rank the same cluster file");
+  if (cluster.n_nodes != transport.n_ranks())
+    fail(
+        "{} lists {} machine{} and this run has {} ranks: start one rank per machine (mpirun -np "
+        "{})",
+        path, cluster.n_nodes, cluster.n_nodes == 1 ? "" : "s", transport.n_ranks(),
+        cluster.n_nodes);
+  return cluster;
 }
 
 }  // namespace tandem

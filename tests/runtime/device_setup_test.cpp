@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/sim/sim_backend.h"
 #include "core/error.h"
 #include "gguf/gguf_file.h"
+#include "plan/cluster.h"
 #include "plan/inventory.h"
 #include "test_support.h"
 
@@ -166,6 +169,37 @@ TEST(DeviceSetup, APlanOverMachinesGivesEachRankItsMachinesPartsOnItsOwnDevices)
   ASSERT_EQ(first.devices.size(), 2u);
   EXPECT_EQ(first.layer_device, (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(first.group_device, (std::vector<int32_t>{0, 0, 1, 0, plan::kOnDisk, 0}));
+}
+
+// A run that follows a cluster file: this rank's devices stand for its machine's GPUs in order,
+// planned with no more memory than they have; the other machines keep the file's numbers.
+TEST(DeviceSetup, AClusterFilesMachineIsPlannedWithTheMemoryOfTheDevicesStandingForIt) {
+  const gguf::GgufFile file = gguf::GgufFile::open(test::fixture("micro-v3-F32.gguf").string());
+  const plan::Hardware cluster =
+      plan::parse_cluster("machines:\n  - gpus: [1GiB]\n  - gpus: [2x 1GiB]\n", "cluster.yaml", 1);
+  const DeviceSetup setup =
+      setup_devices(file, "sim:2x64MiB", "", "", 1, 256, 1, false, 2, 1, {}, &cluster);
+  std::vector<std::pair<std::string, uint64_t>> gpus;
+  for (const plan::DeviceUsage& usage : setup.placement.devices)
+    if (usage.spec.kind != plan::DeviceKind::Cpu)
+      gpus.emplace_back(usage.spec.name, usage.spec.memory_bytes);
+  const uint64_t listed = cluster.gpus[0].memory_bytes;  // 1 GiB less the CUDA runtime's share
+  EXPECT_LT(listed, uint64_t(1) << 30);
+  EXPECT_GT(listed, uint64_t(64) << 20);
+  EXPECT_EQ(gpus,
+            (std::vector<std::pair<std::string, uint64_t>>{
+                {"cuda:0", listed}, {"node1:cuda:0", 64u << 20}, {"node1:cuda:1", 64u << 20}}));
+  EXPECT_EQ(setup.backends.size(), 3u);  // the host and this rank's two sim devices
+
+  try {
+    setup_devices(file, "sim:64MiB", "", "", 1, 256, 1, false, 2, 1, {}, &cluster);
+    FAIL() << "a rank with one device ran machine 1's two GPUs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gives machine 1 (rank 1) 2 GPUs, and this rank has 1 "
+                                         "device (--devices sim:64MiB)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
