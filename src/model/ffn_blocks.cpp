@@ -453,9 +453,26 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
 namespace tandem {
 
 // The exchange with the ranks that hold some of a layer's experts. The layer's rank sends every
-// token's input and routing; each peer computes the slots of its own experts and sends back just
-// those, in slot order, which the layer's rank puts in place among zeros: the sum of the parts
-// is then the same as on one machine (x + 0 is exact), however the experts are spread.
+// token's routing, and the input of just the tokens routed to at least one of the peer's experts
+// (which the peer finds from the routing, so no count goes first); the peer computes the slots of
+// its own experts for those tokens and sends back just those, in slot order, which the layer's
+// rank puts in place among zeros. Each expert sees the same tokens as on one machine, and the sum
+// of the parts is the same (x + 0 is exact), however the experts are spread. A peer routed no
+// token sends and receives nothing more.
+
+const std::vector<int32_t>& Transformer::tokens_routed_to(size_t il, int32_t rank,
+                                                          const int32_t* ids, int64_t n_tokens) {
+  const int64_t k = info_.n_expert_used;
+  const std::vector<int32_t>& expert_rank = devices_.ranks.experts[il];
+  routed_tokens_.clear();
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      if (expert_rank[size_t(ids[t * k + j])] == rank) {
+        routed_tokens_.push_back(int32_t(t));
+        break;
+      }
+  return routed_tokens_;
+}
 
 void Transformer::send_to_expert_peers(const FfnLayer& l, const float* h, const int32_t* ids,
                                        int64_t T) {
@@ -467,10 +484,15 @@ void Transformer::send_to_expert_peers(const FfnLayer& l, const float* h, const 
   l.device->copy_to_host(peer_ids_.data(), ids, peer_ids_.size() * sizeof(int32_t));
   Transport& transport = *devices_.ranks.transport;
   for (int32_t peer : l.expert_peers) {
-    transport.send(peer, std::as_bytes(std::span(peer_input_)),
-                   fmt::format("layer {}'s experts' input, step {}", il, steps_));
     transport.send(peer, std::as_bytes(std::span(peer_ids_)),
                    fmt::format("layer {}'s routing, step {}", il, steps_));
+    const std::vector<int32_t>& tokens = tokens_routed_to(il, peer, peer_ids_.data(), T);
+    if (tokens.empty()) continue;
+    routed_input_.resize(tokens.size() * size_t(embd));
+    for (size_t i = 0; i < tokens.size(); ++i)
+      std::copy_n(peer_input_.data() + tokens[i] * embd, embd, routed_input_.data() + i * embd);
+    transport.send(peer, std::as_bytes(std::span(routed_input_)),
+                   fmt::format("layer {}'s experts' input, step {}", il, steps_));
   }
 }
 
@@ -481,8 +503,10 @@ void Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* pla
   int64_t n_held = 0;  // peer_ids_ holds the routing sent to the peers
   for (int64_t s = 0; s < n_slots; ++s) n_held += expert_rank[size_t(peer_ids_[size_t(s)])] == peer;
   packed_slots_.resize(size_t(n_held * embd));
-  devices_.ranks.transport->receive(peer, std::as_writable_bytes(std::span(packed_slots_)),
-                                    fmt::format("layer {}'s expert outputs, step {}", il, steps_));
+  if (n_held > 0)
+    devices_.ranks.transport->receive(
+        peer, std::as_writable_bytes(std::span(packed_slots_)),
+        fmt::format("layer {}'s expert outputs, step {}", il, steps_));
   peer_slots_.assign(size_t(n_slots * embd), 0.0f);
   const float* next = packed_slots_.data();
   for (int64_t s = 0; s < n_slots; ++s)
@@ -493,21 +517,29 @@ void Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* pla
   l.device->copy_from_host(place, peer_slots_.data(), peer_slots_.size() * sizeof(float));
 }
 
-void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T, KernelChoice kernels) {
+void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, KernelChoice kernels) {
   using W = Workspace;
-  const int64_t embd = info_.n_embd, k = info_.n_expert_used, n_slots = T * k;
+  const int64_t embd = info_.n_embd, k = info_.n_expert_used;
   const size_t il = size_t(&l - ffn_.data());
   Transport& transport = *devices_.ranks.transport;
-  peer_input_.resize(size_t(T * embd));
-  peer_ids_.resize(size_t(n_slots));
-  transport.receive(l.rank, std::as_writable_bytes(std::span(peer_input_)),
-                    fmt::format("layer {}'s experts' input, step {}", il, steps_));
-  transport.receive(l.rank, std::as_writable_bytes(std::span(peer_ids_)),
+  std::vector<int32_t>& all_ids = peer_routing_;
+  all_ids.resize(size_t(T_all * k));
+  transport.receive(l.rank, std::as_writable_bytes(std::span(all_ids)),
                     fmt::format("layer {}'s routing, step {}", il, steps_));
-  for (int32_t e : peer_ids_)
+  for (int32_t e : all_ids)
     if (e < 0 || e >= int32_t(info_.n_expert))
       fail("layer {}: rank {} sent expert {} of {}: the ranks disagree on the model", il, l.rank, e,
            info_.n_expert);
+  const std::vector<int32_t>& tokens = tokens_routed_to(il, my_rank(), all_ids.data(), T_all);
+  if (tokens.empty()) return;
+  // From here on, the tokens routed here only: their input and their rows of the routing.
+  const int64_t T = int64_t(tokens.size()), n_slots = T * k;
+  peer_input_.resize(size_t(T * embd));
+  transport.receive(l.rank, std::as_writable_bytes(std::span(peer_input_)),
+                    fmt::format("layer {}'s experts' input, step {}", il, steps_));
+  peer_ids_.resize(size_t(n_slots));
+  for (int64_t i = 0; i < T; ++i)
+    std::copy_n(all_ids.data() + tokens[size_t(i)] * k, k, peer_ids_.data() + i * k);
   // Each of this rank's devices computes its experts' slots (the others stay zero); one expert
   // is on one device, so adding the devices' slots up is exact.
   peer_slots_.assign(size_t(n_slots * embd), 0.0f);

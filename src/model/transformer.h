@@ -226,8 +226,13 @@ class Transformer : public Model {
   // when the kinds match; null (through host memory) otherwise, from then on.
   RankChannel* rank_channel(uint32_t cut, const std::string& crossing, int32_t peer, bool sends,
                             Backend& device);
-  // On the layer's rank, after routing: sends the input and routing to the other ranks that hold
-  // some of the layer's experts (`h` and `ids` on the layer's device).
+  // The tokens (indices into `ids`, [n_tokens][top_k]) routed to at least one expert of layer
+  // `il` that `rank` holds, in order (into routed_tokens_).
+  const std::vector<int32_t>& tokens_routed_to(size_t il, int32_t rank, const int32_t* ids,
+                                               int64_t n_tokens);
+  // On the layer's rank, after routing: sends the routing, and the input of the tokens routed to
+  // them, to the other ranks that hold some of the layer's experts (`h` and `ids` on the layer's
+  // device).
   void send_to_expert_peers(const FfnLayer& layer, const float* h, const int32_t* ids,
                             int64_t n_tokens);
   // On the layer's rank: rank `peer`'s slots for its experts (packed by the peer in slot order)
@@ -261,8 +266,11 @@ class Transformer : public Model {
   uint64_t steps_ = 0;  // forward passes so far: named in what crosses ranks
   std::vector<std::byte> rank_staging_;
   std::map<uint32_t, std::unique_ptr<RankChannel>> rank_channels_;  // [cut], null: through host
-  std::vector<float> peer_input_, peer_slots_, device_slots_, packed_slots_;
-  std::vector<int32_t> peer_ids_;
+  // On the layer's rank peer_input_ and peer_ids_ are every token's, routed_input_ one peer's
+  // tokens'; on a peer peer_routing_ is every token's routing, peer_input_ and peer_ids_ its
+  // tokens'.
+  std::vector<float> peer_input_, routed_input_, peer_slots_, device_slots_, packed_slots_;
+  std::vector<int32_t> peer_ids_, peer_routing_, routed_tokens_;
 };
 
 }  // namespace tandem
