@@ -44,8 +44,6 @@ void register_run(CLI::App& app) {
   cmd->callback([o] {
     if (!o->seed_given) o->generate.sampling.seed = random_seed();
     validate(o->generate.sampling);
-    if (!o->save_profile.empty() && launched_ranks() > 1)
-      fail("--save-profile counts one process's experts: run it without mpirun");
     Engine engine(o->engine);
     if (engine.follows()) return engine.follow();  // rank 0 samples and prints
     const Tokenizer& tokenizer = engine.tokenizer();

@@ -260,11 +260,20 @@ void BatchScheduler::retire_finished() {
     if (slot && slot->follows >= 0 && !slots_[size_t(slot->follows)]) slot->follows = -1;
     if (slot) cached += slot->n_past;
   }
-  auto choices = engine_.routing_counts_by_device();  // read here: only this thread evaluates
+  // Read here: only this thread evaluates. Over ranks the read is a gather of every layer's counts,
+  // so it comes once a second while requests run, and when the last one has ended.
+  const int64_t running =
+      std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+  const auto now = std::chrono::steady_clock::now();
+  std::optional<std::vector<std::pair<std::string, uint64_t>>> choices;
+  if (running == 0 || now - choices_read_ >= std::chrono::seconds(1)) {
+    choices = engine_.routing_counts_by_device();
+    choices_read_ = now;
+  }
   std::lock_guard lock(mutex_);
-  stats_.running = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+  stats_.running = running;
   stats_.cached_tokens = cached;
-  stats_.expert_choices = std::move(choices);
+  if (choices) stats_.expert_choices = std::move(*choices);
 }
 
 void BatchScheduler::prompt_step() {

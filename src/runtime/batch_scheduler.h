@@ -13,6 +13,7 @@
 // server answers 429). A request whose client goes away is cancelled and its slot freed at the
 // next step.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -158,6 +159,7 @@ class BatchScheduler {
   bool stopping_ = false;
   SchedulerStats stats_;
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_seq]; null = free (loop thread only)
+  std::chrono::steady_clock::time_point choices_read_{};  // stats_.expert_choices last read
   bool prompt_turn_ = true;
   std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
   std::vector<float> logits_;

@@ -73,6 +73,7 @@ enum FollowerOp : int32_t {
   kRestore = 5,      // restore_prefix: limit, seq, tokens
   kStore = 6,        // store_prefix: seq, tokens
   kCopy = 7,         // copy_sequence: from, to, length
+  kRouting = 8,      // gather every rank's expert choices (gather_routing)
 };
 
 // A following rank waits this long for rank 0's next step: rank 0 may sit idle between requests
@@ -472,6 +473,10 @@ void Engine::follow() {
         gather_traffic();
         continue;
       }
+      if (header.op == kRouting) {
+        gather_routing();
+        continue;
+      }
       if (header.op != kStep) {  // the server's KV work: its arguments follow
         body.resize(size_t(header.n_tokens));
         if (!body.empty())
@@ -510,19 +515,85 @@ const ModelInfo& Engine::info() const {
   return model_->info();
 }
 
-plan::RoutingProfile Engine::routing_profile() const {
-  return {.model = std::filesystem::path(file_->name()).filename().string(), .counts = model_->routing_counts()};
+plan::RoutingProfile Engine::routing_profile() {
+  plan::RoutingProfile profile{.model = std::filesystem::path(file_->name()).filename().string()};
+  if (transport_) {
+    TANDEM_CHECK(rank() == 0);
+    announce(kRouting);
+    profile.counts = gather_routing().counts;
+  } else {
+    profile.counts = model_->routing_counts();
+  }
+  return profile;
 }
-std::vector<std::pair<std::string, uint64_t>> Engine::routing_counts_by_device() const {
+
+std::vector<std::pair<std::string, uint64_t>> Engine::routing_counts_by_device() {
+  if (!transport_) return choices_by_device(model_->routing_counts(), "");
+  TANDEM_CHECK(rank() == 0);
+  announce(kRouting);
+  return gather_routing().by_device;
+}
+
+std::vector<std::pair<std::string, uint64_t>> Engine::choices_by_device(
+    const std::vector<std::vector<uint64_t>>& counts, const std::string& prefix) const {
   std::vector<std::pair<std::string, uint64_t>> totals;
-  for (const auto& backend : backends_) totals.emplace_back(backend->name(), 0);
-  const auto& counts = model_->routing_counts();
+  for (const auto& backend : backends_) totals.emplace_back(prefix + backend->name(), 0);
   const DevicePlan& plan = model_->devices();
   for (size_t layer = 0; layer < counts.size() && layer < plan.experts.size(); ++layer)
     for (size_t e = 0; e < counts[layer].size() && e < plan.experts[layer].size(); ++e)
       for (size_t b = 0; b < backends_.size(); ++b)
         if (backends_[b].get() == plan.experts[layer][e]) totals[b].second += counts[layer][e];
   return totals;
+}
+
+// Each MoE layer is routed, and counted, on the rank that runs it, and each expert is held by one
+// rank: so the counts are summed over the ranks (a row per layer, and whether the rank counted
+// it), and each rank sums them by its own devices.
+Engine::RoutingTally Engine::gather_routing() {
+  const ModelInfo& info = model_->info();
+  const size_t n_layer = info.n_layer, n_expert = info.n_expert, row = n_expert + 1;
+  const std::vector<std::vector<uint64_t>> mine = model_->routing_counts();
+  std::vector<uint64_t> sent(n_layer * row, 0);
+  for (size_t il = 0; il < n_layer && il < mine.size(); ++il)
+    if (mine[il].size() == n_expert) {
+      std::copy(mine[il].begin(), mine[il].end(), sent.begin() + il * row);
+      sent[il * row + n_expert] = 1;
+    }
+  std::vector<uint64_t> all(sent.size() * size_t(n_ranks()));
+  transport_->all_gather(std::as_bytes(std::span(sent)), std::as_writable_bytes(std::span(all)),
+                         "every rank's expert choices");
+  RoutingTally tally;
+  tally.counts.resize(n_layer);
+  for (int32_t r = 0; r < n_ranks(); ++r)
+    for (size_t il = 0; il < n_layer; ++il) {
+      const uint64_t* from = all.data() + size_t(r) * sent.size() + il * row;
+      if (!from[n_expert]) continue;
+      tally.counts[il].resize(n_expert, 0);
+      for (size_t e = 0; e < n_expert; ++e) tally.counts[il][e] += from[e];
+    }
+
+  struct DeviceChoices {
+    char name[48];
+    uint64_t count;
+  };
+  const std::string prefix = rank() == 0 ? "" : fmt::format("node{}:", rank());
+  std::vector<DeviceChoices> totals;
+  for (const auto& [name, count] : choices_by_device(tally.counts, prefix)) {
+    DeviceChoices entry{};
+    std::snprintf(entry.name, sizeof entry.name, "%s", name.c_str());
+    entry.count = count;
+    totals.push_back(entry);
+  }
+  const std::vector<int32_t> sizes =
+      gather_from_every_rank(*transport_, int32_t(totals.size()), "every rank's device count");
+  const size_t most = size_t(*std::ranges::max_element(sizes));
+  totals.resize(most, DeviceChoices{});
+  std::vector<DeviceChoices> every(most * size_t(n_ranks()));
+  transport_->all_gather(std::as_bytes(std::span(totals)), std::as_writable_bytes(std::span(every)),
+                         "every rank's expert choices by device");
+  for (const DeviceChoices& entry : every)
+    if (entry.name[0]) tally.by_device.emplace_back(entry.name, entry.count);
+  return tally;
 }
 
 std::vector<std::string> Engine::device_names() const {

@@ -102,11 +102,13 @@ class Engine {
   // The planner's placement the model was loaded with; null for a CPU-only run (no plan).
   const plan::Placement* placement() const { return placement_ ? &*placement_ : nullptr; }
   double load_seconds() const { return load_seconds_; }
-  // Expert choices counted since load, as a routing profile for `plan` and `--profile`.
-  plan::RoutingProfile routing_profile() const;
-  // Expert choices since load, summed by the device that holds each expert: ("cpu", n), ...
+  // Expert choices counted since load, as a routing profile for `plan` and `--profile`. Over
+  // ranks (rank 0 asks; a collective), every rank's layers.
+  plan::RoutingProfile routing_profile();
+  // Expert choices since load, summed by the device that holds each expert: ("cpu", n), ...; over
+  // ranks every rank's devices, named as a plan over machines names them ("node1:cuda:0").
   // Not safe to call while another thread evaluates.
-  std::vector<std::pair<std::string, uint64_t>> routing_counts_by_device() const;
+  std::vector<std::pair<std::string, uint64_t>> routing_counts_by_device();
   // The parts of the model files that loading and evaluating so far have needed (see
   // Model::touched_file_ranges): what a cold start must read from disk.
   std::vector<gguf::FileRange> touched_file_ranges() const;
@@ -157,6 +159,16 @@ class Engine {
   // Both ends of measure_rank_link's ping-pong and rank_traffic's gathering.
   RankLink ping_pong();
   std::vector<RankTraffic> gather_traffic();
+  // Both ends of routing_profile and routing_counts_by_device over ranks: every rank's counts
+  // merged, and every rank's devices' totals.
+  struct RoutingTally {
+    std::vector<std::vector<uint64_t>> counts;
+    std::vector<std::pair<std::string, uint64_t>> by_device;
+  };
+  RoutingTally gather_routing();
+  // `counts` summed by this rank's backends holding each expert, named with `prefix`.
+  std::vector<std::pair<std::string, uint64_t>> choices_by_device(
+      const std::vector<std::vector<uint64_t>>& counts, const std::string& prefix) const;
   // Rank 0: sends a step's inputs to the following ranks.
   void announce_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                      std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,

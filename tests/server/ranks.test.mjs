@@ -38,6 +38,13 @@ async function sameRepliesAsOneProcess() {
         choices.json.choices.every((c) => c.message.content === single.json?.choices[0].message.content),
         'n = 2 choices over ranks (the prompt copied to the second) match one process',
         JSON.stringify(choices.json?.choices.map((c) => c.message.content)));
+  // --spread mixed: every MoE layer's experts over both ranks, so both ranks' CPUs were chosen.
+  const metrics = await (await fetch(two.base + '/metrics')).text();
+  const chosen = (device) => Number(
+    metrics.match(new RegExp(`tandem_expert_choices_total\\{device="${device}"\\} (\\d+)`))?.[1] ?? 0);
+  check(chosen('cpu') > 0 && chosen('node1:cpu') > 0,
+        '/metrics counts the expert choices of both ranks\' devices',
+        metrics.split('\n').filter((l) => l.startsWith('tandem_expert_choices')).join('; '));
   await one.stop();
   two.child.kill('SIGTERM');
   await two.exited;
