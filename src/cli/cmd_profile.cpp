@@ -27,19 +27,23 @@ void register_profile(CLI::App& app) {
       "profile", "Count how often each routed expert is chosen over a file of prompts (one per "
                  "line) and write a routing profile that `plan` and `run` can read");
   add_engine_options(cmd, o->engine);
+  add_spread_option(cmd, o->engine);
   cmd->add_option("--prompts", o->prompts, "text file, one prompt per line")->required();
   cmd->add_option("-o,--output", o->out, "routing profile to write (JSON)")->required();
   cmd->add_option("-n,--n-predict", o->n_generate, "tokens generated (greedy) after each prompt")
       ->capture_default_str();
   cmd->callback([o] {
-    refuse_several_ranks("profile");
-    std::ifstream in(o->prompts);
-    if (!in) fail("{}: cannot read the prompts", o->prompts);
+    // Over ranks rank 0 reads the prompts (before loading, to fail early) and the others follow.
     std::vector<std::string> prompts;
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) prompts.push_back(line);
-    if (prompts.empty()) fail("{}: no prompts (one per line)", o->prompts);
+    if (launched_rank() == 0) {
+      std::ifstream in(o->prompts);
+      if (!in) fail("{}: cannot read the prompts", o->prompts);
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) prompts.push_back(line);
+      if (prompts.empty()) fail("{}: no prompts (one per line)", o->prompts);
+    }
     Engine engine(o->engine);
+    if (engine.follows()) return engine.follow();
     const Tokenizer& tokenizer = engine.tokenizer();
     GenerateOptions generate{.max_tokens = o->n_generate};
     generate.sampling.temperature = 0;

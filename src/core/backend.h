@@ -224,6 +224,10 @@ struct MoeOp {
   int64_t n_tokens, top_k, dim, ffn_dims;
   float* slots;                 // [n_tokens, top_k, dim]
   KernelChoice kernels = KernelChoice::ByTokenCount;
+  // The step's tokens when the op has only some of them (a rank given just the tokens routed to
+  // its experts): ByTokenCount chooses by this count, so each token gets the kernels, and the
+  // bits, the whole step gives it on one machine. 0: n_tokens.
+  int64_t step_tokens = 0;
   ActivationBits activations = ActivationBits::Sixteen;  // of all three products
   FfnActivation activation = FfnActivation::SwiGlu;
   // Per-expert biases (gpt-oss), by matrix in the stacks like the weights, or null: added to the
@@ -282,10 +286,24 @@ class Transport;  // core/transport.h
 // backend's stand-in for it (which sends through host memory too, but by the channel's code).
 enum class RankChannelKind : uint32_t { ThroughHost, Nccl, Simulated };
 
+// What a device tells the device at the other end of a cut between ranks (Backend::
+// rank_channel_end): a direct path opens only where both have the same kind, of the same
+// version, and are not one physical device (ranks sharing a GPU for testing; NCCL refuses that).
+struct RankChannelEnd {
+  RankChannelKind kind = RankChannelKind::ThroughHost;
+  uint32_t version = 0;    // of what carries it (NCCL's version code)
+  uint64_t device_id = 0;  // the physical device: its machine and place in it, hashed
+};
+
+// RankChannelEnd::device_id for the device at `place` on this machine (a GPU's PCI bus id): the
+// machine's host name and `place`, hashed.
+uint64_t device_id_on_this_machine(std::string_view place);
+
 // A direct path between this rank's device and one device of another rank, opened by the two
-// ranks together (Backend::open_rank_channel). Each call returns when the buffer has been sent or
-// has arrived, in stream order after what was submitted before it; it throws tandem::Error naming
-// the peer and `what` when the peer does not take part within the transport's timeout.
+// ranks together (Backend::open_rank_channel), then used both ways. Each call returns when the
+// buffer has been sent or has arrived, in stream order after what was submitted before it; it
+// throws tandem::Error naming the peer and `what` when the peer does not take part within the
+// transport's timeout.
 class RankChannel {
  public:
   virtual ~RankChannel() = default;
@@ -318,11 +336,11 @@ class Backend {
   // on the receiver's stream. Same ordering and return value as `to.copy_from_peer(*this, ...)`,
   // which is what backends without their own streams do.
   virtual bool copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes);
-  // How this device's buffers can go to another rank's device (see RankChannelKind).
-  virtual RankChannelKind rank_channel_kind() const { return RankChannelKind::ThroughHost; }
-  // Opens that path to a device of rank `peer` whose kind is the same: both ranks call this
-  // together, the sending one with `sends` true; `host` carries what the opening needs and sets
-  // its timeout. Throws tandem::Error naming the problem (and on a backend without one).
+  // How this device's buffers can go to another rank's device (see RankChannelEnd).
+  virtual RankChannelEnd rank_channel_end() const { return {}; }
+  // Opens that path to a device of rank `peer` whose end matches: both ranks call this together,
+  // the sending one with `sends` true; `host` carries what the opening needs and sets its
+  // timeout. Throws tandem::Error naming the problem (and on a backend without one).
   virtual std::unique_ptr<RankChannel> open_rank_channel(Transport& host, int32_t peer, bool sends,
                                                          std::string_view what);
   // Host memory that copy_*_async can use without blocking (page-locked for CUDA, on 2 MiB

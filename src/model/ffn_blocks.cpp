@@ -439,7 +439,11 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
   }
   for (int32_t peer : l.expert_peers) {
     float* place = have_slots ? others + int64_t(parts.size()) * slot_floats : slots;
-    receive_peer_slots(l, peer, place, T);
+    if (!receive_peer_slots(l, peer, place, T)) {  // routed no token: its part is all zeros
+      if (!have_slots) be.zero(slots, slot_floats);
+      have_slots = true;
+      continue;
+    }
     if (have_slots) parts.push_back(place);
     have_slots = true;
   }
@@ -496,17 +500,16 @@ void Transformer::send_to_expert_peers(const FfnLayer& l, const float* h, const 
   }
 }
 
-void Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* place, int64_t T) {
+bool Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* place, int64_t T) {
   const int64_t embd = info_.n_embd, n_slots = T * info_.n_expert_used;
   const size_t il = size_t(&l - ffn_.data());
   const std::vector<int32_t>& expert_rank = devices_.ranks.experts[il];
   int64_t n_held = 0;  // peer_ids_ holds the routing sent to the peers
   for (int64_t s = 0; s < n_slots; ++s) n_held += expert_rank[size_t(peer_ids_[size_t(s)])] == peer;
+  if (n_held == 0) return false;
   packed_slots_.resize(size_t(n_held * embd));
-  if (n_held > 0)
-    devices_.ranks.transport->receive(
-        peer, std::as_writable_bytes(std::span(packed_slots_)),
-        fmt::format("layer {}'s expert outputs, step {}", il, steps_));
+  devices_.ranks.transport->receive(peer, std::as_writable_bytes(std::span(packed_slots_)),
+                                    fmt::format("layer {}'s expert outputs, step {}", il, steps_));
   peer_slots_.assign(size_t(n_slots * embd), 0.0f);
   const float* next = packed_slots_.data();
   for (int64_t s = 0; s < n_slots; ++s)
@@ -515,6 +518,7 @@ void Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* pla
       next += embd;
     }
   l.device->copy_from_host(place, peer_slots_.data(), peer_slots_.size() * sizeof(float));
+  return true;
 }
 
 void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, KernelChoice kernels) {
@@ -548,8 +552,10 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, Kerne
     if (device.uses_host_memory()) {
       read_first_uses(l, shard, peer_ids_.data(), n_slots);
       device_slots_.assign(peer_slots_.size(), 0.0f);
-      device.moe(shard_op(l, shard, peer_input_.data(), peer_ids_.data(), shard.device_local_index,
-                          device_slots_.data(), T, kernels));
+      MoeOp op = shard_op(l, shard, peer_input_.data(), peer_ids_.data(), shard.device_local_index,
+                          device_slots_.data(), T, kernels);
+      op.step_tokens = T_all;
+      device.moe(op);
       device.synchronize();
     } else {
       Workspace& ws = workspace(device);
@@ -559,7 +565,9 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, Kerne
       device.copy_from_host(input, peer_input_.data(), peer_input_.size() * sizeof(float));
       device.copy_from_host(ids, peer_ids_.data(), peer_ids_.size() * sizeof(int32_t));
       device.zero(slots, n_slots * embd);
-      device.moe(shard_op(l, shard, input, ids, shard.device_local_index, slots, T, kernels));
+      MoeOp op = shard_op(l, shard, input, ids, shard.device_local_index, slots, T, kernels);
+      op.step_tokens = T_all;
+      device.moe(op);
       device_slots_.resize(peer_slots_.size());
       device.copy_to_host(device_slots_.data(), slots, device_slots_.size() * sizeof(float));
     }

@@ -223,33 +223,53 @@ void Transformer::move_between_ranks(uint32_t cut, const std::string& crossing, 
 
 RankChannel* Transformer::rank_channel(uint32_t cut, const std::string& crossing, int32_t peer,
                                        bool sends, Backend& device) {
-  if (auto known = rank_channels_.find(cut); known != rank_channels_.end())
-    return known->second.get();
+  if (auto known = rank_channels_.find(cut); known != rank_channels_.end()) return known->second;
   Transport& transport = *devices_.ranks.transport;
-  const RankChannelKind mine = device.rank_channel_kind();
-  RankChannelKind theirs = RankChannelKind::ThroughHost;
-  const std::string asking = fmt::format("the kind of path {} takes", crossing);
-  const auto kind_bytes = std::as_bytes(std::span(&mine, 1));
-  const auto their_bytes = std::as_writable_bytes(std::span(&theirs, 1));
+  my_channel_end_ = device.rank_channel_end();
+  const std::string asking = fmt::format("how {} can go device to device", crossing);
+  const auto mine = std::as_bytes(std::span(&my_channel_end_, 1));
+  const auto theirs = std::as_writable_bytes(std::span(&their_channel_end_, 1));
   if (sends) {
-    transport.send(peer, kind_bytes, asking);
-    transport.receive(peer, their_bytes, asking);
+    transport.send(peer, mine, asking);
+    transport.receive(peer, theirs, asking);
   } else {
-    transport.receive(peer, their_bytes, asking);
-    transport.send(peer, kind_bytes, asking);
+    transport.receive(peer, theirs, asking);
+    transport.send(peer, mine, asking);
   }
-  std::unique_ptr<RankChannel>& channel = rank_channels_[cut];
-  if (mine != theirs || mine == RankChannelKind::ThroughHost) return nullptr;
-  channel = device.open_rank_channel(transport, peer, sends, crossing);
-  // Once per cut: that GPU buffers do go device to device is worth knowing, and tests look for it.
-  const char* how = mine == RankChannelKind::Nccl ? "NCCL" : "a simulated device channel";
+  const RankChannelEnd me = my_channel_end_, them = their_channel_end_;
+  RankChannel*& channel = rank_channels_[cut];  // null: through host memory from now on
+  if (me.kind != them.kind || me.kind == RankChannelKind::ThroughHost ||
+      me.device_id == them.device_id)
+    return nullptr;
+  const char* how = me.kind == RankChannelKind::Nccl ? "NCCL" : "a simulated device channel";
+  if (me.version != them.version) {
+    std::fprintf(stderr,
+                 "tandem: rank %d: %s goes through host memory: rank %d has another version of "
+                 "%s (%u, here %u)\n",
+                 my_rank(), crossing.c_str(), peer, how, them.version, me.version);
+    return nullptr;
+  }
+  // One channel per pair of devices, whichever way and at however many cuts: both ranks find the
+  // same one, having told each other their devices.
+  for (OpenChannel& open : open_channels_)
+    if (open.peer == peer && open.device == &device && open.peer_device_id == them.device_id)
+      return channel = open.channel.get();
+  try {
+    open_channels_.push_back({peer, &device, them.device_id,
+                              device.open_rank_channel(transport, peer, sends, crossing)});
+  } catch (...) {
+    rank_channels_.erase(cut);  // the run ends; no cut is left half-decided
+    throw;
+  }
+  channel = open_channels_.back().channel.get();
+  // Once per pair: that GPU buffers do go device to device is worth knowing, and tests look for it.
   if (sends)
     std::fprintf(stderr, "tandem: rank %d: %s goes from %s to rank %d's device directly (%s)\n",
                  my_rank(), crossing.c_str(), device.name().c_str(), peer, how);
   else
     std::fprintf(stderr, "tandem: rank %d: %s comes from rank %d's device into %s directly (%s)\n",
                  my_rank(), crossing.c_str(), peer, device.name().c_str(), how);
-  return channel.get();
+  return channel;
 }
 
 void Transformer::transfer(Backend& from, const void* src, Backend& to, void* dst, size_t bytes,

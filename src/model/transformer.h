@@ -221,9 +221,10 @@ class Transformer : public Model {
   void move_between_ranks(uint32_t cut, const std::string& crossing, int32_t from,
                           Backend* from_device, const void* src, int32_t to, Backend* to_device,
                           void* dst, size_t bytes);
-  // The direct path (core/backend.h's RankChannel) over that cut, opened the first time the
-  // stream crosses it: the two ranks tell each other their device's kind of path and open one
-  // when the kinds match; null (through host memory) otherwise, from then on.
+  // The direct path (core/backend.h's RankChannel) over that cut, found the first time the stream
+  // crosses it: the two ranks tell each other their devices' ends (RankChannelEnd) and use the
+  // channel between the two devices, opened then if it is not yet, when the ends match; null
+  // (through host memory) otherwise, from then on.
   RankChannel* rank_channel(uint32_t cut, const std::string& crossing, int32_t peer, bool sends,
                             Backend& device);
   // The tokens (indices into `ids`, [n_tokens][top_k]) routed to at least one expert of layer
@@ -236,8 +237,9 @@ class Transformer : public Model {
   void send_to_expert_peers(const FfnLayer& layer, const float* h, const int32_t* ids,
                             int64_t n_tokens);
   // On the layer's rank: rank `peer`'s slots for its experts (packed by the peer in slot order)
-  // into `place` on the layer's device, zero elsewhere.
-  void receive_peer_slots(const FfnLayer& layer, int32_t peer, float* place, int64_t n_tokens);
+  // into `place` on the layer's device, zero elsewhere; false, with nothing done, when no token
+  // was routed to the peer.
+  bool receive_peer_slots(const FfnLayer& layer, int32_t peer, float* place, int64_t n_tokens);
   // On a rank that holds some routed experts of a layer another rank runs: receives the input and
   // routing, computes its experts' slots and sends them back packed.
   void experts_for_layer_rank(const FfnLayer& layer, int64_t n_tokens, KernelChoice kernels);
@@ -265,7 +267,15 @@ class Transformer : public Model {
   // routing and slots on the ranks that exchange them.
   uint64_t steps_ = 0;  // forward passes so far: named in what crosses ranks
   std::vector<std::byte> rank_staging_;
-  std::map<uint32_t, std::unique_ptr<RankChannel>> rank_channels_;  // [cut], null: through host
+  struct OpenChannel {
+    int32_t peer;
+    Backend* device;          // this rank's end
+    uint64_t peer_device_id;  // the other's (RankChannelEnd::device_id)
+    std::unique_ptr<RankChannel> channel;
+  };
+  std::vector<OpenChannel> open_channels_;
+  std::map<uint32_t, RankChannel*> rank_channels_;     // [cut] into open_channels_; null: host
+  RankChannelEnd my_channel_end_, their_channel_end_;  // members: a timed-out send may read them
   // On the layer's rank peer_input_ and peer_ids_ are every token's, routed_input_ one peer's
   // tokens'; on a peer peer_routing_ is every token's routing, peer_input_ and peer_ids_ its
   // tokens'.

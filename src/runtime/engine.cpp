@@ -142,6 +142,12 @@ void Engine::load(const EngineOptions& options, Spread spread,
   // ranks of CPUs alone take a pipeline.
   if (transport_ && options.spread.empty() && options.cluster.empty())
     spread = default_spread(*transport_, cpu_only);
+  if (transport_ && !options.cluster.empty() && cpu_only)
+    fail(
+        "--cluster {} plans the model onto the GPUs of the machines it lists; this rank has no "
+        "device ({}): give --devices standing for its machine's GPUs",
+        options.cluster,
+        options.devices == "auto" ? "--devices auto found no GPU" : "--devices cpu");
   if (transport_ && spread == Spread::Plan && cpu_only)
     fail(
         "--spread plan places the model on the devices of every rank's machine; this rank has "

@@ -63,6 +63,9 @@ plan::Hardware cluster_of_ranks(Transport& transport, const std::string& path, i
   uint64_t fingerprint = 0xcbf29ce484222325ull;  // FNV-1a over what the plan reads of the machines
   auto mix = [&](uint64_t value) { fingerprint = (fingerprint ^ value) * 0x100000001b3ull; };
   mix(uint64_t(cluster.n_nodes));
+  mix(uint64_t(cluster.node_link_bytes_per_s));
+  mix(uint64_t(cluster.node_link_latency_s * 1e9));
+  mix(uint64_t(cluster.gpu_link));
   for (const plan::DeviceSpec& gpu : cluster.gpus) {
     mix(uint64_t(gpu.node));
     mix(gpu.memory_bytes);

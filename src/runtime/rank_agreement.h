@@ -24,7 +24,8 @@ Spread default_spread(Transport& transport, bool cpu_only);
 void agree_on_hardware(Transport& transport, plan::Hardware& hw);
 
 // The machines of the cluster file at `path` (plan/cluster.h), read by every rank from its own
-// copy: throws unless every rank read the same machines (their GPUs and memory) and there are as
+// copy: throws unless every rank read the same machines (their GPUs and memory, the links) and
+// there are as
 // many as ranks, naming the fix. The host's rates (measured where the file gives none) are still
 // each rank's own: agree_on_hardware makes them rank 0's. `threads` measure them. A collective.
 plan::Hardware cluster_of_ranks(Transport& transport, const std::string& path, int32_t threads);

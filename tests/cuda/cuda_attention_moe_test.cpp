@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -634,6 +635,78 @@ TEST_F(CudaBackendTest, MoeWithEightBitActivationsStaysWithinTheirError) {
       std::printf("  %s: GPU 8-bit vs exact %.3g, CPU 8-bit vs exact %.3g\n", context.c_str(),
                   gpu_vs_exact.error, cpu_vs_exact.error);
     }
+  }
+}
+
+// A rank given only the tokens routed to its experts (a run over ranks) computes them with the
+// kernels the whole step would choose (MoeOp::step_tokens), so its slots are the bits one machine
+// gets: here a step of 20 tokens (tiles on the GPU) and the rank's 7 (rows without step_tokens).
+TEST_F(CudaBackendTest, MoeOnARanksTokensGivesTheWholeStepsBits) {
+  const int64_t dim = 256, ffn = 512, n_expert = 4, K = 2, step = 20;
+  const std::vector<int32_t> local_index = {-1, 0, -1, -1};  // the rank holds expert 1
+  const std::vector<uint8_t> gate = make_weights(DType::Q4_K, ffn, dim, 8101, 0.0625f);
+  const std::vector<uint8_t> up = make_weights(DType::Q4_K, ffn, dim, 8102, 0.0625f);
+  const std::vector<uint8_t> down = make_weights(DType::Q6_K, dim, ffn, 8103, 0.044f);
+  const auto gate_dev = to_device(gpu(), gate), up_dev = to_device(gpu(), up);
+  const auto down_dev = to_device(gpu(), down);
+  const auto local_dev = to_device(gpu(), local_index);
+  std::vector<int32_t> ids(size_t(step * K));
+  for (size_t s = 0; s < ids.size(); ++s) ids[s] = int32_t((s * 5 + s / 3) % n_expert);
+  const std::vector<float> x = gaussian(size_t(step * dim), 8104);
+  std::vector<int32_t> mine;  // the tokens routed to expert 1, in order
+  for (int64_t t = 0; t < step; ++t)
+    if (ids[size_t(t * K)] == 1 || ids[size_t(t * K + 1)] == 1) mine.push_back(int32_t(t));
+  ASSERT_GE(mine.size(), 2u);
+  ASSERT_LT(mine.size(), 16u);  // fewer than the GPU's tiles take
+  std::vector<int32_t> mine_ids;
+  std::vector<float> mine_x;
+  for (int32_t t : mine) {
+    mine_ids.insert(mine_ids.end(), ids.begin() + t * K, ids.begin() + (t + 1) * K);
+    mine_x.insert(mine_x.end(), x.begin() + t * dim, x.begin() + (t + 1) * dim);
+  }
+  auto slots_of = [&](const std::vector<float>& input, const std::vector<int32_t>& routing,
+                      int64_t step_tokens) {
+    const int64_t n = int64_t(input.size()) / dim;
+    const auto x_dev = to_device(gpu(), input);
+    const auto ids_dev = to_device(gpu(), routing);
+    const auto slots_dev = poisoned(gpu(), size_t(n * K * dim));
+    gpu().moe({.input = x_dev.data(),
+               .gate = weight_view(DType::Q4_K, gate_dev.data(), ffn, dim, 1),
+               .up = weight_view(DType::Q4_K, up_dev.data(), ffn, dim, 1),
+               .down = weight_view(DType::Q6_K, down_dev.data(), dim, ffn, 1),
+               .expert_ids = ids_dev.data(),
+               .local_index = local_dev.data(),
+               .n_expert = n_expert,
+               .n_tokens = n,
+               .top_k = K,
+               .dim = dim,
+               .ffn_dims = ffn,
+               .slots = slots_dev.data(),
+               .kernels = KernelChoice::ByTokenCount,
+               .step_tokens = step_tokens,
+               .activations = ActivationBits::Eight});
+    return to_host(gpu(), slots_dev);
+  };
+  const std::vector<float> whole = slots_of(x, ids, 0);
+  const std::vector<float> given = slots_of(mine_x, mine_ids, step);
+  const std::vector<float> alone = slots_of(mine_x, mine_ids, 0);
+  size_t compared = 0, alone_differs = 0;
+  for (size_t i = 0; i < mine.size(); ++i)
+    for (int64_t j = 0; j < K; ++j) {
+      if (mine_ids[i * K + size_t(j)] != 1) continue;
+      const float* a = whole.data() + (mine[i] * K + j) * dim;
+      const float* b = given.data() + (int64_t(i) * K + j) * dim;
+      const float* c = alone.data() + (int64_t(i) * K + j) * dim;
+      for (int64_t d = 0; d < dim; ++d, ++compared) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[d]), std::bit_cast<uint32_t>(b[d]))
+            << "token " << mine[i] << " slot " << j << " element " << d;
+        alone_differs += a[d] != c[d];
+      }
+    }
+  EXPECT_EQ(compared, size_t(dim) * std::count(mine_ids.begin(), mine_ids.end(), 1));
+  // On the GPU, 7 tokens alone take rows and 8-bit activations: other bits, which is the point.
+  if (!is_standin(gpu())) {
+    EXPECT_GT(alone_differs, 0u);
   }
 }
 

@@ -33,6 +33,7 @@ TEST(Nccl, LoadsWhereTheLibraryIsOrSaysWhyGpuBuffersGoThroughTheHost) {
         << status.describe;
     EXPECT_GE(std::stoi(version[1]), 2);  // NCCL_VERSION_CODE decoded, not printed raw
     EXPECT_LT(std::stoi(version[2]), 100);
+    EXPECT_GE(status.version, 21400);  // ncclCommInitRankConfig and ncclCommFinalize: 2.14
   } else {
     EXPECT_FALSE(status.loaded);
     EXPECT_NE(status.describe.find("host memory"), std::string::npos) << status.describe;
@@ -77,10 +78,11 @@ TEST(Nccl, ALoneMemberGetsItsOwnBufferBackOnTheGpu) {
   auto device = make_cuda_backend(0);
   auto& gpu = dynamic_cast<CudaBackend&>(*device);
   if (!nccl_status().loaded) {
-    EXPECT_EQ(gpu.rank_channel_kind(), RankChannelKind::ThroughHost) << nccl_status().describe;
+    EXPECT_EQ(gpu.rank_channel_end().kind, RankChannelKind::ThroughHost) << nccl_status().describe;
     return;
   }
-  EXPECT_EQ(gpu.rank_channel_kind(), RankChannelKind::Nccl);
+  EXPECT_EQ(gpu.rank_channel_end().kind, RankChannelKind::Nccl);
+  EXPECT_EQ(gpu.rank_channel_end().version, uint32_t(nccl_status().version));
   constexpr size_t kBytes = 1 << 20;
   std::vector<std::byte> sent(kBytes), received(kBytes);
   for (size_t i = 0; i < kBytes; ++i) sent[i] = std::byte(i * 7 + 3);

@@ -561,7 +561,7 @@ void CudaBackend::moe(const MoeOp& op) {
   check_columns(op.down, "an expert's down projection");
   activate();
   const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
-  const bool use_tiles = tiled(op.kernels, op.n_tokens);
+  const bool use_tiles = tiled(op.kernels, op.step_tokens > 0 ? op.step_tokens : op.n_tokens);
   auto ints = [&](Scratch which, int64_t n) {
     return static_cast<int32_t*>(scratch(which, size_t(n) * sizeof(int32_t)));
   };

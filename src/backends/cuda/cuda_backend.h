@@ -39,8 +39,9 @@ class CudaBackend final : public Backend {
   // each other, staged by the driver otherwise), ordered by events on both streams.
   bool copy_from_peer(Backend& from, void* device_dst, const void* peer_src, size_t bytes) override;
   bool copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t bytes) override;
-  // Another rank's GPU: NCCL (nccl_rank_channel.cpp) where libnccl.so.2 loads.
-  RankChannelKind rank_channel_kind() const override;
+  // Another rank's GPU: NCCL (nccl_rank_channel.cpp) where libnccl.so.2 loads, each channel
+  // a communicator of the two GPUs.
+  RankChannelEnd rank_channel_end() const override;
   std::unique_ptr<RankChannel> open_rank_channel(Transport& host, int32_t peer, bool sends,
                                                  std::string_view what) override;
   std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;

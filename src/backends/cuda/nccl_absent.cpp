@@ -26,8 +26,16 @@ NcclComm::NcclComm(int device, const NcclId&, int, int, double, std::string_view
 
 NcclComm::~NcclComm() = default;
 
-void NcclComm::send(const void*, size_t, int, cudaStream_t, double, std::string_view) {}
-void NcclComm::receive(void*, size_t, int, cudaStream_t, double, std::string_view) {}
-void NcclComm::exchange(const void*, void*, size_t, int, cudaStream_t, double, std::string_view) {}
+// Never reached (the constructor throws), but said rather than silently doing nothing.
+void NcclComm::send(const void*, size_t, int, cudaStream_t, double, std::string_view doing) {
+  fail("{}: {}", doing, nccl_status().describe);
+}
+void NcclComm::receive(void*, size_t, int, cudaStream_t, double, std::string_view doing) {
+  fail("{}: {}", doing, nccl_status().describe);
+}
+void NcclComm::exchange(const void*, void*, size_t, int, cudaStream_t, double,
+                        std::string_view doing) {
+  fail("{}: {}", doing, nccl_status().describe);
+}
 
 }  // namespace tandem::cuda

@@ -1,7 +1,8 @@
 // NCCL through dlopen (nccl_comm.h). nccl.h gives the types and declarations; the functions are
 // looked up in the library at run time, so nothing of NCCL is linked. Communicators are
-// non-blocking (ncclConfig_t::blocking = 0): every call returns at once and the caller polls
-// ncclCommGetAsyncError, which is what lets every wait have a deadline.
+// non-blocking (ncclConfig_t::blocking = 0): opening and enqueueing return at once and the caller
+// polls ncclCommGetAsyncError, which is what lets every wait have a deadline (abort and destroy
+// still block while NCCL tears down).
 #include "backends/cuda/nccl_comm.h"
 
 #include <dlfcn.h>
@@ -77,6 +78,7 @@ struct NcclLibrary {
     const int major = version >= 10000 ? version / 10000 : version / 1000;
     const int minor = version >= 10000 ? version / 100 % 100 : version / 100 % 10;
     status.loaded = true;
+    status.version = version;
     status.describe = fmt::format("NCCL {}.{}.{}", major, minor, version % 100);
   }
 };
@@ -142,7 +144,7 @@ NcclComm::NcclComm(int device, const NcclId& id, int n_ranks, int my_rank, doubl
 }
 
 NcclComm::~NcclComm() {
-  if (!comm_ || aborted_) return;
+  if (!comm_) return;
   NcclLibrary& nccl = library();
   auto comm = static_cast<ncclComm_t>(comm_);
   // Finalizing flushes what is in flight; a peer that no longer answers leaves it pending, and
@@ -162,8 +164,8 @@ NcclComm::~NcclComm() {
 void NcclComm::send(const void* src, size_t bytes, int peer, cudaStream_t stream, double timeout_s,
                     std::string_view doing) {
   NcclLibrary& nccl = library();
+  auto comm = static_cast<ncclComm_t>(usable(doing));
   TANDEM_CUDA_CHECK(cudaSetDevice(device_));
-  auto comm = static_cast<ncclComm_t>(comm_);
   if (const ncclResult_t r = nccl.send(src, bytes, ncclUint8, peer, comm, stream);
       r != ncclSuccess && r != ncclInProgress)
     failed(doing, nccl.error_string(r));
@@ -174,8 +176,8 @@ void NcclComm::send(const void* src, size_t bytes, int peer, cudaStream_t stream
 void NcclComm::receive(void* dst, size_t bytes, int peer, cudaStream_t stream, double timeout_s,
                        std::string_view doing) {
   NcclLibrary& nccl = library();
+  auto comm = static_cast<ncclComm_t>(usable(doing));
   TANDEM_CUDA_CHECK(cudaSetDevice(device_));
-  auto comm = static_cast<ncclComm_t>(comm_);
   if (const ncclResult_t r = nccl.recv(dst, bytes, ncclUint8, peer, comm, stream);
       r != ncclSuccess && r != ncclInProgress)
     failed(doing, nccl.error_string(r));
@@ -186,8 +188,8 @@ void NcclComm::receive(void* dst, size_t bytes, int peer, cudaStream_t stream, d
 void NcclComm::exchange(const void* src, void* dst, size_t bytes, int peer, cudaStream_t stream,
                         double timeout_s, std::string_view doing) {
   NcclLibrary& nccl = library();
+  auto comm = static_cast<ncclComm_t>(usable(doing));
   TANDEM_CUDA_CHECK(cudaSetDevice(device_));
-  auto comm = static_cast<ncclComm_t>(comm_);
   nccl.group_start();
   const ncclResult_t sent = nccl.send(src, bytes, ncclUint8, peer, comm, stream);
   const ncclResult_t received = nccl.recv(dst, bytes, ncclUint8, peer, comm, stream);
@@ -224,9 +226,9 @@ void NcclComm::wait_for_stream(cudaStream_t stream, double timeout_s, std::strin
   for (int polls = 0;; ++polls) {
     const cudaError_t done = cudaStreamQuery(stream);
     if (done == cudaSuccess) return;
-    if (done != cudaErrorNotReady) TANDEM_CUDA_CHECK(done);
+    if (done != cudaErrorNotReady) failed(doing, cudaGetErrorString(done));
     ncclResult_t state = ncclSuccess;
-    nccl.async_error(comm, &state);
+    if (const ncclResult_t r = nccl.async_error(comm, &state); r != ncclSuccess) state = r;
     if (state != ncclSuccess && state != ncclInProgress)
       failed(doing, fmt::format("{} ({})", nccl.error_string(state), nccl.last_error(comm)));
     if (seconds_since(start) > timeout_s)
@@ -236,12 +238,15 @@ void NcclComm::wait_for_stream(cudaStream_t stream, double timeout_s, std::strin
   }
 }
 
+void* NcclComm::usable(std::string_view doing) const {
+  if (!comm_) fail("{}: its NCCL communicator was aborted after an earlier error", doing);
+  return comm_;
+}
+
 // Aborting ends the communicator's kernels, so the stream does not hang behind them.
 void NcclComm::failed(std::string_view doing, const std::string& why) {
-  if (comm_ && !aborted_) {
-    library().abort(static_cast<ncclComm_t>(comm_));
-    aborted_ = true;
-  }
+  if (comm_) library().abort(static_cast<ncclComm_t>(comm_));
+  comm_ = nullptr;
   fail("{}: {}", doing, why);
 }
 

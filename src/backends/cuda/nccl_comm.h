@@ -3,7 +3,8 @@
 // the host staging them. NCCL is a separate install from the toolkit and the driver, so tandem
 // runs where it is absent (the buffers then go through host memory and MPI) and links nothing
 // of it. Every wait polls with a deadline and aborts the communicator when it passes: an NCCL
-// kernel whose peer died would otherwise spin for ever.
+// kernel whose peer died would otherwise spin for ever. (Aborting blocks until NCCL has torn the
+// communicator down.)
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -17,6 +18,7 @@ namespace tandem::cuda {
 // "NCCL 2.28.9" when libnccl.so.2 loads with every function used here; else what is missing.
 struct NcclStatus {
   bool loaded = false;
+  int version = 0;  // NCCL_VERSION_CODE
   std::string describe;
 };
 const NcclStatus& nccl_status();  // loads the library the first time
@@ -50,13 +52,14 @@ class NcclComm {
                 double timeout_s, std::string_view doing);
 
  private:
+  void* usable(std::string_view doing) const;  // the communicator, unless an error aborted it
   void settle(double timeout_s, std::string_view doing);
   void wait_for_stream(cudaStream_t stream, double timeout_s, std::string_view doing);
+  // Aborts the communicator (after which every call fails) and throws.
   [[noreturn]] void failed(std::string_view doing, const std::string& why);
 
   int device_;
-  void* comm_ = nullptr;  // ncclComm_t
-  bool aborted_ = false;
+  void* comm_ = nullptr;  // ncclComm_t; null once aborted
 };
 
 }  // namespace tandem::cuda

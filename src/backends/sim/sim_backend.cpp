@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <span>
 #include <vector>
@@ -284,43 +286,57 @@ namespace {
 
 // NCCL's shape without NCCL: opening passes an id from the sending rank to the receiving one
 // (which checks it, as NCCL would refuse a wrong one), and each buffer goes out of the device,
-// over the host transport and into the other device, in stream order.
+// over the host transport and into the other device, in stream order. A send returns when the
+// peer has the bytes (it answers each with a byte), as NCCL's does: a rank that sends what the
+// other does not expect waits here, in the CPU tests too, instead of only on GPUs.
 class SimRankChannel final : public RankChannel {
  public:
   SimRankChannel(SimBackend& device, Transport& host, int32_t peer, bool sends,
                  std::string_view what)
       : device_(device), host_(host), peer_(peer) {
-    uint64_t id = kId;
     const std::string id_for = fmt::format("the sim channel's id for {}", what);
     if (sends) {
-      host.send(peer, std::as_bytes(std::span(&id, 1)), id_for);
+      host.send(peer, std::as_bytes(std::span(&kId, 1)), id_for);
     } else {
-      host.receive(peer, std::as_writable_bytes(std::span(&id, 1)), id_for);
-      if (id != kId)
+      host.receive(peer, std::as_writable_bytes(std::span(&id_, 1)), id_for);
+      if (id_ != kId)
         fail("rank {} opening a sim channel for {} from rank {}: it sent {:#x}, not a channel id",
-             host.rank(), what, peer, id);
+             host.rank(), what, peer, id_);
     }
   }
   void send(const void* device_src, size_t bytes, std::string_view what) override {
     staged_.resize(bytes);
     device_.copy_to_host(staged_.data(), device_src, bytes);
     host_.send(peer_, staged_, what);
+    host_.receive(peer_, std::as_writable_bytes(std::span(&answer_, 1)), what);
   }
   void receive(void* device_dst, size_t bytes, std::string_view what) override {
     staged_.resize(bytes);
     host_.receive(peer_, staged_, what);
     device_.copy_from_host(device_dst, staged_.data(), bytes);
+    host_.send(peer_, std::as_bytes(std::span(&kAnswer, 1)), what);
   }
 
  private:
   static constexpr uint64_t kId = 0x73696d6368616e6e;  // "simchann"
+  static constexpr std::byte kAnswer{1};
   SimBackend& device_;
   Transport& host_;
   int32_t peer_;
+  // Members, not locals: a send that timed out may read its buffer until the run ends.
+  uint64_t id_ = 0;
+  std::byte answer_{};
   std::vector<std::byte> staged_;
 };
 
 }  // namespace
+
+// A process's sim devices are its own: never another rank's, even on one machine.
+RankChannelEnd SimBackend::rank_channel_end() const {
+  return {.kind = RankChannelKind::Simulated,
+          .version = 1,
+          .device_id = device_id_on_this_machine(fmt::format("{}/{}", getpid(), name_))};
+}
 
 std::unique_ptr<RankChannel> SimBackend::open_rank_channel(Transport& host, int32_t peer,
                                                            bool sends, std::string_view what) {

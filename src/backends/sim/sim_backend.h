@@ -42,7 +42,7 @@ class SimBackend final : public Backend {
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
   // Another rank's sim device: a stand-in for NCCL between GPUs, so that runs over ranks on
   // machines without GPUs take the path GPU buffers take (the bytes go through host memory).
-  RankChannelKind rank_channel_kind() const override { return RankChannelKind::Simulated; }
+  RankChannelEnd rank_channel_end() const override;
   std::unique_ptr<RankChannel> open_rank_channel(Transport& host, int32_t peer, bool sends,
                                                  std::string_view what) override;
   std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
