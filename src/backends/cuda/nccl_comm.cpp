@@ -163,38 +163,31 @@ NcclComm::~NcclComm() {
 
 void NcclComm::send(const void* src, size_t bytes, int peer, cudaStream_t stream, double timeout_s,
                     std::string_view doing) {
-  NcclLibrary& nccl = library();
-  auto comm = static_cast<ncclComm_t>(usable(doing));
-  TANDEM_CUDA_CHECK(cudaSetDevice(device_));
-  if (const ncclResult_t r = nccl.send(src, bytes, ncclUint8, peer, comm, stream);
-      r != ncclSuccess && r != ncclInProgress)
-    failed(doing, nccl.error_string(r));
-  settle(timeout_s, doing);
-  wait_for_stream(stream, timeout_s, doing);
+  transfer(src, nullptr, bytes, peer, stream, timeout_s, doing);
 }
 
 void NcclComm::receive(void* dst, size_t bytes, int peer, cudaStream_t stream, double timeout_s,
                        std::string_view doing) {
-  NcclLibrary& nccl = library();
-  auto comm = static_cast<ncclComm_t>(usable(doing));
-  TANDEM_CUDA_CHECK(cudaSetDevice(device_));
-  if (const ncclResult_t r = nccl.recv(dst, bytes, ncclUint8, peer, comm, stream);
-      r != ncclSuccess && r != ncclInProgress)
-    failed(doing, nccl.error_string(r));
-  settle(timeout_s, doing);
-  wait_for_stream(stream, timeout_s, doing);
+  transfer(nullptr, dst, bytes, peer, stream, timeout_s, doing);
 }
 
 void NcclComm::exchange(const void* src, void* dst, size_t bytes, int peer, cudaStream_t stream,
                         double timeout_s, std::string_view doing) {
+  transfer(src, dst, bytes, peer, stream, timeout_s, doing);
+}
+
+// A send (src), a receive (dst) or both as one group, enqueued on `stream` and waited for.
+void NcclComm::transfer(const void* src, void* dst, size_t bytes, int peer, cudaStream_t stream,
+                        double timeout_s, std::string_view doing) {
   NcclLibrary& nccl = library();
   auto comm = static_cast<ncclComm_t>(usable(doing));
   TANDEM_CUDA_CHECK(cudaSetDevice(device_));
+  ncclResult_t results[3] = {ncclSuccess, ncclSuccess, ncclSuccess};
   nccl.group_start();
-  const ncclResult_t sent = nccl.send(src, bytes, ncclUint8, peer, comm, stream);
-  const ncclResult_t received = nccl.recv(dst, bytes, ncclUint8, peer, comm, stream);
-  const ncclResult_t ended = nccl.group_end();
-  for (const ncclResult_t r : {sent, received, ended})
+  if (src) results[0] = nccl.send(src, bytes, ncclUint8, peer, comm, stream);
+  if (dst) results[1] = nccl.recv(dst, bytes, ncclUint8, peer, comm, stream);
+  results[2] = nccl.group_end();
+  for (const ncclResult_t r : results)
     if (r != ncclSuccess && r != ncclInProgress) failed(doing, nccl.error_string(r));
   settle(timeout_s, doing);
   wait_for_stream(stream, timeout_s, doing);

@@ -52,6 +52,8 @@ class NcclComm {
                 double timeout_s, std::string_view doing);
 
  private:
+  void transfer(const void* src, void* dst, size_t bytes, int peer, cudaStream_t stream,
+                double timeout_s, std::string_view doing);
   void* usable(std::string_view doing) const;  // the communicator, unless an error aborted it
   void settle(double timeout_s, std::string_view doing);
   void wait_for_stream(cudaStream_t stream, double timeout_s, std::string_view doing);
