@@ -71,14 +71,6 @@ int32_t launched_rank() {
   return 0;
 }
 
-void refuse_several_ranks(std::string_view command) {
-  if (launched_ranks() > 1)
-    fail(
-        "`tandem {}` runs in one process; over several ranks (mpirun -np N) tandem runs `run` and "
-        "`eval` so far",
-        command);
-}
-
 namespace {
 std::atomic<bool> waits_interrupted{false};
 }  // namespace

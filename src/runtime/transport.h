@@ -27,9 +27,6 @@ int32_t launched_ranks();
 // This process's rank as the launcher gave it (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK); 0 for
 // a plain start. Known before anything is opened: `serve` listens on rank 0 only.
 int32_t launched_rank();
-// Throws tandem::Error when this process is one of several ranks: for `command`s that do not run
-// over several ranks yet.
-void refuse_several_ranks(std::string_view command);
 
 // Makes every wait for another rank, now and later, fail at once ("interrupted"): a server that
 // gets SIGTERM under mpirun (which sends it when a rank died, SIGKILL following) tells its clients
