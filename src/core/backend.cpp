@@ -2,19 +2,19 @@
 
 #include <unistd.h>
 
-#include <string>
-
 #include "core/error.h"
+#include "core/fnv_hash.h"
 
 namespace tandem {
 
 uint64_t device_id_on_this_machine(std::string_view place) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
-  for (char c : std::string(host) + "/" + std::string(place))
-    hash = (hash ^ uint8_t(c)) * 0x100000001b3ull;
-  return hash;
+  Fnv1a hash;
+  hash.mix_bytes(host);
+  hash.mix_bytes("/");
+  hash.mix_bytes(place);
+  return hash.value();
 }
 
 bool Backend::copy_from_peer(Backend&, void*, const void*, size_t) { return false; }

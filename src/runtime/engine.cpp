@@ -18,6 +18,7 @@
 #include "backends/cpu/cpu_features.h"
 #include "backends/cuda/cuda_devices.h"
 #include "core/error.h"
+#include "core/fnv_hash.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
@@ -43,23 +44,23 @@ uint64_t model_file_fingerprint(const gguf::GgufFile& file) {
   std::vector<char> header(size_t(std::min<uint64_t>(header_bytes, uint64_t(64) << 20)));
   if (!in.read(header.data(), std::streamsize(header.size())))
     fail("{}: cannot read its header back", file.name());
-  uint64_t hash = 0xcbf29ce484222325ull ^ file.total_file_bytes();
-  for (char c : header) hash = (hash ^ uint8_t(c)) * 0x100000001b3ull;
-  return hash;
+  Fnv1a hash;
+  hash.mix(file.total_file_bytes());
+  hash.mix_bytes(std::string_view(header.data(), header.size()));
+  return hash.value();
 }
 
 // Which rank runs each part, hashed (FNV-1a over its 32-bit values): ranks that planned alike
 // agree on it.
 uint64_t rank_plan_fingerprint(const RankPlan& ranks) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  auto mix = [&](int32_t value) { hash = (hash ^ uint32_t(value)) * 0x100000001b3ull; };
-  mix(ranks.embeddings);
-  mix(ranks.output);
+  Fnv1a hash;
+  hash.mix(uint32_t(ranks.embeddings));
+  hash.mix(uint32_t(ranks.output));
   for (size_t il = 0; il < ranks.layers.size(); ++il) {
-    mix(ranks.layers[il]);
-    for (int32_t r : ranks.experts[il]) mix(r);
+    hash.mix(uint32_t(ranks.layers[il]));
+    for (int32_t r : ranks.experts[il]) hash.mix(uint32_t(r));
   }
-  return hash;
+  return hash.value();
 }
 
 // What rank 0 tells the following ranks, in a StepHeader.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fnv_hash.h"
 #include "plan/cluster.h"
 #include "runtime/transport.h"
 
@@ -60,18 +61,17 @@ void agree_on_hardware(Transport& transport, plan::Hardware& hw) {
 
 plan::Hardware cluster_of_ranks(Transport& transport, const std::string& path, int32_t threads) {
   plan::Hardware cluster = plan::load_cluster(path, threads);
-  uint64_t fingerprint = 0xcbf29ce484222325ull;  // FNV-1a over what the plan reads of the machines
-  auto mix = [&](uint64_t value) { fingerprint = (fingerprint ^ value) * 0x100000001b3ull; };
-  mix(uint64_t(cluster.n_nodes));
-  mix(uint64_t(cluster.node_link_bytes_per_s));
-  mix(uint64_t(cluster.node_link_latency_s * 1e9));
-  mix(uint64_t(cluster.gpu_link));
+  Fnv1a fingerprint;  // over what the plan reads of the machines
+  fingerprint.mix(uint64_t(cluster.n_nodes));
+  fingerprint.mix(uint64_t(cluster.node_link_bytes_per_s));
+  fingerprint.mix(uint64_t(cluster.node_link_latency_s * 1e9));
+  fingerprint.mix(uint64_t(cluster.gpu_link));
   for (const plan::DeviceSpec& gpu : cluster.gpus) {
-    mix(uint64_t(gpu.node));
-    mix(gpu.memory_bytes);
-    mix(uint64_t(gpu.bandwidth_bytes_per_s));
+    fingerprint.mix(uint64_t(gpu.node));
+    fingerprint.mix(gpu.memory_bytes);
+    fingerprint.mix(uint64_t(gpu.bandwidth_bytes_per_s));
   }
-  check_same_on_every_rank(transport, fingerprint,
+  check_same_on_every_rank(transport, fingerprint.value(),
                            fmt::format("the machines the cluster file {} lists", path),
                            "give every rank the same cluster file");
   if (cluster.n_nodes != transport.n_ranks())
