@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <vector>
 
 #include "core/error.h"
@@ -21,6 +23,36 @@ double decode_seconds_per_step(Engine& engine, int64_t n_gen) {
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
          double(n_gen);
+}
+
+// Tokens per second of `n_seq` sequences decoding `n_gen` tokens each from position 0, in `lanes`
+// groups, each with a step in flight (Engine::start_batch): 1 is one step for all of them at a
+// time, finished before the next starts.
+double parallel_decode_tokens_per_s(Engine& engine, int32_t n_seq, int64_t n_gen, int32_t lanes) {
+  std::vector<std::vector<int32_t>> groups(static_cast<size_t>(lanes));
+  for (int32_t s = 0; s < n_seq; ++s) groups[size_t(s * lanes / n_seq)].push_back(s);
+  std::deque<uint64_t> in_flight;
+  std::vector<float> logits;
+  std::vector<int32_t> tokens, positions, rows;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n_gen; ++i)
+    for (const std::vector<int32_t>& group : groups) {
+      if (in_flight.size() == size_t(lanes)) {
+        engine.finish_batch(in_flight.front(), logits);
+        in_flight.pop_front();
+      }
+      tokens.clear(), positions.clear(), rows.clear();
+      for (int32_t s : group) {
+        tokens.push_back(int32_t(3 + (i * 37 + s * 11) % 97));  // ids 3..99 exist everywhere
+        positions.push_back(int32_t(i));
+        rows.push_back(int32_t(rows.size()));
+      }
+      in_flight.push_back(
+          engine.start_batch(tokens, positions, group, rows, KernelChoice::PerToken));
+    }
+  for (; !in_flight.empty(); in_flight.pop_front()) engine.finish_batch(in_flight.front(), logits);
+  return double(n_seq) * double(n_gen) /
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // What one stretch of steps between two gathers of every rank's traffic cost: the time in which
@@ -59,14 +91,15 @@ bool ranks_take_turns(const RankPlan& ranks) {
 
 }  // namespace
 
-RankBench bench_ranks(Engine& engine, const EngineOptions& options, int64_t n_gen,
-                      int repetitions) {
+RankBench bench_ranks(Engine& engine, const EngineOptions& options, int64_t n_gen, int repetitions,
+                      int32_t parallel) {
   TANDEM_CHECK(engine.n_ranks() > 1 && !engine.follows());
   if (n_gen < 1) fail("bench over several ranks measures decode steps: give --n-gen 1 or more");
   RankBench r{.n_ranks = engine.n_ranks(),
               .spread = std::string(spread_name(engine.rank_spread()))};
   EngineOptions alone_options = options;
   alone_options.alone = true;
+  alone_options.n_seq = 1;
   alone_options.spread.clear();
   Engine alone(alone_options);
   decode_seconds_per_step(engine, 4);  // warm-up, both ways
@@ -93,6 +126,19 @@ RankBench bench_ranks(Engine& engine, const EngineOptions& options, int64_t n_ge
   r.announced_bytes_per_step = double(all.announced.bytes) / steps;
   r.announcing_s_per_step = all.announcing_s / steps;
   r.link = engine.measure_rank_link();
+  if (parallel > 1) {
+    r.parallel = parallel;
+    r.overlapping_steps = std::min(engine.steps_in_flight(), parallel);
+    parallel_decode_tokens_per_s(engine, parallel, 4, r.overlapping_steps);  // warm-up
+    for (int rep = 0; rep < repetitions; ++rep) {  // alternating, as above
+      r.parallel_one_step_tokens_per_s += parallel_decode_tokens_per_s(engine, parallel, n_gen, 1);
+      if (r.overlapping_steps > 1)
+        r.parallel_overlapped_tokens_per_s +=
+            parallel_decode_tokens_per_s(engine, parallel, n_gen, r.overlapping_steps);
+    }
+    r.parallel_one_step_tokens_per_s /= repetitions;
+    r.parallel_overlapped_tokens_per_s /= repetitions;
+  }
   r.comparable = ranks_take_turns(engine.rank_plan());
   // Rank 0 sends each announcement before it computes (a send of a few bytes, not a wait):
   // counted apart, as the prediction leaves it out.
@@ -104,14 +150,30 @@ RankBench bench_ranks(Engine& engine, const EngineOptions& options, int64_t n_ge
 }
 
 std::string format_rank_bench(const RankBench& r) {
-  std::string text = fmt::format(
-      "\nover {} ranks (--spread {}): decode {:.2f} tokens/s, {:.2f} in rank 0 alone (measured, "
-      "alternating)\neach step sent {:.1f} messages, {:.1f} KiB between ranks, besides rank 0's "
-      "{:.1f} announcements ({:.1f} KiB) received while it computes\n"
-      "link rank 0 - rank 1 (measured, ping-pong): {:.1f} us a small message, {:.2f} GB/s\n",
-      r.n_ranks, r.spread, r.decode_tokens_per_s, r.decode_alone_tokens_per_s, r.messages_per_step,
-      r.bytes_per_step / 1024, r.announced_messages_per_step, r.announced_bytes_per_step / 1024,
-      r.link.latency_s * 1e6, r.link.bytes_per_s / 1e9);
+  std::string parallel;
+  if (r.parallel > 1 && r.overlapping_steps > 1)
+    parallel = fmt::format(
+        "{} sequences decoding at once: {:.2f} tokens/s in one step each time, {:.2f} in {} "
+        "overlapping steps (each rank computing another) = {:.2f}x (measured, alternating)\n",
+        r.parallel, r.parallel_one_step_tokens_per_s, r.parallel_overlapped_tokens_per_s,
+        r.overlapping_steps, r.parallel_overlapped_tokens_per_s / r.parallel_one_step_tokens_per_s);
+  else if (r.parallel > 1)
+    parallel = fmt::format(
+        "{} sequences decoding at once: {:.2f} tokens/s; steps do not overlap in this spread (rank "
+        "0 takes part again after another rank: pipeline stages alone overlap)\n",
+        r.parallel, r.parallel_one_step_tokens_per_s);
+  std::string text =
+      parallel +
+      fmt::format(
+          "\nover {} ranks (--spread {}): decode {:.2f} tokens/s, {:.2f} in rank 0 alone "
+          "(measured, "
+          "alternating)\neach step sent {:.1f} messages, {:.1f} KiB between ranks, besides rank "
+          "0's "
+          "{:.1f} announcements ({:.1f} KiB) received while it computes\n"
+          "link rank 0 - rank 1 (measured, ping-pong): {:.1f} us a small message, {:.2f} GB/s\n",
+          r.n_ranks, r.spread, r.decode_tokens_per_s, r.decode_alone_tokens_per_s,
+          r.messages_per_step, r.bytes_per_step / 1024, r.announced_messages_per_step,
+          r.announced_bytes_per_step / 1024, r.link.latency_s * 1e6, r.link.bytes_per_s / 1e9);
   if (r.comparable)
     return text +
            fmt::format(
@@ -143,7 +205,13 @@ nlohmann::ordered_json rank_bench_json(const RankBench& r) {
            r.comparable ? nlohmann::ordered_json(r.measured_s_per_step) : nullptr},
           {"announcing_s_per_step", r.announcing_s_per_step},
           {"predicted_transfer_s_per_step", r.predicted_s_per_step},
-          {"prediction_comparable", r.comparable}};
+          {"prediction_comparable", r.comparable},
+          {"parallel", r.parallel},
+          {"overlapping_steps", r.overlapping_steps},
+          {"parallel_one_step_tokens_per_s", r.parallel_one_step_tokens_per_s},
+          {"parallel_overlapped_tokens_per_s",
+           r.overlapping_steps > 1 ? nlohmann::ordered_json(r.parallel_overlapped_tokens_per_s)
+                                   : nullptr}};
 }
 
 }  // namespace tandem::cli

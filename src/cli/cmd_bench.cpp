@@ -109,6 +109,7 @@ void register_bench(CLI::App& app) {
     int repetitions = 3;
     bool json = false;
     bool cold = false;
+    int32_t parallel = 1;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -126,6 +127,13 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-r,--repetitions", o->repetitions, "repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", o->engine.n_threads, "CPU threads (default: physical cores)");
+  cmd->add_option(
+         "--parallel", o->parallel,
+         "under mpirun, also decode this many sequences at once (--n-gen tokens each), in one "
+         "step each time and in overlapping steps (a pipeline's ranks each computing another "
+         "step, as serve runs them), repetitions alternating")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->add_flag("--cold", o->cold,
                 "first measure cold starts: drop the model from the page cache, load it and run a 1- and a "
@@ -139,6 +147,9 @@ void register_bench(CLI::App& app) {
   cmd->callback([o] {
     if (o->cold && launched_ranks() > 1) fail("--cold measures one process: run it without mpirun");
     if (o->repetitions < 1) fail("--repetitions must be at least 1");
+    if (o->parallel > 1 && launched_ranks() <= 1)
+      fail("--parallel measures overlapping steps over MPI ranks: run bench under mpirun -np N");
+    o->engine.n_seq = o->parallel;
     if (o->depths.empty()) o->depths = {0};
     for (int64_t d : o->depths)
       if (d < 0) fail("--n-depth must be 0 or more (got {})", d);
@@ -205,7 +216,8 @@ void register_bench(CLI::App& app) {
       }
     }
     std::optional<RankBench> ranks;
-    if (engine.n_ranks() > 1) ranks = bench_ranks(engine, o->engine, o->generate, o->repetitions);
+    if (engine.n_ranks() > 1)
+      ranks = bench_ranks(engine, o->engine, o->generate, o->repetitions, o->parallel);
     const std::vector<double>& prefill_tps = prefill_at.front();
     const std::vector<double>& decode_tps = decode_at.front();
     const double bandwidth_after = plan::measure_memory_bandwidth(threads);

@@ -13,11 +13,23 @@
 // stay alive until abort_run (a collective that times out ends the run at once).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
 namespace tandem {
+
+// A send or receive started now and finished by wait(): the message may land while this rank
+// computes, and neither end waits for the other to reach its call. Its buffer must stay alive and
+// unchanged until wait() returns. wait() has the transport's deadline from when it is called and
+// fails as the blocking call would; a transfer dropped without wait() is cancelled where MPI can
+// (a receive not yet matched), else left pending until the run ends (its buffer kept alive).
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  virtual void wait() = 0;
+};
 
 class Transport {
  public:
@@ -35,6 +47,12 @@ class Transport {
   virtual void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) = 0;
   // `bytes` must be exactly the size the sender sent.
   virtual void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) = 0;
+  // Both started now and finished by PendingTransfer::wait() (null never). Messages between two
+  // ranks match in the order they were started, blocking or not, as MPI's do.
+  virtual std::unique_ptr<PendingTransfer> send_later(int32_t to, std::span<const std::byte> bytes,
+                                                      std::string_view what) = 0;
+  virtual std::unique_ptr<PendingTransfer> receive_later(int32_t from, std::span<std::byte> bytes,
+                                                         std::string_view what) = 0;
   // `root`'s bytes into every rank's `bytes` (the same size on every rank).
   virtual void broadcast(int32_t root, std::span<std::byte> bytes, std::string_view what) = 0;
   // Every rank's `mine` (the same size everywhere) into `all`, in rank order.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/transport.h"
 #include "gguf/gguf_file.h"
 #include "model/device_plan.h"
 
@@ -129,7 +130,13 @@ class Model {
   // Runs `batch`: stores every token's keys in `cache` (one view per layer, each on its layer's
   // device, shaped as info().kv says) and writes the logits of batch.logit_rows to `logits`
   // ([rows, n_vocab], host memory).
-  virtual void forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) = 0;
+  //
+  // Over several ranks, on rank 0 of a step whose logits come from another rank: with
+  // `logits_later`, forward returns once rank 0's part is done and leaves the logits' receive
+  // there (into `logits`, which must stay alive until it is waited for), so that rank 0 can start
+  // another step meanwhile. Null when nothing was left.
+  virtual void forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
+                       std::unique_ptr<PendingTransfer>* logits_later = nullptr) = 0;
 };
 
 // The architectures this build runs, for messages: "deepseek2, qwen3moe, gpt-oss, glm4moe".

@@ -64,6 +64,10 @@ Transformer::Transformer(const gguf::GgufFile& file, const DevicePlan& devices, 
 // Work still queued on a device reads the model's buffers: it ends first.
 Transformer::~Transformer() {
   synchronize_devices(/*report=*/false);
+  try {
+    if (logits_send_) logits_send_->wait();  // rank 0 took it before it stopped the run
+  } catch (const std::exception&) {
+  }
 }
 
 void Transformer::bind_embeddings_and_head() {
@@ -342,7 +346,8 @@ void Transformer::prepare_step(const Batch& batch) {
   }
 }
 
-void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) {
+void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
+                          std::unique_ptr<PendingTransfer>* logits_later) {
   const int64_t T = int64_t(batch.tokens.size());
   TANDEM_CHECK(batch.positions.size() == batch.tokens.size() &&
                batch.seq_ids.size() == batch.tokens.size());
@@ -356,7 +361,7 @@ void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache
   // Every device has finished the step when this returns, whatever happened: an op's error shows
   // with its own step, and nothing still runs when the caller reuses or frees its buffers.
   try {
-    step(batch, cache, logits);
+    step(batch, cache, logits, logits_later);
   } catch (...) {
     ++steps_;
     synchronize_devices(/*report=*/false);
@@ -378,7 +383,8 @@ void Transformer::synchronize_devices(bool report) {
   if (first && report) std::rethrow_exception(first);
 }
 
-void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, float* logits) {
+void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
+                       std::unique_ptr<PendingTransfer>* logits_later) {
   using W = Workspace;
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   const int64_t embd = info_.n_embd;
@@ -394,7 +400,7 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
   // A decode-sized step with a logit row per token, in order, can be a graph.
   bool graph = captures_steps() && T <= kMaxGraphTokens && R == T;
   for (int64_t r = 0; graph && r < R; ++r) graph = batch.logit_rows[size_t(r)] == r;
-  if (!graph) return run_layers(batch, cache, at, x, logits, /*capturing=*/false);
+  if (!graph) return run_layers(batch, cache, at, x, logits, /*capturing=*/false, logits_later);
 
   Backend& g = *graph_device_;
   float* residual = workspace(g).get(W::kResidual, T * embd);
@@ -446,7 +452,8 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
 }
 
 void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at,
-                             float* x, float* logits, bool capturing) {
+                             float* x, float* logits, bool capturing,
+                             std::unique_ptr<PendingTransfer>* logits_later) {
   using W = Workspace;
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   const int64_t embd = info_.n_embd;
@@ -538,8 +545,19 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   if (ranks.spread() && ranks.output != 0) {
     const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(logits), logit_bytes);
     const std::string what = fmt::format("the logits, step {}", steps_);
-    if (me == ranks.output) ranks.transport->send(0, bytes, what);
-    if (me == 0) ranks.transport->receive(ranks.output, bytes, what);
+    if (me == ranks.output) {
+      if (logits_send_) logits_send_->wait();
+      logits_sent_.assign(bytes.begin(), bytes.end());
+      logits_send_ = ranks.transport->send_later(0, logits_sent_, what);
+    }
+    if (me == 0) {
+      std::unique_ptr<PendingTransfer> receive =
+          ranks.transport->receive_later(ranks.output, bytes, what);
+      if (logits_later)
+        *logits_later = std::move(receive);
+      else
+        receive->wait();
+    }
   }
 }
 

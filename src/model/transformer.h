@@ -54,7 +54,8 @@ class Transformer : public Model {
   // Every weight read at load or used in place, but of the routed experts only those chosen so
   // far, and none of the embedding table (its rows are a few KiB).
   std::vector<gguf::FileRange> touched_file_ranges() const override;
-  void forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits) override;
+  void forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
+               std::unique_ptr<PendingTransfer>* logits_later = nullptr) override;
 
   static constexpr int64_t kMaxGraphTokens = 64;
 
@@ -181,13 +182,17 @@ class Transformer : public Model {
   void prepare_step(const Batch& batch);
   // forward() without its checks and its final wait: the embeddings, then the layers op by op,
   // or captured, or replayed.
-  void step(const Batch& batch, std::span<const KvLayerView> cache, float* logits);
+  void step(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
+            std::unique_ptr<PendingTransfer>* logits_later);
   // Waits for every device the model used; `report`: rethrows the first error after all waited.
   void synchronize_devices(bool report);
   // Layers and output head for the residual stream `x` on `at`; the logits land in `logits`
   // (host memory), or in the head device's host buffer when `capturing` (read after replay).
+  // Over ranks, the head's rank sends them to rank 0 (logits_send_), which receives them here or,
+  // given `logits_later`, leaves the receive there (forward()).
   void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,
-                  float* logits, bool capturing);
+                  float* logits, bool capturing,
+                  std::unique_ptr<PendingTransfer>* logits_later = nullptr);
   // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
   // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
   // model has them) to `shared_out`.
@@ -267,6 +272,11 @@ class Transformer : public Model {
   // routing and slots on the ranks that exchange them.
   uint64_t steps_ = 0;  // forward passes so far: named in what crosses ranks
   std::vector<std::byte> rank_staging_;
+  // On the head's rank: the last step's logits on their way to rank 0, sent without waiting for
+  // rank 0 to take them (it may be computing the next step, or waiting for the next stage to take
+  // that step's input), and finished before the next step's are sent.
+  std::vector<std::byte> logits_sent_;
+  std::unique_ptr<PendingTransfer> logits_send_;
   struct OpenChannel {
     int32_t peer;
     Backend* device;          // this rank's end

@@ -116,6 +116,7 @@ struct BatchScheduler::Slot {
   int32_t generated = 0;
   int32_t next_token = -1;  // sampled, to be fed by the next decode step
   bool finished = false;
+  bool in_flight = false;  // fed to a decode step not finished yet (kept until it is)
 
   bool in_prompt() const { return prompt_done < int64_t(request.prompt.size()); }
 };
@@ -187,6 +188,9 @@ void BatchScheduler::loop() {
       };
       work_.wait(lock, [&] { return stopping_ || !queue_.empty() || busy(); });
       if (stopping_) {
+        lock.unlock();
+        finish_decode_steps(0);
+        lock.lock();
         for (auto& [request, state] : queue_)
           for (int32_t c = 0; c < request.n; ++c) state->end(c, "cancelled", 0);
         queue_.clear();
@@ -201,10 +205,12 @@ void BatchScheduler::loop() {
     retire_finished();
     const bool prompts = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && s->in_prompt(); });
     const bool decodes = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && !s->in_prompt(); });
-    if (prompts && (prompt_turn_ || !decodes))
+    if (prompts && (prompt_turn_ || !decodes)) {
+      finish_decode_steps(0);  // a prompt step runs alone
       prompt_step();
-    else if (decodes)
+    } else if (decodes) {
       decode_step();
+    }
     prompt_turn_ = !prompt_turn_;
     retire_finished();
   }
@@ -253,7 +259,7 @@ void BatchScheduler::restore_prefix(Slot& slot, int32_t seq) {
 void BatchScheduler::retire_finished() {
   int64_t cached = 0;
   for (auto& slot : slots_)
-    if (slot && slot->finished) slot.reset();
+    if (slot && slot->finished && !slot->in_flight) slot.reset();
   for (auto& slot : slots_) {
     // A choice whose leader ended before its prompt did (cancelled, failed) evaluates the prompt
     // itself.
@@ -343,34 +349,75 @@ void BatchScheduler::start_followers(size_t leader, const float* logits) {
 }
 
 void BatchScheduler::decode_step() {
+  // Over ranks in a pipeline, the decoding slots go in as many steps as there are stages, each
+  // started as soon as its last one's tokens are sampled: rank 0 computes one while the later
+  // ranks compute the others (Engine::start_batch). Elsewhere one step feeds every slot.
+  std::vector<Slot*> ready;
+  size_t decoding = 0;
+  for (auto& slot : slots_) {
+    if (!slot || slot->in_prompt() || (slot->finished && !slot->in_flight)) continue;
+    ++decoding;
+    if (!slot->in_flight && !slot->finished) ready.push_back(slot.get());
+  }
+  const size_t lanes = std::min(size_t(engine_.steps_in_flight()), std::max<size_t>(decoding, 1));
+  if (!ready.empty() && decode_steps_.size() < lanes) {
+    const size_t share = (decoding + lanes - 1) / lanes;
+    if (ready.size() > share) ready.resize(share);
+    start_decode_step(ready);
+    if (lanes > 1) return;
+  }
+  finish_decode_steps(decode_steps_.empty() ? 0 : decode_steps_.size() - 1);
+}
+
+void BatchScheduler::start_decode_step(const std::vector<Slot*>& fed) {
   tokens_.clear(), positions_.clear(), seq_ids_.clear(), rows_.clear();
-  std::vector<Slot*> fed;
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    Slot* slot = slots_[s].get();
-    if (!slot || slot->in_prompt() || slot->finished) continue;
+  for (Slot* slot : fed) {
     tokens_.push_back(slot->next_token);
     positions_.push_back(int32_t(slot->n_past));
-    seq_ids_.push_back(int32_t(s));
+    seq_ids_.push_back(int32_t(
+        std::find_if(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() == slot; }) -
+        slots_.begin()));
     rows_.push_back(int32_t(rows_.size()));
-    fed.push_back(slot);
   }
-  if (fed.empty()) return;
   const auto start = std::chrono::steady_clock::now();
+  uint64_t step = 0;
   try {
-    engine_.evaluate_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::PerToken, logits_);
+    step = engine_.start_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::PerToken);
   } catch (const std::exception& e) {
     for (Slot* slot : fed) slot->end("error", slot->generated, e.what());
     return;
   }
-  {
-    std::lock_guard lock(mutex_);
-    stats_.decode_seconds += seconds_since(start);
-    stats_.decode_tokens += fed.size();
-  }
+  for (Slot* slot : fed) slot->in_flight = true;
+  std::lock_guard lock(mutex_);
+  stats_.decode_seconds += seconds_since(start);
+  if (!decode_steps_.empty()) ++stats_.overlapped_steps;
+  decode_steps_.push_back({step, fed});
+}
+
+void BatchScheduler::finish_decode_steps(size_t keep) {
   const size_t n_vocab = size_t(engine_.n_vocab());
-  for (size_t r = 0; r < fed.size(); ++r) {
-    ++fed[r]->n_past;
-    sample_and_emit(*fed[r], logits_.data() + r * n_vocab);
+  while (decode_steps_.size() > keep) {
+    const DecodeStep oldest = decode_steps_.front();
+    decode_steps_.pop_front();
+    for (Slot* slot : oldest.fed) slot->in_flight = false;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      engine_.finish_batch(oldest.step, logits_);
+    } catch (const std::exception& e) {
+      for (Slot* slot : oldest.fed)
+        if (!slot->finished) slot->end("error", slot->generated, e.what());
+      continue;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      stats_.decode_seconds += seconds_since(start);
+      stats_.decode_tokens += oldest.fed.size();
+    }
+    for (size_t r = 0; r < oldest.fed.size(); ++r) {
+      Slot& slot = *oldest.fed[r];
+      ++slot.n_past;
+      if (!slot.finished) sample_and_emit(slot, logits_.data() + r * n_vocab);  // not cancelled
+    }
   }
 }
 

@@ -118,6 +118,8 @@ struct SchedulerStats {
   uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
   double prompt_seconds = 0, decode_seconds = 0;  // forward time of each kind of step
   uint64_t decode_tokens = 0;                     // tokens fed by decode steps
+  // Decode steps started while another was still running on later ranks (Engine::start_batch).
+  uint64_t overlapped_steps = 0;
   int64_t cached_tokens = 0;                      // KV cache rows held by running requests
   PrefixCache::Stats prefix_cache;                // all zero when there is none
   uint64_t prefix_cache_budget = 0;
@@ -146,6 +148,10 @@ class BatchScheduler {
   void restore_prefix(Slot& slot, int32_t seq);
   void prompt_step();
   void decode_step();
+  // A decode step of `fed` started (Engine::start_batch), and the oldest steps finished until
+  // `keep` are left in flight, their tokens sampled.
+  void start_decode_step(const std::vector<Slot*>& fed);
+  void finish_decode_steps(size_t keep);
   void sample_and_emit(Slot& slot, const float* logits);
   // The other choices of the request whose prompt `leader` just finished: its rows and logits.
   void start_followers(size_t leader, const float* logits);
@@ -163,6 +169,11 @@ class BatchScheduler {
   bool prompt_turn_ = true;
   std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
   std::vector<float> logits_;
+  struct DecodeStep {
+    uint64_t step;           // Engine::start_batch's
+    std::vector<Slot*> fed;  // in row order
+  };
+  std::deque<DecodeStep> decode_steps_;  // started, oldest first
   std::vector<float> masked_;  // a logits row with end-of-generation removed (ignore_eos)
   std::thread thread_;
 };

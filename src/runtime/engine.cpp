@@ -223,6 +223,7 @@ void Engine::load(const EngineOptions& options, Spread spread,
     ranks.transport = transport_.get();
     keep_parts_of_rank(devices, ranks, transport_->rank());
     rank_plan_ = ranks;
+    steps_in_flight_ = overlapping_stages(ranks);
     if (options.verbose)
       std::fprintf(stderr, "tandem: rank %d of %d (%s), model spread as %s\n", rank(), n_ranks(),
                    transport_->describe().c_str(), std::string(spread_name(spread)).c_str());
@@ -319,6 +320,14 @@ void Engine::load(const EngineOptions& options, Spread spread,
 
 // The model first: it waits for work still queued on the devices, which writes the KV cache.
 Engine::~Engine() {
+  // Steps still in flight are finished first: their logits are on the way.
+  std::vector<float> unused;
+  while (!in_flight_.empty() && rank_failure_.empty()) {
+    try {
+      finish_batch(in_flight_.front().id, unused);
+    } catch (const std::exception&) {
+    }
+  }
   // A failed run ends before anything is freed: a send that timed out may still read its bytes.
   if (!rank_failure_.empty()) transport_->abort_run(rank_failure_);
   if (transport_ && rank() == 0) {
@@ -389,7 +398,8 @@ void Engine::copy_sequence(int32_t from, int32_t to, int64_t length) {
 }
 
 Engine::RankLink Engine::measure_rank_link() {
-  TANDEM_CHECK(transport_ && rank() == 0);
+  // Not between a step's start and finish: a pending receive of logits would take the pong.
+  TANDEM_CHECK(transport_ && rank() == 0 && in_flight_.empty());
   announce(kProbe);
   return ping_pong();
 }
@@ -526,6 +536,8 @@ plan::RoutingProfile Engine::routing_profile() {
   plan::RoutingProfile profile{.model = std::filesystem::path(file_->name()).filename().string()};
   if (transport_) {
     TANDEM_CHECK(rank() == 0);
+    if (!rank_failure_.empty())
+      fail("the run over {} ranks has ended: {}", n_ranks(), rank_failure_);
     announce(kRouting);
     profile.counts = gather_routing().counts;
   } else {
@@ -535,7 +547,9 @@ plan::RoutingProfile Engine::routing_profile() {
 }
 
 std::vector<std::pair<std::string, uint64_t>> Engine::routing_counts_by_device() {
-  if (!transport_) return choices_by_device(model_->routing_counts(), "");
+  // A run over ranks that failed is ending: the others may not answer a gather, and a server still
+  // tells its clients meanwhile. This rank's own counts then.
+  if (!transport_ || !rank_failure_.empty()) return choices_by_device(model_->routing_counts(), "");
   TANDEM_CHECK(rank() == 0);
   announce(kRouting);
   return gather_routing().by_device;
@@ -654,6 +668,12 @@ void Engine::evaluate(std::span<const int32_t> tokens, int32_t start, int32_t se
 void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                             std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
                             KernelChoice kernels, std::vector<float>& logits) {
+  finish_batch(start_batch(tokens, positions, seq_ids, logit_rows, kernels), logits);
+}
+
+uint64_t Engine::start_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                             std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
+                             KernelChoice kernels) {
   TANDEM_CHECK(positions.size() == tokens.size() && seq_ids.size() == tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (positions[i] < 0 || positions[i] >= cache_->n_ctx())
@@ -678,21 +698,51 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
             kMaxStepTokens, seq);
     }
   }
-  logits.resize(logit_rows.size() * size_t(n_vocab()));
+  StepInFlight& step = in_flight_.emplace_back();
+  step.id = ++started_;
+  step.logits = std::move(spare_logits_);
+  step.logits.resize(logit_rows.size() * size_t(n_vocab()));
   const Batch batch{.tokens = tokens,
                     .positions = positions,
                     .seq_ids = seq_ids,
                     .logit_rows = logit_rows,
                     .kernels = kernels};
-  if (!transport_) return model_->forward(batch, cache_->views(), logits.data());
-  // Over several ranks every rank runs the step; one that fails ends them all (the others would
-  // wait on it), naming the step: at once, or on rank 0 after the grace a server takes to tell
-  // its clients.
+  try {
+    if (!transport_) {
+      model_->forward(batch, cache_->views(), step.logits.data());
+      return step.id;
+    }
+    over_ranks([&] {
+      if (rank() == 0) announce_step(tokens, positions, seq_ids, logit_rows, kernels);
+      transport_->set_timeout(rank_timeout_s_);
+      model_->forward(batch, cache_->views(), step.logits.data(),
+                      steps_in_flight_ > 1 && rank() == 0 ? &step.arriving : nullptr);
+    });
+  } catch (...) {
+    in_flight_.pop_back();
+    throw;
+  }
+  ++steps_;
+  return step.id;
+}
+
+void Engine::finish_batch(uint64_t step, std::vector<float>& logits) {
+  TANDEM_CHECK(!in_flight_.empty() && in_flight_.front().id == step);
+  StepInFlight& oldest = in_flight_.front();
+  std::unique_ptr<PendingTransfer> arriving = std::move(oldest.arriving);
+  std::swap(logits, oldest.logits);
+  spare_logits_ = std::move(oldest.logits);
+  in_flight_.pop_front();
+  if (arriving) over_ranks([&] { arriving->wait(); });
+}
+
+// Over several ranks every rank runs the step; one that fails ends them all (the others would
+// wait on it), naming the step: at once, or on rank 0 after the grace a server takes to tell its
+// clients.
+void Engine::over_ranks(const std::function<void()>& part) {
   if (!rank_failure_.empty()) fail("the run over {} ranks has ended: {}", n_ranks(), rank_failure_);
   try {
-    if (rank() == 0) announce_step(tokens, positions, seq_ids, logit_rows, kernels);
-    transport_->set_timeout(rank_timeout_s_);
-    model_->forward(batch, cache_->views(), logits.data());
+    part();
   } catch (const std::exception& e) {
     rank_failure_ = e.what();  // what crosses ranks names its step
     if (rank() != 0 || rank_failure_grace_s_ <= 0) transport_->abort_run(rank_failure_);
@@ -702,7 +752,6 @@ void Engine::evaluate_batch(std::span<const int32_t> tokens, std::span<const int
     }).detach();
     throw;
   }
-  ++steps_;
 }
 
 int64_t Engine::n_seq() const { return cache_->n_seq(); }

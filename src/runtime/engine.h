@@ -4,6 +4,8 @@
 // architecture of model/model.h. Sessions (runtime/session.h) generate text on top of it.
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -106,7 +108,8 @@ class Engine {
   // ranks (rank 0 asks; a collective), every rank's layers.
   plan::RoutingProfile routing_profile();
   // Expert choices since load, summed by the device that holds each expert: ("cpu", n), ...; over
-  // ranks every rank's devices, named as a plan over machines names them ("node1:cuda:0").
+  // ranks every rank's devices, named as a plan over machines names them ("node1:cuda:0"), but
+  // only rank 0's once a step has failed over the ranks (the run is ending).
   // Not safe to call while another thread evaluates.
   std::vector<std::pair<std::string, uint64_t>> routing_counts_by_device();
   // The parts of the model files that loading and evaluating so far have needed (see
@@ -129,6 +132,19 @@ class Engine {
   void evaluate_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                       std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
                       KernelChoice kernels, std::vector<float>& logits);
+  // evaluate_batch in two calls, so that steps of different sequences overlap over ranks. Over
+  // ranks in a pipeline whose first stage is rank 0's (steps_in_flight() > 1), start_batch returns
+  // once rank 0's part of the step is done, and rank 0 can start the next step (of other
+  // sequences) while later ranks compute this one; finish_batch waits for its logits. Elsewhere
+  // start_batch runs the whole step. Steps finish in the order they started; each token's bits
+  // are what evaluate_batch gives (batch invariance). The KV work below may go between them.
+  uint64_t start_batch(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                       std::span<const int32_t> seq_ids, std::span<const int32_t> logit_rows,
+                       KernelChoice kernels);
+  void finish_batch(uint64_t step, std::vector<float>& logits);
+  // How many steps are worth having in flight: the ranks a step passes through in turn, where
+  // rank 0's share comes first (rank_spread.h overlapping_stages); 1 in one process.
+  int32_t steps_in_flight() const { return steps_in_flight_; }
   int64_t n_seq() const;
   // The most tokens of one sequence one forward pass stores (sizes the rings of window layers).
   static constexpr int64_t kMaxStepTokens = 512;
@@ -190,6 +206,19 @@ class Engine {
   int n_threads_ = 1;
   double load_seconds_ = 0;
   std::vector<int32_t> positions_, seq_ids_, logit_rows_;
+  // Steps started and not yet finished, oldest first, each with its logits' buffer and (over
+  // ranks, on rank 0) their receive from the head's rank; a spare buffer for the next one.
+  struct StepInFlight {
+    uint64_t id = 0;
+    std::vector<float> logits;
+    std::unique_ptr<PendingTransfer> arriving;
+  };
+  std::deque<StepInFlight> in_flight_;
+  std::vector<float> spare_logits_;
+  uint64_t started_ = 0;
+  int32_t steps_in_flight_ = 1;
+  // Runs `part` of a step over ranks; a failure ends the run on every rank (engine.cpp).
+  void over_ranks(const std::function<void()>& part);
   std::unique_ptr<PrefixCache> prefix_cache_;
   // A step or other work as rank 0 announces it to the following ranks: this header, then its
   // ints (a step: tokens, positions, sequence ids and logit rows). The last one is kept here, not

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -51,31 +53,34 @@ class MpiTransport : public Transport {
   double timeout_s() const override { return timeout_s_; }
 
   void send(int32_t to, std::span<const std::byte> bytes, std::string_view what) override {
+    send_later(to, bytes, what)->wait();
+  }
+  void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) override {
+    receive_later(from, bytes, what)->wait();
+  }
+
+  std::unique_ptr<PendingTransfer> send_later(int32_t to, std::span<const std::byte> bytes,
+                                              std::string_view what) override {
     check_peer(to, what);
-    const TimeTransfer timed(traffic_);
     MPI_Request request;
     check(MPI_Isend(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, to, kTag,
                     MPI_COMM_WORLD, &request),
           what);
-    wait(request, fmt::format("sending {} to rank {}", what, to), Timeout::LeavesItPending);
     ++traffic_.messages;
     traffic_.bytes += bytes.size();
+    return std::make_unique<Pending>(*this, request, fmt::format("sending {} to rank {}", what, to),
+                                     Pending::kSend);
   }
 
-  void receive(int32_t from, std::span<std::byte> bytes, std::string_view what) override {
+  std::unique_ptr<PendingTransfer> receive_later(int32_t from, std::span<std::byte> bytes,
+                                                 std::string_view what) override {
     check_peer(from, what);
-    const TimeTransfer timed(traffic_);
     MPI_Request request;
     check(MPI_Irecv(bytes.data(), checked_int(bytes.size(), what), MPI_BYTE, from, kTag,
                     MPI_COMM_WORLD, &request),
           what);
-    const MPI_Status status =
-        wait(request, fmt::format("receiving {} from rank {}", what, from), Timeout::Throws);
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    if (size_t(count) != bytes.size())
-      fail("rank {}: {} from rank {} came as {} bytes, not {}: the ranks disagree on the plan",
-           rank_, what, from, count, bytes.size());
+    return std::make_unique<Pending>(
+        *this, request, fmt::format("receiving {} from rank {}", what, from), bytes.size());
   }
 
   void broadcast(int32_t root, std::span<std::byte> bytes, std::string_view what) override {
@@ -136,6 +141,42 @@ class MpiTransport : public Transport {
  private:
   static constexpr int kTag = 17;
 
+  // A send or receive begun by send_later / receive_later.
+  class Pending : public PendingTransfer {
+   public:
+    static constexpr size_t kSend = SIZE_MAX;  // `receiving` of a send
+    Pending(MpiTransport& transport, MPI_Request request, std::string doing, size_t receiving)
+        : transport_(transport),
+          request_(request),
+          doing_(std::move(doing)),
+          receiving_(receiving) {}
+    // Dropped unfinished (its step failed): a receive is cancelled if it can be; a send, or a
+    // receive already under way, stays pending, as after a timeout.
+    ~Pending() override {
+      if (!done_ && receiving_ != kSend) transport_.cancel_receive(request_);
+    }
+    void wait() override {
+      if (done_) return;
+      const TimeTransfer timed(transport_.traffic_);
+      const MPI_Status status = transport_.wait(
+          request_, doing_, receiving_ == kSend ? Timeout::LeavesItPending : Timeout::Throws);
+      done_ = true;
+      if (receiving_ == kSend) return;
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      if (size_t(count) != receiving_)
+        fail("rank {}: {} came as {} bytes, not {}: the ranks disagree on the plan",
+             transport_.rank_, doing_, count, receiving_);
+    }
+
+   private:
+    MpiTransport& transport_;
+    MPI_Request request_;
+    std::string doing_;
+    size_t receiving_;
+    bool done_ = false;
+  };
+
   // Adds the time of one transfer to Traffic::transfer_s, however it ends. Collectives count too:
   // bench's gathers of every rank's traffic are time no rank computes.
   struct TimeTransfer {
@@ -195,24 +236,7 @@ class MpiTransport : public Transport {
                       rank_, doing, timeout_s_);
         if (on_timeout == Timeout::EndsTheRun) abort_run(why);
         if (on_timeout == Timeout::LeavesItPending) fail("{}", why);
-        // A receive already matched to a message in flight cannot be cancelled, and waiting for
-        // it hangs when its sender died (seen: a served stream cut by mpirun's SIGKILL while this
-        // rank sat in MPI_Wait). So the cancel gets a moment; past it the receive stays pending,
-        // as a timed-out send does.
-        MPI_Cancel(&request);
-        const auto given_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-        while (std::chrono::steady_clock::now() < given_up) {
-          int cancel_done = 0;
-          check(MPI_Test(&request, &cancel_done, &status), doing);
-          if (!cancel_done) {
-            std::this_thread::yield();
-            continue;
-          }
-          int cancelled = 0;
-          MPI_Test_cancelled(&status, &cancelled);
-          if (!cancelled) return status;  // it arrived after all
-          break;
-        }
+        if (std::optional<MPI_Status> arrived = cancel_receive(request)) return *arrived;
         fail("{}", why);
       }
       // Yielding lets a peer oversubscribed on the same cores run.
@@ -222,6 +246,29 @@ class MpiTransport : public Transport {
       else
         std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+  }
+
+  // Cancels a receive; its status if it completed after all. A receive already matched to a
+  // message in flight cannot be cancelled, and waiting for it hangs when its sender died (seen: a
+  // served stream cut by mpirun's SIGKILL while this rank sat in MPI_Wait). So the cancel gets a
+  // moment; past it the receive stays pending, as a timed-out send does.
+  std::optional<MPI_Status> cancel_receive(MPI_Request& request) {
+    MPI_Status status{};
+    MPI_Cancel(&request);
+    const auto given_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (std::chrono::steady_clock::now() < given_up) {
+      int cancel_done = 0;
+      if (MPI_Test(&request, &cancel_done, &status) != MPI_SUCCESS) return std::nullopt;
+      if (!cancel_done) {
+        std::this_thread::yield();
+        continue;
+      }
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (!cancelled) return status;  // it arrived after all
+      return std::nullopt;
+    }
+    return std::nullopt;
   }
 
   double timeout_s_;

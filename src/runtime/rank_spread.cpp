@@ -1,5 +1,7 @@
 #include "runtime/rank_spread.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -69,6 +71,20 @@ std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks)
   for (int32_t r = 0; r < n_ranks; ++r)
     if (!has[size_t(r)]) idle.push_back(r);
   return idle;
+}
+
+int32_t overlapping_stages(const RankPlan& ranks) {
+  if (ranks.embeddings != 0) return 1;
+  int32_t stages = 1, holder = 0;
+  for (size_t il = 0; il < ranks.layers.size(); ++il) {
+    const bool rank0_takes_part =
+        ranks.layers[il] == 0 || std::ranges::find(ranks.experts[il], 0) != ranks.experts[il].end();
+    if (holder != 0 && rank0_takes_part) return 1;  // rank 0 again after another rank
+    if (ranks.layers[il] != holder) ++stages, holder = ranks.layers[il];
+  }
+  if (ranks.output == 0) return 1;
+  if (ranks.output != holder) ++stages;
+  return stages;
 }
 
 void keep_parts_of_rank(DevicePlan& plan, const RankPlan& ranks, int32_t rank) {

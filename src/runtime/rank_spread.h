@@ -33,6 +33,13 @@ RankPlan spread_over_ranks(Spread spread, const ModelInfo& info, int32_t n_ranks
 // The ranks of `n_ranks` that `ranks` gives no part of the model, in order.
 std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks);
 
+// How many steps of different sequences can run over `ranks` at once, each on another rank: the
+// number of ranks a step's residual stream passes through in turn, when rank 0's share of the step
+// comes first and ends before the rest begins (the embeddings and a first run of layers with their
+// experts, and none of the later layers, their experts or the head); 1 otherwise, as rank 0 would
+// wait for an earlier step's later part before it could go on with its own.
+int32_t overlapping_stages(const RankPlan& ranks);
+
 // Restricts `plan` (this rank's devices for the whole model) to the parts `ranks` gives `rank`:
 // the others become null. Split heads and copies of experts are dropped: they spread one layer
 // over the devices of one machine, which a run over ranks does not do yet.

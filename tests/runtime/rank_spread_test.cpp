@@ -55,6 +55,30 @@ TEST(RankSpread, RanksWithoutPartsAreNamed) {
   EXPECT_TRUE(ranks_without_parts(ranks, 2).empty());
 }
 
+TEST(RankSpread, StepsOverlapOnlyWhereRankZerosShareComesFirstAndEndsBeforeTheRest) {
+  EXPECT_EQ(overlapping_stages(spread_over_ranks(Spread::Pipeline, moe_model(6, 4, 1), 2)), 2);
+  EXPECT_EQ(overlapping_stages(spread_over_ranks(Spread::Pipeline, moe_model(6, 4, 1), 3)), 3);
+  // Rank 0 computes experts of every layer, or runs every layer: it would wait for the rest.
+  EXPECT_EQ(overlapping_stages(spread_over_ranks(Spread::Experts, moe_model(6, 4, 1), 2)), 1);
+  EXPECT_EQ(overlapping_stages(spread_over_ranks(Spread::Mixed, moe_model(6, 4, 1), 2)), 1);
+  RankPlan ranks = spread_over_ranks(Spread::Pipeline, moe_model(4, 4, 0), 2);  // 0 0 1 1
+  ranks.experts[0] = {0, 1, 0, 1};  // rank 1's experts in rank 0's share: still first
+  EXPECT_EQ(overlapping_stages(ranks), 2);
+  ranks.experts[3] = {0, 1, 1, 1};  // rank 0 again after rank 1
+  EXPECT_EQ(overlapping_stages(ranks), 1);
+  ranks.experts[3] = {1, 1, 1, 1};
+  ranks.layers = {0, 1, 0, 1};  // the residual goes 0 -> 1 -> 0 -> 1
+  EXPECT_EQ(overlapping_stages(ranks), 1);
+  ranks.layers = {0, 0, 0, 0};  // every layer on rank 0, the head on rank 1
+  ranks.experts.assign(4, std::vector<int32_t>(4, 0));
+  EXPECT_EQ(overlapping_stages(ranks), 2);
+  ranks.output = 0;  // nothing leaves rank 0
+  EXPECT_EQ(overlapping_stages(ranks), 1);
+  ranks.output = 1;
+  ranks.embeddings = 1;  // the step starts elsewhere
+  EXPECT_EQ(overlapping_stages(ranks), 1);
+}
+
 TEST(RankSpread, ARankKeepsOnlyItsPartsAndDropsOneMachineSplits) {
   Backend* here = reinterpret_cast<Backend*>(uintptr_t(64));  // never dereferenced
   DevicePlan plan = DevicePlan::single(*here, 2, 4);

@@ -1,10 +1,11 @@
 // The transport between ranks (runtime/transport.h), run as one process and under
-// `mpirun -np 2` and `-np 3` (tests/runtime/CMakeLists.txt): every rank runs every test, in the same
-// order, so their collectives meet. Point to point in a ring with messages past MPI's eager
-// limit, broadcast, gather and an all-to-all of uneven sizes give each rank exactly what was sent
-// to it; a value that differs between ranks is refused on every rank, naming them; a peer that
-// never answers is an error naming it after the timeout, not a hang. The test of a rank killed
-// mid-run is disabled here and run by kill_rank.sh, which checks how mpirun ends.
+// `mpirun -np 2` and `-np 3` (tests/runtime/CMakeLists.txt): every rank runs every test, in the
+// same order, so their collectives meet. Point to point in a ring with messages past MPI's eager
+// limit (blocking, or started and finished apart), broadcast, gather and an all-to-all of uneven
+// sizes give each rank exactly what was sent to it; a value that differs between ranks is refused
+// on every rank, naming them; a peer that never answers is an error naming it after the timeout,
+// not a hang. The test of a rank killed mid-run is disabled here and run by kill_rank.sh, which
+// checks how mpirun ends.
 #include "runtime/transport.h"
 
 #include <gtest/gtest.h>
@@ -46,6 +47,45 @@ TEST(Transport, RingSendAndReceiveCarryLargeMessagesWhole) {
     t.send(next, out, "a ring message");
   }
   EXPECT_EQ(in, pattern(prev, r, bytes));
+}
+
+// Every rank posts its receives and starts its sends without waiting: a ring that deadlocks with
+// blocking large sends all going first completes, and two messages between the same ranks land in
+// the order they were started, as a rank 0 with steps in flight relies on.
+TEST(Transport, PendingTransfersWaitForNeitherEndAndMatchInOrder) {
+  Transport& t = *g_transport;
+  if (t.n_ranks() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  const int32_t n = t.n_ranks(), r = t.rank();
+  const int32_t next = (r + 1) % n, prev = (r + n - 1) % n;
+  const size_t big = size_t(1) << 20, small = 100;
+  const std::vector<std::byte> out_big = pattern(r, next, big), out_small = pattern(next, r, small);
+  std::vector<std::byte> in_big(big), in_small(small);
+  std::unique_ptr<PendingTransfer> receives[] = {t.receive_later(prev, in_big, "the first"),
+                                                 t.receive_later(prev, in_small, "the second")};
+  std::unique_ptr<PendingTransfer> sends[] = {t.send_later(next, out_big, "the first"),
+                                              t.send_later(next, out_small, "the second")};
+  for (auto& pending : receives) pending->wait();
+  for (auto& pending : sends) pending->wait();
+  EXPECT_EQ(in_big, pattern(prev, r, big));
+  EXPECT_EQ(in_small, pattern(r, prev, small));
+}
+
+// A pending receive dropped before any message came is cancelled: the next message goes to the
+// next receive.
+TEST(Transport, APendingReceiveDroppedUnfinishedTakesNoMessage) {
+  Transport& t = *g_transport;
+  if (t.n_ranks() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  const int32_t n = t.n_ranks(), r = t.rank();
+  const int32_t next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<std::byte> dropped(8);
+  t.receive_later(prev, dropped, "a message never sent").reset();
+  t.broadcast(0, dropped, "every rank past its cancel");  // no message is sent before it
+  const std::vector<std::byte> out = pattern(r, next, 8);
+  std::vector<std::byte> in(8);
+  std::unique_ptr<PendingTransfer> receive = t.receive_later(prev, in, "the ring message");
+  t.send(next, out, "the ring message");
+  receive->wait();
+  EXPECT_EQ(in, pattern(prev, r, 8));
 }
 
 TEST(Transport, BroadcastAndGatherReachEveryRank) {
@@ -131,6 +171,8 @@ TEST(Transport, OneProcessHasNoPeers) {
   std::vector<std::byte> buffer(4);
   EXPECT_THROW(t.send(1, buffer, "x"), Error);
   EXPECT_THROW(t.receive(1, buffer, "x"), Error);
+  EXPECT_THROW(t.send_later(1, buffer, "x"), Error);
+  EXPECT_THROW(t.receive_later(1, buffer, "x"), Error);
   EXPECT_THROW(open_transport({.timeout_s = 0}), Error);
 }
 

@@ -1,5 +1,6 @@
 // `mpirun -np 2 tandem serve`: rank 0 serves, rank 1 holds half of the model. Greedy replies are
-// the same as one process's, also from the prefix cache and for n = 2 choices; a rank that hangs
+// the same as one process's, also from the prefix cache, for n = 2 choices and for concurrent
+// requests whose decode steps overlap over a pipeline; a rank that hangs
 // (SIGSTOP) or dies (SIGKILL) mid-stream ends the stream with an error event, not a hang.
 import { readFileSync, readdirSync } from 'node:fs';
 import { check, finish, fixture, postJson, startServer } from './harness.mjs';
@@ -11,6 +12,7 @@ if (!mpirun) {
 }
 const model = fixture('qwen3moe-micro-F32.gguf');
 const ranks = ['--spread', 'mixed', '--rank-timeout', '3', '--threads', '1'];
+const pipeline = ['--spread', 'pipeline', '--rank-timeout', '3', '--threads', '1'];
 const launcher = [mpirun, '-np', '2'];
 
 const chat = (content, extra = {}) => ({
@@ -50,45 +52,77 @@ async function sameRepliesAsOneProcess() {
   await two.exited;
 }
 
-// A long stream; `signal` goes to rank 1 once tokens flow. The stream must end with an error
+// --spread pipeline: rank 0's layers come first, so rank 0 starts one group's decode step while
+// rank 1 computes another's (Engine::start_batch). Concurrent requests of different lengths still
+// get the replies one process gives each alone.
+async function overlappedStepsGiveOneProcessReplies() {
+  const one = await startServer(model, ['--threads', '1']);
+  const two = await startServer(model, pipeline, { launcher });
+  const questions = ['the sea', 'rivers', 'mountains at dawn', 'a long road'].map(
+    (topic, i) => chat(`Tell me about ${topic}.`, { max_tokens: 12 + 6 * i }));
+  const alone = [];
+  for (const q of questions) alone.push(await postJson(one.base, '/v1/chat/completions', q));
+  const together = await Promise.all(
+    questions.map((q) => postJson(two.base, '/v1/chat/completions', q)));
+  questions.forEach((q, i) => {
+    const a = alone[i].json?.choices[0].message.content, b = together[i].json?.choices[0].message.content;
+    check(together[i].status === 200 && a === b,
+          `request ${i} of 4 at once over a pipeline of 2 ranks: one process's reply`, `${a} / ${b}`);
+  });
+  const metrics = await (await fetch(two.base + '/metrics')).text();
+  const overlapped = Number(metrics.match(/tandem_overlapped_decode_steps_total (\d+)/)?.[1] ?? 0);
+  check(overlapped > 0, 'decode steps overlapped over the pipeline', `${overlapped}`);
+  await one.stop();
+  two.child.kill('SIGTERM');
+  await two.exited;
+}
+
+// Long streams; `signal` goes to rank 1 once tokens flow. Every stream must end with an error
 // event, not hang or be cut: for a rank that hangs (SIGSTOP) rank 0's wait times out; for one that
 // dies (SIGKILL) mpirun sends rank 0 SIGTERM and SIGKILL one second later, and rank 0 must end its
 // streams with the error within that second (a receive from the dead rank once sat in MPI_Wait
-// past it and the connection was cut).
-async function lostRankEndsTheStream(signal, eventRequired) {
-  const server = await startServer(model, ranks, { launcher });
-  const res = await fetch(server.base + '/v1/chat/completions', {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify(chat('Go on for a long time.', { max_tokens: 30000, stream: true })),
-  });
+// past it and the connection was cut). With several streams over a pipeline, their decode steps
+// are in flight at once when the rank goes.
+async function lostRankEndsTheStream(signal, eventRequired, { args = ranks, streams = 1 } = {}) {
+  const server = await startServer(model, args, { launcher });
   const start = Date.now();
-  let text = '';
+  const texts = new Array(streams).fill('');
   let signalled = false;
-  const decoder = new TextDecoder();
-  try {
-    for await (const chunk of res.body) {
-      text += decoder.decode(chunk);
-      if (!signalled && text.length > 2000) {
-        const pid = rankPidByParent(server.child.pid, 1);
-        check(pid > 0, `rank 1's pid found (${signal})`);
-        if (pid) process.kill(pid, signal);
-        signalled = true;
+  const read = async (i) => {
+    const res = await fetch(server.base + '/v1/chat/completions', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify(chat(`Go on for a long time, ${i}.`, { max_tokens: 30000, stream: true })),
+    });
+    const decoder = new TextDecoder();
+    try {
+      for await (const chunk of res.body) {
+        texts[i] += decoder.decode(chunk);
+        if (!signalled && texts.every((t) => t.length > 2000)) {
+          const pid = rankPidByParent(server.child.pid, 1);
+          check(pid > 0, `rank 1's pid found (${signal})`);
+          if (pid) process.kill(pid, signal);
+          signalled = true;
+        }
+        if (Date.now() - start > 60000) break;
       }
-      if (Date.now() - start > 60000) break;
+    } catch (e) {
+      check(!eventRequired, `stream ${i} after rank 1 got ${signal} ends with an event, not a cut connection`,
+            `${e.message}; it ended: ${texts[i].slice(-300)}`);
+      if (!eventRequired) console.log(`${signal}: the connection was cut (${e.message}) after ${Date.now() - start} ms`);
     }
-  } catch (e) {
-    check(!eventRequired, `the stream after rank 1 got ${signal} ends with an event, not a cut connection`,
-          `${e.message}; it ended: ${text.slice(-300)}`);
-    if (!eventRequired) console.log(`${signal}: the connection was cut (${e.message}) after ${Date.now() - start} ms`);
-  }
-  check(Date.now() - start < 30000, `the stream ends soon after rank 1 got ${signal}`);
-  const events = text.split('\n\n').filter((e) => e.startsWith('data: '));
-  const last = events.filter((e) => e !== 'data: [DONE]').pop() || '';
-  const errorEvent = /"error"/.test(last) && /rank 1|interrupted/.test(last);
-  check(errorEvent || !eventRequired,
-        `a ${signal}ed rank ends the stream with an error event naming the cause`, last.slice(0, 300));
-  if (errorEvent) console.log(`${signal}: the stream ended with ${last.slice(0, 200)}`);
+  };
+  await Promise.all(texts.map((_, i) => read(i)));
+  check(Date.now() - start < 30000, `the streams end soon after rank 1 got ${signal}`);
+  texts.forEach((text, i) => {
+    const events = text.split('\n\n').filter((e) => e.startsWith('data: '));
+    const last = events.filter((e) => e !== 'data: [DONE]').pop() || '';
+    const errorEvent = /"error"/.test(last) && /rank 1|interrupted/.test(last);
+    check(errorEvent || !eventRequired,
+          `a ${signal}ed rank ends stream ${i} of ${streams} with an error event naming the cause`,
+          last.slice(0, 300));
+    if (errorEvent) console.log(`${signal}: stream ${i} ended with ${last.slice(0, 200)}`);
+  });
   const ended = await Promise.race([server.exited.then(() => true),
                                     new Promise((r) => setTimeout(() => r(false), 15000))]);
   check(ended, `the run ends on its own after rank 1 got ${signal}`);
@@ -114,6 +148,8 @@ function rankPidByParent(parent, rank) {
 }
 
 await sameRepliesAsOneProcess();
+await overlappedStepsGiveOneProcessReplies();
 await lostRankEndsTheStream('SIGSTOP', true);
 await lostRankEndsTheStream('SIGKILL', true);
+await lostRankEndsTheStream('SIGSTOP', true, { args: pipeline, streams: 3 });
 finish('ranks');
