@@ -189,7 +189,7 @@ void BatchScheduler::loop() {
       work_.wait(lock, [&] { return stopping_ || !queue_.empty() || busy(); });
       if (stopping_) {
         lock.unlock();
-        finish_decode_steps(0);
+        finish_steps(0);
         lock.lock();
         for (auto& [request, state] : queue_)
           for (int32_t c = 0; c < request.n; ++c) state->end(c, "cancelled", 0);
@@ -203,15 +203,23 @@ void BatchScheduler::loop() {
     for (auto& slot : slots_)
       if (slot && slot->state->cancelled()) slot->end("cancelled", slot->generated);
     retire_finished();
-    const bool prompts = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && s->in_prompt(); });
-    const bool decodes = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s && !s->in_prompt(); });
-    if (prompts && (prompt_turn_ || !decodes)) {
-      finish_decode_steps(0);  // a prompt step runs alone
-      prompt_step();
-    } else if (decodes) {
-      decode_step();
-    }
+    // A step is started for the slots with none in flight: prompts and decodes taking turns while
+    // both wait. Over a pipeline of ranks, the oldest step is finished once as many are in flight
+    // as the pipeline has stages (Engine::start_batch); elsewhere each step at once.
+    const auto ready = [](const auto& s) { return s && !s->in_flight && !s->finished; };
+    const bool prompts = std::any_of(slots_.begin(), slots_.end(), [&](const auto& s) {
+      return ready(s) && s->in_prompt() && s->follows < 0;
+    });
+    const bool decodes = std::any_of(slots_.begin(), slots_.end(),
+                                     [&](const auto& s) { return ready(s) && !s->in_prompt(); });
+    bool started = false;
+    if (prompts && (prompt_turn_ || !decodes))
+      started = start_prompt_step();
+    else if (decodes)
+      started = start_decode_step();
     prompt_turn_ = !prompt_turn_;
+    if (!steps_.empty() && (!started || steps_.size() >= size_t(engine_.steps_in_flight())))
+      finish_steps(steps_.size() - 1);
     retire_finished();
   }
 }
@@ -282,12 +290,13 @@ void BatchScheduler::retire_finished() {
   if (choices) stats_.expert_choices = std::move(*choices);
 }
 
-void BatchScheduler::prompt_step() {
+bool BatchScheduler::start_prompt_step() {
   tokens_.clear(), positions_.clear(), seq_ids_.clear(), rows_.clear();
-  std::vector<size_t> ending;  // slots whose prompt this step completes, in row order
+  Step step{.prompt = true};
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot* slot = slots_[s].get();
-    if (!slot || !slot->in_prompt() || slot->follows >= 0) continue;
+    if (!slot || !slot->in_prompt() || slot->follows >= 0 || slot->in_flight || slot->finished)
+      continue;
     const int64_t first = slot->prompt_done;
     const int64_t last = std::min<int64_t>((first / kPromptChunk + 1) * kPromptChunk,
                                            int64_t(slot->request.prompt.size()));
@@ -297,42 +306,68 @@ void BatchScheduler::prompt_step() {
       positions_.push_back(int32_t(i));
       seq_ids_.push_back(int32_t(s));
     }
+    step.fed.push_back(slot);
+    step.chunks.push_back(last - first);
     if (last == int64_t(slot->request.prompt.size())) {
       rows_.push_back(int32_t(tokens_.size()) - 1);
-      ending.push_back(s);
+      step.ending.push_back(s);
     }
   }
+  if (step.fed.empty()) return false;
   const auto start = std::chrono::steady_clock::now();
   try {
-    engine_.evaluate_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::Tiled, logits_);
+    step.id = engine_.start_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::Tiled);
   } catch (const std::exception& e) {
-    for (auto& slot : slots_)
-      if (slot && slot->in_prompt()) slot->end("error", slot->generated, e.what());
+    end_with_error(step, e.what());
+    return false;
+  }
+  for (size_t i = 0; i < step.fed.size(); ++i) {  // each slot past its chunk: in the cache
+    Slot& slot = *step.fed[i];
+    slot.prompt_done += step.chunks[i];
+    slot.n_past = slot.prompt_done;
+    slot.in_flight = true;
+  }
+  std::lock_guard lock(mutex_);
+  stats_.prompt_seconds += seconds_since(start);
+  stats_.prompt_tokens += tokens_.size();
+  if (!steps_.empty()) ++stats_.overlapped_steps;
+  steps_.push_back(std::move(step));
+  return true;
+}
+
+void BatchScheduler::finish_prompt_step(const Step& step) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    engine_.finish_batch(step.id, logits_);
+  } catch (const std::exception& e) {
+    end_with_error(step, e.what());
     return;
   }
   {
     std::lock_guard lock(mutex_);
     stats_.prompt_seconds += seconds_since(start);
-    stats_.prompt_tokens += tokens_.size();
   }
-  for (size_t i = 0; i < seq_ids_.size();) {  // advance each slot past its chunk
-    Slot& slot = *slots_[size_t(seq_ids_[i])];
-    size_t j = i;
-    while (j < seq_ids_.size() && seq_ids_[j] == seq_ids_[i]) ++j;
-    slot.prompt_done += int64_t(j - i);
-    slot.n_past = slot.prompt_done;
-    i = j;
-  }
-  if (engine_.has_prefix_cache() && !ending.empty()) {
+  if (engine_.has_prefix_cache() && !step.ending.empty()) {
     // Before decoding writes past the prompts (and over the oldest rows of window layers' rings).
-    for (size_t s : ending) engine_.store_prefix(slots_[s]->request.prompt, int32_t(s));
+    for (size_t s : step.ending) engine_.store_prefix(slots_[s]->request.prompt, int32_t(s));
     std::lock_guard lock(mutex_);
     stats_.prefix_cache = engine_.prefix_cache_stats();
   }
   const size_t n_vocab = size_t(engine_.n_vocab());
-  for (size_t r = 0; r < ending.size(); ++r) {
-    start_followers(ending[r], logits_.data() + r * n_vocab);
-    sample_and_emit(*slots_[ending[r]], logits_.data() + r * n_vocab);
+  for (size_t r = 0; r < step.ending.size(); ++r) {
+    if (slots_[step.ending[r]]->finished) continue;  // cancelled meanwhile
+    start_followers(step.ending[r], logits_.data() + r * n_vocab);
+    sample_and_emit(*slots_[step.ending[r]], logits_.data() + r * n_vocab);
+  }
+}
+
+void BatchScheduler::end_with_error(const Step& step, const std::string& error) {
+  for (Slot* slot : step.fed) {
+    slot->end("error", slot->generated, error);
+    if (!step.prompt) continue;
+    for (auto& other : slots_)  // the choices waiting to copy its prompt
+      if (other && other->follows >= 0 && slots_[size_t(other->follows)].get() == slot)
+        other->end("error", other->generated, error);
   }
 }
 
@@ -348,10 +383,9 @@ void BatchScheduler::start_followers(size_t leader, const float* logits) {
   }
 }
 
-void BatchScheduler::decode_step() {
-  // Over ranks in a pipeline, the decoding slots go in as many steps as there are stages, each
-  // started as soon as its last one's tokens are sampled: rank 0 computes one while the later
-  // ranks compute the others (Engine::start_batch). Elsewhere one step feeds every slot.
+bool BatchScheduler::start_decode_step() {
+  // Over a pipeline the decoding slots go in as many steps as it has stages, each started as soon
+  // as its last one's tokens are sampled: rank 0 computes one while later ranks compute the others.
   std::vector<Slot*> ready;
   size_t decoding = 0;
   for (auto& slot : slots_) {
@@ -359,66 +393,69 @@ void BatchScheduler::decode_step() {
     ++decoding;
     if (!slot->in_flight && !slot->finished) ready.push_back(slot.get());
   }
-  const size_t lanes = std::min(size_t(engine_.steps_in_flight()), std::max<size_t>(decoding, 1));
-  if (!ready.empty() && decode_steps_.size() < lanes) {
-    const size_t share = (decoding + lanes - 1) / lanes;
-    if (ready.size() > share) ready.resize(share);
-    start_decode_step(ready);
-    if (lanes > 1) return;
-  }
-  finish_decode_steps(decode_steps_.empty() ? 0 : decode_steps_.size() - 1);
-}
-
-void BatchScheduler::start_decode_step(const std::vector<Slot*>& fed) {
+  if (ready.empty()) return false;
+  const size_t groups = std::min(size_t(engine_.steps_in_flight()), decoding);
+  ready.resize(std::min(ready.size(), (decoding + groups - 1) / groups));
   tokens_.clear(), positions_.clear(), seq_ids_.clear(), rows_.clear();
-  for (Slot* slot : fed) {
+  for (Slot* slot : ready) {
     tokens_.push_back(slot->next_token);
     positions_.push_back(int32_t(slot->n_past));
-    seq_ids_.push_back(int32_t(
-        std::find_if(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() == slot; }) -
-        slots_.begin()));
+    seq_ids_.push_back(slot_index(*slot));
     rows_.push_back(int32_t(rows_.size()));
   }
+  Step step{.fed = ready};
   const auto start = std::chrono::steady_clock::now();
-  uint64_t step = 0;
   try {
-    step = engine_.start_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::PerToken);
+    step.id = engine_.start_batch(tokens_, positions_, seq_ids_, rows_, KernelChoice::PerToken);
   } catch (const std::exception& e) {
-    for (Slot* slot : fed) slot->end("error", slot->generated, e.what());
-    return;
+    end_with_error(step, e.what());
+    return false;
   }
-  for (Slot* slot : fed) slot->in_flight = true;
+  for (Slot* slot : ready) slot->in_flight = true;
   std::lock_guard lock(mutex_);
   stats_.decode_seconds += seconds_since(start);
-  if (!decode_steps_.empty()) ++stats_.overlapped_steps;
-  decode_steps_.push_back({step, fed});
+  if (!steps_.empty()) ++stats_.overlapped_steps;
+  steps_.push_back(std::move(step));
+  return true;
 }
 
-void BatchScheduler::finish_decode_steps(size_t keep) {
-  const size_t n_vocab = size_t(engine_.n_vocab());
-  while (decode_steps_.size() > keep) {
-    const DecodeStep oldest = decode_steps_.front();
-    decode_steps_.pop_front();
-    for (Slot* slot : oldest.fed) slot->in_flight = false;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      engine_.finish_batch(oldest.step, logits_);
-    } catch (const std::exception& e) {
-      for (Slot* slot : oldest.fed)
-        if (!slot->finished) slot->end("error", slot->generated, e.what());
-      continue;
-    }
-    {
-      std::lock_guard lock(mutex_);
-      stats_.decode_seconds += seconds_since(start);
-      stats_.decode_tokens += oldest.fed.size();
-    }
-    for (size_t r = 0; r < oldest.fed.size(); ++r) {
-      Slot& slot = *oldest.fed[r];
-      ++slot.n_past;
-      if (!slot.finished) sample_and_emit(slot, logits_.data() + r * n_vocab);  // not cancelled
-    }
+void BatchScheduler::finish_decode_step(const Step& step) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    engine_.finish_batch(step.id, logits_);
+  } catch (const std::exception& e) {
+    end_with_error(step, e.what());
+    return;
   }
+  {
+    std::lock_guard lock(mutex_);
+    stats_.decode_seconds += seconds_since(start);
+    stats_.decode_tokens += step.fed.size();
+  }
+  const size_t n_vocab = size_t(engine_.n_vocab());
+  for (size_t r = 0; r < step.fed.size(); ++r) {
+    Slot& slot = *step.fed[r];
+    ++slot.n_past;
+    if (!slot.finished) sample_and_emit(slot, logits_.data() + r * n_vocab);  // not cancelled
+  }
+}
+
+void BatchScheduler::finish_steps(size_t keep) {
+  while (steps_.size() > keep) {
+    const Step oldest = std::move(steps_.front());
+    steps_.pop_front();
+    for (Slot* slot : oldest.fed) slot->in_flight = false;
+    if (oldest.prompt)
+      finish_prompt_step(oldest);
+    else
+      finish_decode_step(oldest);
+  }
+}
+
+int32_t BatchScheduler::slot_index(const Slot& slot) const {
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].get() == &slot) return int32_t(s);
+  check_failed("a slot the scheduler does not hold", __FILE__, __LINE__);
 }
 
 // The next token of `slot` from its logits row: hands out the text it releases and ends the

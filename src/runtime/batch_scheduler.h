@@ -118,7 +118,7 @@ struct SchedulerStats {
   uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
   double prompt_seconds = 0, decode_seconds = 0;  // forward time of each kind of step
   uint64_t decode_tokens = 0;                     // tokens fed by decode steps
-  // Decode steps started while another was still running on later ranks (Engine::start_batch).
+  // Steps started while another was still running on later ranks (Engine::start_batch).
   uint64_t overlapped_steps = 0;
   int64_t cached_tokens = 0;                      // KV cache rows held by running requests
   PrefixCache::Stats prefix_cache;                // all zero when there is none
@@ -146,12 +146,25 @@ class BatchScheduler {
   void loop();
   void admit();
   void restore_prefix(Slot& slot, int32_t seq);
-  void prompt_step();
-  void decode_step();
-  // A decode step of `fed` started (Engine::start_batch), and the oldest steps finished until
-  // `keep` are left in flight, their tokens sampled.
-  void start_decode_step(const std::vector<Slot*>& fed);
-  void finish_decode_steps(size_t keep);
+  // Steps are started, and finished later (Engine::start_batch): at once in one process, or
+  // once a pipeline of ranks has as many in flight as it has stages. A slot has one step in flight
+  // at most. The starts return false when no slot was ready or the step failed at once.
+  struct Step {
+    uint64_t id = 0;              // Engine::start_batch's
+    bool prompt = false;          // a prompt step (else decode)
+    std::vector<Slot*> fed;       // in row order
+    std::vector<int64_t> chunks;  // a prompt step: each fed slot's tokens
+    std::vector<size_t> ending;   // a prompt step: the slots whose prompt it completes
+  };
+  bool start_prompt_step();
+  bool start_decode_step();
+  // The oldest steps finished until `keep` are left: logits sampled, prompts kept in the prefix
+  // cache, choices started.
+  void finish_steps(size_t keep);
+  void finish_prompt_step(const Step& step);
+  void finish_decode_step(const Step& step);
+  void end_with_error(const Step& step, const std::string& error);
+  int32_t slot_index(const Slot& slot) const;
   void sample_and_emit(Slot& slot, const float* logits);
   // The other choices of the request whose prompt `leader` just finished: its rows and logits.
   void start_followers(size_t leader, const float* logits);
@@ -169,11 +182,7 @@ class BatchScheduler {
   bool prompt_turn_ = true;
   std::vector<int32_t> tokens_, positions_, seq_ids_, rows_;
   std::vector<float> logits_;
-  struct DecodeStep {
-    uint64_t step;           // Engine::start_batch's
-    std::vector<Slot*> fed;  // in row order
-  };
-  std::deque<DecodeStep> decode_steps_;  // started, oldest first
+  std::deque<Step> steps_;     // in flight, oldest first
   std::vector<float> masked_;  // a logits row with end-of-generation removed (ignore_eos)
   std::thread thread_;
 };

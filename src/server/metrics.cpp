@@ -29,8 +29,9 @@ std::string render_metrics(const SchedulerStats& s, const HttpCounters& http, in
   metric(out, "decode_tokens_per_second", "gauge",
          "tokens per second of decode steps (all sequences together), since start",
          s.decode_seconds > 0 ? double(s.decode_tokens) / s.decode_seconds : 0.0);
-  metric(out, "overlapped_decode_steps_total", "counter",
-         "decode steps started while another ran on later ranks (a pipeline over MPI ranks)",
+  metric(out, "overlapped_steps_total", "counter",
+         "steps (prompt or decode) started while another ran on later ranks (a pipeline over MPI "
+         "ranks)",
          double(s.overlapped_steps));
   metric(out, "requests_running", "gauge", "requests holding a sequence slot", double(s.running));
   metric(out, "requests_queued", "gauge", "requests waiting for a slot", double(s.queued));

@@ -52,26 +52,27 @@ async function sameRepliesAsOneProcess() {
   await two.exited;
 }
 
-// --spread pipeline: rank 0's layers come first, so rank 0 starts one group's decode step while
-// rank 1 computes another's (Engine::start_batch). Concurrent requests of different lengths still
-// get the replies one process gives each alone.
+// --spread pipeline: rank 0's layers come first, so rank 0 starts one step (a group's decode, new
+// prompts) while rank 1 computes another (Engine::start_batch). Concurrent requests of different
+// lengths still get the replies one process gives each alone.
 async function overlappedStepsGiveOneProcessReplies() {
   const one = await startServer(model, ['--threads', '1']);
   const two = await startServer(model, pipeline, { launcher });
   const questions = ['the sea', 'rivers', 'mountains at dawn', 'a long road'].map(
-    (topic, i) => chat(`Tell me about ${topic}.`, { max_tokens: 12 + 6 * i }));
+    (topic, i) => chat(`Tell me about ${topic}.`, { max_tokens: 200 - 40 * i }));
   const alone = [];
   for (const q of questions) alone.push(await postJson(one.base, '/v1/chat/completions', q));
-  const together = await Promise.all(
-    questions.map((q) => postJson(two.base, '/v1/chat/completions', q)));
+  // The last one later, so that its prompt starts while the others' decode steps are in flight.
+  const together = await Promise.all(questions.map((q, i) => new Promise(
+    (done) => setTimeout(() => done(postJson(two.base, '/v1/chat/completions', q)), i === 3 ? 20 : 0))));
   questions.forEach((q, i) => {
     const a = alone[i].json?.choices[0].message.content, b = together[i].json?.choices[0].message.content;
     check(together[i].status === 200 && a === b,
           `request ${i} of 4 at once over a pipeline of 2 ranks: one process's reply`, `${a} / ${b}`);
   });
   const metrics = await (await fetch(two.base + '/metrics')).text();
-  const overlapped = Number(metrics.match(/tandem_overlapped_decode_steps_total (\d+)/)?.[1] ?? 0);
-  check(overlapped > 0, 'decode steps overlapped over the pipeline', `${overlapped}`);
+  const overlapped = Number(metrics.match(/tandem_overlapped_steps_total (\d+)/)?.[1] ?? 0);
+  check(overlapped > 0, 'steps overlapped over the pipeline', `${overlapped}`);
   await one.stop();
   two.child.kill('SIGTERM');
   await two.exited;
