@@ -126,6 +126,12 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
       "disk {:.1f} ms\n",
       s.decode_seconds_gpu * 1e3, s.decode_seconds_cpu * 1e3, s.decode_seconds_transfer * 1e3,
       s.decode_seconds_disk * 1e3);
+  if (s.overlapping_steps > 1)
+    fmt::print(
+        "  steps overlap over the machines' pipeline: the sequences go in {} groups, each with a "
+        "step in flight on another machine (the decode figure counts it; the step above is all "
+        "of them at once)\n",
+        s.overlapping_steps);
   fmt::print("\nwhy:\n");
   for (const std::string& r : p.reasons) fmt::print("  - {}\n", r);
   if (explain) {
@@ -218,6 +224,7 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
   out["predicted"] = {{"source", "cost model"},
                       {"prefill_tokens_per_s", s.prefill_tokens_per_s},
                       {"decode_tokens_per_s", s.decode_tokens_per_s},
+                      {"overlapping_steps", s.overlapping_steps},
                       {"decode_step_seconds",
                        {{"gpu", s.decode_seconds_gpu},
                         {"cpu", s.decode_seconds_cpu},
@@ -231,6 +238,7 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                           {"chosen", c.chosen},
                           {"fits", c.fits},
                           {"decode_tokens_per_s", c.predicted.decode_tokens_per_s},
+                          {"overlapping_steps", c.predicted.overlapping_steps},
                           {"prefill_tokens_per_s", c.predicted.prefill_tokens_per_s},
                           {"decode_step_seconds",
                            {{"gpu", c.predicted.decode_seconds_gpu},

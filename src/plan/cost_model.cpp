@@ -221,8 +221,14 @@ class StepModel {
   }
 
   // Seconds for one step, split by where the critical path spends them.
-  Prediction step_seconds(const StepShape& s) const {
+  // `node_s`, when given: each machine's share of the step (Hardware::n_nodes), each layer counted
+  // on its attention's machine with its experts wherever they are, the head on its own.
+  Prediction step_seconds(const StepShape& s, std::vector<double>* node_s = nullptr) const {
     Prediction t;
+    if (node_s) node_s->assign(size_t(std::max(hw_.n_nodes, 1)), 0.0);
+    const auto count_on = [&](int32_t dev, double before) {
+      if (node_s) (*node_s)[size_t(spec(dev).node)] += total(t) - before;
+    };
     const ModelInfo& hp = inv_.info;
     const double activation_bytes = double(s.batch) * hp.n_embd * 4;  // F32 hidden state
     // What a MoE layer sends to a device holding some of its experts (input rows and routing)
@@ -232,6 +238,7 @@ class StepModel {
     int32_t prev =
         compute_device(embedding_ >= 0 ? placement_.group_device[size_t(embedding_)] : 0);
     for (uint32_t l = 0; l < inv_.n_layers; ++l) {
+      const double layer_start = total(t);
       const int32_t owner = compute_device(placement_.layer_device[l]);
       if (owner != prev) t.decode_seconds_transfer += transfer_s(prev, owner, activation_bytes);
       prev = owner;
@@ -309,8 +316,10 @@ class StepModel {
         add(t, heads_seconds(owner, *heads, head_part, head_weights, s.batch));
       }
       add(t, ffn_seconds(l, s.batch, owner, ffn, expert_in_bytes, expert_out_bytes));
+      count_on(owner, layer_start);
     }
     if (output_ >= 0) {
+      const double head_start = total(t);
       const InventoryGroup& g = inv_.groups[size_t(output_)];
       const int32_t where = placement_.group_device[size_t(output_)];
       const int32_t dev = compute_device(where);
@@ -325,12 +334,37 @@ class StepModel {
       // The host reads the logits back from a GPU at the step's end.
       if (spec(dev).kind == DeviceKind::Cuda)
         t.decode_seconds_transfer += transfer_s(dev, 0, double(s.logit_rows) * hp.n_vocab * 4);
+      count_on(dev, head_start);
     }
     // Each GPU in the step launches its captured graph once.
     for (size_t d = 0; d < used_.size(); ++d)
-      if (used_[d] && spec(int32_t(d)).kind == DeviceKind::Cuda)
+      if (used_[d] && spec(int32_t(d)).kind == DeviceKind::Cuda) {
+        const double before = total(t);
         t.decode_seconds_gpu += params_.gpu_step_launch_s;
+        count_on(int32_t(d), before);
+      }
     return t;
+  }
+
+  // How many steps of different sequences can run at once, each on another machine, as the
+  // runtime overlaps them (rank_spread.h overlapping_stages): the machines a step passes through
+  // in turn, when the first machine's share (rank 0's: the host, its GPUs) comes first and it
+  // takes no part after another machine; 1 otherwise.
+  int32_t overlapping_stages() const {
+    const auto node_of = [&](int32_t where) { return spec(compute_device(where)).node; };
+    int32_t holder = embedding_ >= 0 ? node_of(placement_.group_device[size_t(embedding_)]) : 0;
+    if (holder != 0) return 1;
+    int32_t stages = 1;
+    for (uint32_t l = 0; l < inv_.n_layers; ++l) {
+      const int32_t owner = node_of(placement_.layer_device[l]);
+      bool first_takes_part = owner == 0;
+      for (size_t gi : layers_[l]) first_takes_part |= node_of(placement_.group_device[gi]) == 0;
+      if (holder != 0 && first_takes_part) return 1;
+      if (owner != holder) ++stages, holder = owner;
+    }
+    const int32_t head = output_ >= 0 ? node_of(placement_.group_device[size_t(output_)]) : 0;
+    if (head == 0) return 1;
+    return head != holder ? stages + 1 : stages;
   }
 
  private:
@@ -743,6 +777,26 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
                                                  .kv_sequences = 1,
                                                  .logit_rows = 1});
   decode.decode_tokens_per_s = double(n_seq) / std::max(total(decode), 1e-12);
+  // Over machines in a pipeline, the server splits the sequences into a group per stage, each
+  // with a step in flight: a cycle gives every sequence a token and lasts a group's step through
+  // every machine, or the busiest machine's share of every group's step, whichever is longer.
+  const int64_t groups = std::min<int64_t>(model.overlapping_stages(), n_seq);
+  if (groups > 1) {
+    const int64_t b = (n_seq + groups - 1) / groups;
+    std::vector<double> node_s;
+    const Prediction group = model.step_seconds({.batch = b,
+                                                 .context = context,
+                                                 .kv_tokens_read = context * double(b),
+                                                 .kv_sequences = double(b),
+                                                 .logit_rows = b},
+                                                &node_s);
+    const double cycle =
+        std::max(total(group), double(groups) * *std::max_element(node_s.begin(), node_s.end()));
+    if (double(n_seq) / cycle > decode.decode_tokens_per_s) {
+      decode.decode_tokens_per_s = double(n_seq) / cycle;
+      decode.overlapping_steps = int32_t(groups);
+    }
+  }
   decode.prefill_tokens_per_s = double(batch) / std::max(total(prefill), 1e-12);
   return decode;
 }

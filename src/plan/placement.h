@@ -66,6 +66,10 @@ struct Prediction {
   // Decode time per token by where it goes (seconds), for the explanation.
   double decode_seconds_gpu = 0, decode_seconds_cpu = 0, decode_seconds_transfer = 0,
          decode_seconds_disk = 0;
+  // Decode steps in flight at once: a pipeline over machines serving several sequences overlaps
+  // a step per machine (its decode_tokens_per_s counts that; the times above are one step of all
+  // the sequences); 1 otherwise.
+  int32_t overlapping_steps = 1;
 };
 
 // One placement the planner built and weighed (planner.h), with what the cost model predicts for

@@ -137,6 +137,35 @@ TEST(CostModel, each_cut_between_devices_costs_a_transfer) {
   EXPECT_GT(c.decode_tokens_per_s, b.decode_tokens_per_s);
 }
 
+// Two machines in a pipeline (layers 0-3 on the first's GPU, 4-7 and the head on the second's):
+// serving several sequences, each machine computes another group's step, as the runtime overlaps
+// them (rank_spread.h overlapping_stages). A cycle is a group's step through both machines or the
+// busier machine's share of both groups' steps, whichever is longer. One sequence, or a plan that
+// comes back to the first machine, runs one step at a time.
+TEST(CostModel, a_pipeline_over_machines_overlaps_the_steps_of_sequence_groups) {
+  const ModelInventory inv = tiny_inventory();
+  Hardware hw = machine({24}, 64);
+  repeat_nodes(hw, 2);  // cpu (node 0), cuda:0 (node 0), node1:cuda:0 (node 1)
+  const auto pipeline = [](const InventoryGroup& g) {
+    if (g.kind == WeightGroup::Embedding) return 0;
+    if (g.kind == WeightGroup::OutputHead) return 2;
+    return g.layer < 4 ? 1 : 2;
+  };
+  const Placement p = manual(inv, hw, 1, pipeline);
+  const Prediction one = predict_speed(inv, hw, {.n_parallel = 1}, p, nullptr);
+  EXPECT_EQ(one.overlapping_steps, 1);
+  Workload eight{.n_parallel = 8};
+  const Prediction overlapped = predict_speed(inv, hw, eight, p, nullptr);
+  EXPECT_EQ(overlapped.overlapping_steps, 2);
+  // The step of all eight at once, as the times say, is slower than the cycle counted.
+  EXPECT_GT(overlapped.decode_tokens_per_s, 8 / step_seconds(overlapped) * 1.05);
+  // A residual that comes back to the first machine (layer 7 there) runs one step at a time.
+  const auto back = [&](const InventoryGroup& g) { return g.layer == 7 ? 1 : pipeline(g); };
+  const Prediction returning = predict_speed(inv, hw, eight, manual(inv, hw, 1, back), nullptr);
+  EXPECT_EQ(returning.overlapping_steps, 1);
+  EXPECT_NEAR(returning.decode_tokens_per_s, 8 / step_seconds(returning), 1e-9);
+}
+
 TEST(CostModel, head_split_divides_the_head_projections_by_weights) {
   // DeepSeek-V3: q_b 1536 x 128 x 192, kv_b 512 x 128 x (128 + 128), output 128 x 128 x 7168
   // divide by head; q_a 7168 x 1536 and kv_a 7168 x (512 + 64) stay whole.
