@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -305,6 +306,7 @@ void run_plan(const PlanOptions& o) {
     const std::string yaml = rules_to_yaml(p, inv);
     if (!out || !(out << yaml) || !out.flush())
       fail("--rules-out {}: cannot write the file", o.rules_out);
+    std::fflush(stdout);  // the plan before the note, where both go to one pipe
     fmt::print(stderr, "wrote the plan as a rule file to {}\n", o.rules_out);
   }
   std::fflush(stdout);

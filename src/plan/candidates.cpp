@@ -79,6 +79,13 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
       {.kind = CandidateSpec::Kind::LayerSplit,
        .gpus = gpus_,
        .name = hw_.n_nodes > 1 ? "pipeline: layer split" + over_machines(gpus_) : "layer split"});
+  // Serving several sequences over machines, a pipeline overlaps their steps, one group per
+  // machine: it pays to give every machine an equal share of the layers.
+  if (machines_of(gpus_) > 1 && wl_.n_parallel > 1)
+    specs.push_back({.kind = CandidateSpec::Kind::LayerSplit,
+                     .gpus = gpus_,
+                     .balanced = true,
+                     .name = "pipeline: layer split in equal shares" + over_machines(gpus_)});
   bool any_experts = false;
   uint64_t full_total = 0;
   for (uint32_t l = 0; l < inv_.n_layers; ++l) {
@@ -177,7 +184,7 @@ void Planner::build(CandidateSpec& spec) {
     // On the GPUs it names, as if the machine had no others.
     const std::vector<int32_t> all = gpus_;
     gpus_ = spec.gpus;
-    place_hot_path();
+    place_hot_path(spec.balanced);
     place_experts_on_gpus();
     gpus_ = all;
     return;
@@ -567,7 +574,7 @@ void Planner::place_experts_spread(CandidateSpec& spec) {
 }
 
 // The layer split, step 2: what every token reads goes to the GPUs, in contiguous layer ranges.
-void Planner::place_hot_path() {
+void Planner::place_hot_path(bool balanced) {
   std::vector<uint32_t> free_layers;  // layers whose attention is not pinned
   uint64_t hot_total = 0, full_total = 0;
   for (uint32_t l = 0; l < inv_.n_layers; ++l) {
@@ -590,7 +597,9 @@ void Planner::place_hot_path() {
   std::vector<int32_t> chosen = gpus_;  // GPUs that own layers, in index order
   std::vector<double> weight;
   const bool all_fit = full_total + output_bytes <= gpu_room && !gpus_.empty();
-  if (all_fit) {
+  if (all_fit && balanced) {
+    for (int32_t g : chosen) weight.push_back(double(room(g)));
+  } else if (all_fit) {
     // Fewest GPUs (fastest first) that hold everything: fewer cuts, same speed.
     std::vector<int32_t> by_speed = gpus_;
     std::stable_sort(by_speed.begin(), by_speed.end(), [&](int32_t a, int32_t b) {

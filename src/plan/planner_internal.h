@@ -33,6 +33,10 @@ struct CandidateSpec {
   bool spread = false;
   bool split_heads = false;  // ExpertParallel: each layer's attention heads over `gpus` too
   bool copy_experts = false;  // ExpertParallel: the hottest experts copied where VRAM is left
+  // LayerSplit over machines, serving several sequences: every GPU of `gpus` takes layers in
+  // proportion to its room, rather than the fewest that hold the model, so that each machine
+  // holds an equal share of a step and their overlapped steps take equal time (cost_model.h).
+  bool balanced = false;
   std::string name;  // Hybrid: filled in when built
 };
 
@@ -73,8 +77,9 @@ class Planner {
   // ---- candidates (candidates.cpp) ----
   std::vector<CandidateSpec> candidate_specs() const;
   void build(CandidateSpec& spec);
-  // The layer split, as the planner made it before it weighed candidates, on gpus_.
-  void place_hot_path();
+  // The layer split, as the planner made it before it weighed candidates, on gpus_; `balanced`
+  // as CandidateSpec says.
+  void place_hot_path(bool balanced = false);
   void split_layers(const std::vector<uint32_t>& layers, const std::vector<int32_t>& gpus,
                     const std::vector<double>& weight, bool all_fit);
   void place_output_and_embeddings();

@@ -74,6 +74,30 @@ TEST(Nodes, V3AtEightBitsOnTwoEightGpuMachinesFitsAndBeatsOne) {
 // The same two machines over a slow network predict slower than over a fast one (copies between
 // machines pay it), and there the planner picks the pipeline: one activation crosses per step,
 // not every MoE layer's tokens.
+// Serving many sequences, a pipeline over the machines overlaps their steps (a group per
+// machine): a layer split in equal shares keeps both machines busy and wins; one sequence at a
+// time gets no such candidate (its plan is the same as before).
+TEST(Nodes, ServingManySequencesPrefersAPipelineInEqualSharesWhoseStepsOverlap) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q8_0");
+  Hardware two = eight_a100s();
+  repeat_nodes(two, 2);
+  const Placement many = plan_placement(inv, two, {.n_parallel = 64}, {}, nullptr);
+  const Candidate* chosen = nullptr;
+  for (const Candidate& c : many.candidates)
+    if (c.chosen) chosen = &c;
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(chosen->name, "pipeline: layer split in equal shares on 2 machines");
+  EXPECT_EQ(chosen->predicted.overlapping_steps, 2);
+  for (const Candidate& c : many.candidates)
+    EXPECT_TRUE(c.chosen || c.predicted.decode_tokens_per_s < chosen->predicted.decode_tokens_per_s)
+        << c.name;
+  const Placement one = plan_placement(inv, two, {}, {}, nullptr);
+  for (const Candidate& c : one.candidates) {
+    EXPECT_EQ(c.name.find("equal shares"), std::string::npos) << c.name;
+    EXPECT_EQ(c.predicted.overlapping_steps, 1) << c.name;
+  }
+}
+
 TEST(Nodes, ASlowerNetworkPredictsASlowerPlan) {
   const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q8_0");
   Hardware fast = eight_a100s(), slow = eight_a100s();
