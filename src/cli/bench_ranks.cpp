@@ -162,18 +162,15 @@ std::string format_rank_bench(const RankBench& r) {
         "{} sequences decoding at once: {:.2f} tokens/s; steps do not overlap in this spread (rank "
         "0 takes part again after another rank: pipeline stages alone overlap)\n",
         r.parallel, r.parallel_one_step_tokens_per_s);
-  std::string text =
-      parallel +
-      fmt::format(
-          "\nover {} ranks (--spread {}): decode {:.2f} tokens/s, {:.2f} in rank 0 alone "
-          "(measured, "
-          "alternating)\neach step sent {:.1f} messages, {:.1f} KiB between ranks, besides rank "
-          "0's "
-          "{:.1f} announcements ({:.1f} KiB) received while it computes\n"
-          "link rank 0 - rank 1 (measured, ping-pong): {:.1f} us a small message, {:.2f} GB/s\n",
-          r.n_ranks, r.spread, r.decode_tokens_per_s, r.decode_alone_tokens_per_s,
-          r.messages_per_step, r.bytes_per_step / 1024, r.announced_messages_per_step,
-          r.announced_bytes_per_step / 1024, r.link.latency_s * 1e6, r.link.bytes_per_s / 1e9);
+  std::string text = fmt::format(
+      "\nover {} ranks (--spread {}): decode {:.2f} tokens/s, {:.2f} in rank 0 alone (measured, "
+      "alternating)\neach step sent {:.1f} messages, {:.1f} KiB between ranks, besides rank 0's "
+      "{:.1f} announcements ({:.1f} KiB) received while it computes\n"
+      "link rank 0 - rank 1 (measured, ping-pong): {:.1f} us a small message, {:.2f} GB/s\n",
+      r.n_ranks, r.spread, r.decode_tokens_per_s, r.decode_alone_tokens_per_s, r.messages_per_step,
+      r.bytes_per_step / 1024, r.announced_messages_per_step, r.announced_bytes_per_step / 1024,
+      r.link.latency_s * 1e6, r.link.bytes_per_s / 1e9);
+  text += parallel;
   if (r.comparable)
     return text +
            fmt::format(

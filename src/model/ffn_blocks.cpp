@@ -478,52 +478,100 @@ const std::vector<int32_t>& Transformer::tokens_routed_to(size_t il, int32_t ran
   return routed_tokens_;
 }
 
+RankChannel* Transformer::expert_channel(const FfnLayer& l, int32_t other, Backend& device) {
+  const uint32_t il = uint32_t(&l - ffn_.data());
+  const uint32_t cut = uint32_t(ffn_.size()) + 1 +
+                       il * uint32_t(devices_.ranks.transport->n_ranks()) + uint32_t(other);
+  if (auto known = rank_channels_.find(cut); known != rank_channels_.end()) return known->second;
+  return rank_channel(cut, fmt::format("layer {}'s experts' exchange", il), other,
+                      /*sends=*/l.rank == my_rank(), device);
+}
+
+void Transformer::gather_rows(Backend& device, float* dst, const float* src,
+                              std::span<const int32_t> rows, bool scatter) const {
+  const int64_t embd = info_.n_embd;
+  for (size_t i = 0; i < rows.size();) {
+    size_t n = 1;
+    while (i + n < rows.size() && rows[i + n] == rows[i] + int32_t(n)) ++n;
+    float* to = scatter ? dst + int64_t(rows[i]) * embd : dst + int64_t(i) * embd;
+    const float* from = scatter ? src + int64_t(i) * embd : src + int64_t(rows[i]) * embd;
+    device.copy_rows(to, embd, from, embd, int64_t(n), embd);
+    i += n;
+  }
+}
+
 void Transformer::send_to_expert_peers(const FfnLayer& l, const float* h, const int32_t* ids,
                                        int64_t T) {
+  using W = Workspace;
   const int64_t embd = info_.n_embd, k = info_.n_expert_used;
   const size_t il = size_t(&l - ffn_.data());
-  peer_input_.resize(size_t(T * embd));
+  Backend& be = *l.device;
   peer_ids_.resize(size_t(T * k));
-  l.device->copy_to_host(peer_input_.data(), h, peer_input_.size() * sizeof(float));
-  l.device->copy_to_host(peer_ids_.data(), ids, peer_ids_.size() * sizeof(int32_t));
+  be.copy_to_host(peer_ids_.data(), ids, peer_ids_.size() * sizeof(int32_t));
+  bool input_on_host = false;
   Transport& transport = *devices_.ranks.transport;
   for (int32_t peer : l.expert_peers) {
     transport.send(peer, std::as_bytes(std::span(peer_ids_)),
                    fmt::format("layer {}'s routing, step {}", il, steps_));
+    RankChannel* channel = expert_channel(l, peer, be);
     const std::vector<int32_t>& tokens = tokens_routed_to(il, peer, peer_ids_.data(), T);
     if (tokens.empty()) continue;
+    const std::string what = fmt::format("layer {}'s experts' input, step {}", il, steps_);
+    if (channel) {  // the routed rows packed on the device and sent from there
+      float* packed = workspace(be).get(W::kRankPacked, int64_t(tokens.size()) * embd);
+      gather_rows(be, packed, h, tokens, /*scatter=*/false);
+      channel->send(packed, tokens.size() * size_t(embd) * sizeof(float), what);
+      continue;
+    }
+    if (!input_on_host) {
+      peer_input_.resize(size_t(T * embd));
+      be.copy_to_host(peer_input_.data(), h, peer_input_.size() * sizeof(float));
+      input_on_host = true;
+    }
     routed_input_.resize(tokens.size() * size_t(embd));
     for (size_t i = 0; i < tokens.size(); ++i)
       std::copy_n(peer_input_.data() + tokens[i] * embd, embd, routed_input_.data() + i * embd);
-    transport.send(peer, std::as_bytes(std::span(routed_input_)),
-                   fmt::format("layer {}'s experts' input, step {}", il, steps_));
+    transport.send(peer, std::as_bytes(std::span(routed_input_)), what);
   }
 }
 
+// The slots (indices into [n_slots]) whose expert `rank` holds, in order.
+static std::vector<int32_t> slots_held_by(const std::vector<int32_t>& expert_rank,
+                                          const std::vector<int32_t>& ids, int32_t rank) {
+  std::vector<int32_t> held;
+  for (size_t s = 0; s < ids.size(); ++s)
+    if (expert_rank[size_t(ids[s])] == rank) held.push_back(int32_t(s));
+  return held;
+}
+
 bool Transformer::receive_peer_slots(const FfnLayer& l, int32_t peer, float* place, int64_t T) {
+  using W = Workspace;
   const int64_t embd = info_.n_embd, n_slots = T * info_.n_expert_used;
   const size_t il = size_t(&l - ffn_.data());
-  const std::vector<int32_t>& expert_rank = devices_.ranks.experts[il];
-  int64_t n_held = 0;  // peer_ids_ holds the routing sent to the peers
-  for (int64_t s = 0; s < n_slots; ++s) n_held += expert_rank[size_t(peer_ids_[size_t(s)])] == peer;
-  if (n_held == 0) return false;
+  // peer_ids_ holds the routing sent to the peers.
+  const std::vector<int32_t> held = slots_held_by(devices_.ranks.experts[il], peer_ids_, peer);
+  if (held.empty()) return false;
+  const int64_t n_held = int64_t(held.size());
+  const std::string what = fmt::format("layer {}'s expert outputs, step {}", il, steps_);
+  Backend& be = *l.device;
+  if (RankChannel* channel = expert_channel(l, peer, be)) {  // opened when the input went
+    float* packed = workspace(be).get(W::kRankPacked, n_held * embd);
+    channel->receive(packed, size_t(n_held * embd) * sizeof(float), what);
+    be.zero(place, n_slots * embd);
+    gather_rows(be, place, packed, held, /*scatter=*/true);
+    return true;
+  }
   packed_slots_.resize(size_t(n_held * embd));
-  devices_.ranks.transport->receive(peer, std::as_writable_bytes(std::span(packed_slots_)),
-                                    fmt::format("layer {}'s expert outputs, step {}", il, steps_));
+  devices_.ranks.transport->receive(peer, std::as_writable_bytes(std::span(packed_slots_)), what);
   peer_slots_.assign(size_t(n_slots * embd), 0.0f);
-  const float* next = packed_slots_.data();
-  for (int64_t s = 0; s < n_slots; ++s)
-    if (expert_rank[size_t(peer_ids_[size_t(s)])] == peer) {
-      std::copy_n(next, embd, peer_slots_.data() + s * embd);
-      next += embd;
-    }
-  l.device->copy_from_host(place, peer_slots_.data(), peer_slots_.size() * sizeof(float));
+  for (int64_t i = 0; i < n_held; ++i)
+    std::copy_n(packed_slots_.data() + i * embd, embd, peer_slots_.data() + held[size_t(i)] * embd);
+  be.copy_from_host(place, peer_slots_.data(), peer_slots_.size() * sizeof(float));
   return true;
 }
 
 void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, KernelChoice kernels) {
-  using W = Workspace;
-  const int64_t embd = info_.n_embd, k = info_.n_expert_used;
+  const int64_t k = info_.n_expert_used;
   const size_t il = size_t(&l - ffn_.data());
   Transport& transport = *devices_.ranks.transport;
   std::vector<int32_t>& all_ids = peer_routing_;
@@ -534,16 +582,35 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, Kerne
     if (e < 0 || e >= int32_t(info_.n_expert))
       fail("layer {}: rank {} sent expert {} of {}: the ranks disagree on the model", il, l.rank, e,
            info_.n_expert);
+  // The device end: the first of this rank's devices holding the layer's experts, when none of
+  // them computes in host memory (whose slots would go through the host anyway).
+  Backend* end = l.shards.front().device;
+  for (const ExpertShard& shard : l.shards)
+    if (shard.device->uses_host_memory()) end = shard.device;
+  RankChannel* channel = expert_channel(l, l.rank, *end);
   const std::vector<int32_t>& tokens = tokens_routed_to(il, my_rank(), all_ids.data(), T_all);
   if (tokens.empty()) return;
-  // From here on, the tokens routed here only: their input and their rows of the routing.
-  const int64_t T = int64_t(tokens.size()), n_slots = T * k;
+  // From here on, the tokens routed here only: their rows of the routing, then their input.
+  const int64_t T = int64_t(tokens.size());
+  peer_ids_.resize(size_t(T * k));
+  for (int64_t i = 0; i < T; ++i)
+    std::copy_n(all_ids.data() + tokens[size_t(i)] * k, k, peer_ids_.data() + i * k);
+  if (channel)
+    experts_on_devices(l, *end, *channel, T, T_all, kernels);
+  else
+    experts_through_host(l, T, T_all, kernels);
+}
+
+// A peer's experts with the input and outputs in host memory, sent and received over MPI.
+void Transformer::experts_through_host(const FfnLayer& l, int64_t T, int64_t T_all,
+                                       KernelChoice kernels) {
+  using W = Workspace;
+  const int64_t embd = info_.n_embd, n_slots = T * info_.n_expert_used;
+  const size_t il = size_t(&l - ffn_.data());
+  Transport& transport = *devices_.ranks.transport;
   peer_input_.resize(size_t(T * embd));
   transport.receive(l.rank, std::as_writable_bytes(std::span(peer_input_)),
                     fmt::format("layer {}'s experts' input, step {}", il, steps_));
-  peer_ids_.resize(size_t(n_slots));
-  for (int64_t i = 0; i < T; ++i)
-    std::copy_n(all_ids.data() + tokens[size_t(i)] * k, k, peer_ids_.data() + i * k);
   // Each of this rank's devices computes its experts' slots (the others stay zero); one expert
   // is on one device, so adding the devices' slots up is exact.
   peer_slots_.assign(size_t(n_slots * embd), 0.0f);
@@ -573,15 +640,69 @@ void Transformer::experts_for_layer_rank(const FfnLayer& l, int64_t T_all, Kerne
     }
     for (size_t i = 0; i < peer_slots_.size(); ++i) peer_slots_[i] += device_slots_[i];
   }
-  const int32_t me = my_rank();
-  const std::vector<int32_t>& expert_rank = devices_.ranks.experts[il];
-  packed_slots_.clear();
-  for (int64_t s = 0; s < n_slots; ++s)
-    if (expert_rank[size_t(peer_ids_[size_t(s)])] == me)
-      packed_slots_.insert(packed_slots_.end(), peer_slots_.begin() + s * embd,
-                           peer_slots_.begin() + (s + 1) * embd);
+  const std::vector<int32_t> held = slots_held_by(devices_.ranks.experts[il], peer_ids_, my_rank());
+  packed_slots_.resize(held.size() * size_t(embd));
+  for (size_t i = 0; i < held.size(); ++i)
+    std::copy_n(peer_slots_.data() + held[i] * embd, embd, packed_slots_.data() + i * embd);
   transport.send(l.rank, std::as_bytes(std::span(packed_slots_)),
                  fmt::format("layer {}'s expert outputs, step {}", il, steps_));
+}
+
+// A peer's experts with the input received straight into device `end` and the outputs sent from
+// there (the channel): the other devices of this rank that hold some of the layer's experts get
+// the input from `end` and give back their slots, which `end` adds to its own (x + 0 is exact).
+void Transformer::experts_on_devices(const FfnLayer& l, Backend& end, RankChannel& channel,
+                                     int64_t T, int64_t T_all, KernelChoice kernels) {
+  using W = Workspace;
+  const int64_t embd = info_.n_embd, n_slots = T * info_.n_expert_used;
+  const size_t il = size_t(&l - ffn_.data());
+  Workspace& ws = workspace(end);
+  float* input = ws.get(W::kNormed, T * embd);
+  channel.receive(input, size_t(T * embd) * sizeof(float),
+                  fmt::format("layer {}'s experts' input, step {}", il, steps_));
+  int32_t* ids = ws.ints(W::kExpertIds, n_slots);
+  end.copy_from_host(ids, peer_ids_.data(), peer_ids_.size() * sizeof(int32_t));
+  float* slots = ws.get(W::kSlots, n_slots * embd);
+  end.zero(slots, n_slots * embd);
+  float* others = l.shards.size() > 1
+                      ? ws.get(W::kOtherSlots, int64_t(l.shards.size() - 1) * n_slots * embd)
+                      : nullptr;
+  auto run = [&](const ExpertShard& shard, const float* shard_input, const int32_t* shard_ids,
+                 float* shard_slots) {
+    MoeOp op = shard_op(l, shard, shard_input, shard_ids, shard.device_local_index, shard_slots, T,
+                        kernels);
+    op.step_tokens = T_all;
+    shard.device->moe(op);
+  };
+  for (const ExpertShard& shard : l.shards) {  // the others first, on their own streams
+    Backend& device = *shard.device;
+    if (&device == &end) continue;
+    Workspace& remote = workspace(device);
+    float* remote_input = remote.get(W::kNormed, T * embd);
+    int32_t* remote_ids = remote.ints(W::kExpertIds, n_slots);
+    float* remote_slots = remote.get(W::kSlots, n_slots * embd);
+    transfer(end, input, device, remote_input, size_t(T * embd) * sizeof(float));
+    transfer(end, ids, device, remote_ids, size_t(n_slots) * sizeof(int32_t));
+    device.zero(remote_slots, n_slots * embd);
+    run(shard, remote_input, remote_ids, remote_slots);
+  }
+  for (const ExpertShard& shard : l.shards)
+    if (shard.device == &end) run(shard, input, ids, slots);
+  std::vector<const float*> parts;
+  for (const ExpertShard& shard : l.shards) {
+    Backend& device = *shard.device;
+    if (&device == &end) continue;
+    float* place = others + int64_t(parts.size()) * n_slots * embd;
+    transfer(device, workspace(device).get(W::kSlots, n_slots * embd), end, place,
+             size_t(n_slots * embd) * sizeof(float), CopiedBy::Sender);
+    parts.push_back(place);
+  }
+  end.add_parts(slots, parts, n_slots * embd);
+  const std::vector<int32_t> held = slots_held_by(devices_.ranks.experts[il], peer_ids_, my_rank());
+  float* packed = ws.get(W::kRankPacked, int64_t(held.size()) * embd);
+  gather_rows(end, packed, slots, held, /*scatter=*/false);
+  channel.send(packed, held.size() * size_t(embd) * sizeof(float),
+               fmt::format("layer {}'s expert outputs, step {}", il, steps_));
 }
 
 }  // namespace tandem

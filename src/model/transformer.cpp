@@ -541,7 +541,9 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
     }
     head->copy_to_host(logits, out_logits, logit_bytes);
   }
-  // Rank 0 samples: the logits go there from the head's rank.
+  // Rank 0 samples: the logits go there from the head's rank. Sent without waiting and received
+  // later by a rank 0 with other steps in flight: safe with MPI's in-order matching only where
+  // rank 0 takes no part in a step after its own share (rank_spread.h overlapping_stages).
   if (ranks.spread() && ranks.output != 0) {
     const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(logits), logit_bytes);
     const std::string what = fmt::format("the logits, step {}", steps_);

@@ -232,6 +232,15 @@ class Transformer : public Model {
   // (through host memory) otherwise, from then on.
   RankChannel* rank_channel(uint32_t cut, const std::string& crossing, int32_t peer, bool sends,
                             Backend& device);
+  // The direct path for layer `layer`'s experts' exchange with rank `other` (the layer's rank on
+  // a peer, a peer on the layer's rank), negotiated as rank_channel does the first time: between
+  // the layer's device and the peer's device of the layer's experts (all on devices with memory of
+  // their own; the first of them), null (through host memory) where either end cannot.
+  RankChannel* expert_channel(const FfnLayer& layer, int32_t other, Backend& device);
+  // Rows `rows` (indices, ascending) of `src` [.., n_embd] into consecutive rows of `dst`, or
+  // back (`scatter`): a copy per run of consecutive indices, on `device`.
+  void gather_rows(Backend& device, float* dst, const float* src, std::span<const int32_t> rows,
+                   bool scatter) const;
   // The tokens (indices into `ids`, [n_tokens][top_k]) routed to at least one expert of layer
   // `il` that `rank` holds, in order (into routed_tokens_).
   const std::vector<int32_t>& tokens_routed_to(size_t il, int32_t rank, const int32_t* ids,
@@ -248,6 +257,13 @@ class Transformer : public Model {
   // On a rank that holds some routed experts of a layer another rank runs: receives the input and
   // routing, computes its experts' slots and sends them back packed.
   void experts_for_layer_rank(const FfnLayer& layer, int64_t n_tokens, KernelChoice kernels);
+  // Its two ways, for `n_tokens` of the step's `step_tokens` (their routing in peer_ids_): input
+  // and outputs through host memory and MPI, or straight into and out of device `end` over
+  // `channel`.
+  void experts_through_host(const FfnLayer& layer, int64_t n_tokens, int64_t step_tokens,
+                            KernelChoice kernels);
+  void experts_on_devices(const FfnLayer& layer, Backend& end, RankChannel& channel,
+                          int64_t n_tokens, int64_t step_tokens, KernelChoice kernels);
 
   WeightView token_embd_, output_;
   const float* output_norm_ = nullptr;

@@ -3,6 +3,7 @@
 // Transformer, shared by the step machinery (transformer.cpp), the FFN blocks (ffn_blocks.cpp) and
 // the architecture files, whose attention takes its buffers from the same workspaces.
 #include <array>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -104,6 +105,7 @@ struct Transformer::Workspace {
     kDenseWeights,   // [T] ones
     kLast,           // [rows, n_embd] hidden states that need logits
     kLogits,         // [rows, n_vocab]
+    kRankPacked,     // [rows, n_embd] rows packed for another rank's device (experts' exchange)
     kCount
   };
   // Host memory of this device's kind (page-locked for a GPU) for its asynchronous copies.
@@ -128,12 +130,14 @@ struct Transformer::Workspace {
     return static_cast<int32_t*>(grow(which, size_t(n) * 4));
   }
   void* host(HostBuffer which, size_t bytes) {
-    static constexpr const char* kNames[kHostCount] = {
-        "host experts' input", "host experts' routing", "host experts' outputs", "logits (host)"};
+    static constexpr const char* kNames[] = {"host experts' input", "host experts' routing",
+                                             "host experts' outputs", "logits (host)"};
+    static_assert(std::size(kNames) == kHostCount, "a name for every host buffer");
     std::shared_ptr<DeviceBuffer>& buffer = host_buffers[which];
     if (!buffer || buffer->size() < std::max<size_t>(bytes, 1)) {
       ++*generation;  // before the old one goes: graphs captured with it are stale even if this
                       // fails
+      if (buffer) device->synchronize();  // queued copies may still use the old one
       buffer.reset();
       buffer = device->allocate_host(std::max<size_t>(bytes, 1), kNames[which]);
     }
@@ -142,37 +146,42 @@ struct Transformer::Workspace {
 
  private:
   void* grow(Buffer which, size_t bytes) {
-    static constexpr const char* kNames[kCount] = {"residual stream",
-                                                   "normed activations",
-                                                   "q LoRA activations",
-                                                   "queries",
-                                                   "latent keys",
-                                                   "keys",
-                                                   "values",
-                                                   "attention output",
-                                                   "sub-layer output",
-                                                   "partial attention output",
-                                                   "other devices' partial attention outputs",
-                                                   "shared experts output",
-                                                   "shared experts slot",
-                                                   "router logits",
-                                                   "expert outputs",
-                                                   "expert outputs of other devices",
-                                                   "expert ids",
-                                                   "expert weights",
-                                                   "guessed expert ids",
-                                                   "guessed expert weights",
-                                                   "token ids",
-                                                   "positions",
-                                                   "sequence ids",
-                                                   "dense routing ids",
-                                                   "dense routing weights",
-                                                   "final hidden states",
-                                                   "logits"};
+    static constexpr const char* kNames[] = {"residual stream",
+                                             "normed activations",
+                                             "q LoRA activations",
+                                             "queries",
+                                             "latent keys",
+                                             "keys",
+                                             "values",
+                                             "attention output",
+                                             "sub-layer output",
+                                             "partial attention output",
+                                             "other devices' partial attention outputs",
+                                             "shared experts output",
+                                             "shared experts slot",
+                                             "router logits",
+                                             "expert outputs",
+                                             "expert outputs of other devices",
+                                             "expert ids",
+                                             "expert weights",
+                                             "guessed expert ids",
+                                             "guessed expert weights",
+                                             "token ids",
+                                             "positions",
+                                             "sequence ids",
+                                             "dense routing ids",
+                                             "dense routing weights",
+                                             "final hidden states",
+                                             "logits",
+                                             "rows packed for another rank"};
+    static_assert(std::size(kNames) == kCount, "a name for every buffer");
     bytes = std::max<size_t>(bytes, 4);
     std::shared_ptr<DeviceBuffer>& buffer = buffers[which];
     if (!buffer || buffer->size() < bytes) {
-      ++*generation;   // graphs captured with the old pointer are stale now, even if this fails
+      ++*generation;  // graphs captured with the old pointer are stale now, even if this fails
+      // Work queued on the device may still read or write the old one (a buffer can grow in the
+      // middle of a step: the rows packed for another rank, peer by peer).
+      if (buffer) device->synchronize();
       buffer.reset();  // give the old one back first: budgets are tight on small devices
       buffer = device->allocate(bytes, kNames[which]);
     }

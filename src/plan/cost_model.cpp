@@ -347,24 +347,34 @@ class StepModel {
   }
 
   // How many steps of different sequences can run at once, each on another machine, as the
-  // runtime overlaps them (rank_spread.h overlapping_stages): the machines a step passes through
-  // in turn, when the first machine's share (rank 0's: the host, its GPUs) comes first and it
-  // takes no part after another machine; 1 otherwise.
+  // runtime overlaps them (rank_spread.h overlapping_stages): the machines a step passes through,
+  // when the first machine's share (rank 0's: the host, its GPUs) comes first, holds all its
+  // layers' experts, and it takes no part after; 1 otherwise.
   int32_t overlapping_stages() const {
     const auto node_of = [&](int32_t where) { return spec(compute_device(where)).node; };
-    int32_t holder = embedding_ >= 0 ? node_of(placement_.group_device[size_t(embedding_)]) : 0;
-    if (holder != 0) return 1;
-    int32_t stages = 1;
+    if (embedding_ >= 0 && node_of(placement_.group_device[size_t(embedding_)]) != 0) return 1;
+    std::vector<int32_t> seen = {0};  // the machines the step passes through
+    int32_t holder = 0;
     for (uint32_t l = 0; l < inv_.n_layers; ++l) {
       const int32_t owner = node_of(placement_.layer_device[l]);
-      bool first_takes_part = owner == 0;
-      for (size_t gi : layers_[l]) first_takes_part |= node_of(placement_.group_device[gi]) == 0;
-      if (holder != 0 && first_takes_part) return 1;
-      if (owner != holder) ++stages, holder = owner;
+      bool first_takes_part = false, others_take_part = false;
+      for (size_t gi : layers_[l]) {
+        const int32_t node = node_of(placement_.group_device[gi]);
+        first_takes_part |= node == 0;
+        others_take_part |= node != 0;
+      }
+      if (owner == 0) {
+        if (holder != 0 || others_take_part) return 1;
+        continue;
+      }
+      if (first_takes_part) return 1;
+      holder = owner;
+      if (std::ranges::find(seen, holder) == seen.end()) seen.push_back(holder);
     }
     const int32_t head = output_ >= 0 ? node_of(placement_.group_device[size_t(output_)]) : 0;
     if (head == 0) return 1;
-    return head != holder ? stages + 1 : stages;
+    if (std::ranges::find(seen, head) == seen.end()) seen.push_back(head);
+    return int32_t(seen.size());
   }
 
  private:

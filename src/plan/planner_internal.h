@@ -34,8 +34,8 @@ struct CandidateSpec {
   bool split_heads = false;  // ExpertParallel: each layer's attention heads over `gpus` too
   bool copy_experts = false;  // ExpertParallel: the hottest experts copied where VRAM is left
   // LayerSplit over machines, serving several sequences: every GPU of `gpus` takes layers in
-  // proportion to its room, rather than the fewest that hold the model, so that each machine
-  // holds an equal share of a step and their overlapped steps take equal time (cost_model.h).
+  // proportion to its room, rather than the fewest that hold the model, so that like machines
+  // hold equal shares of a step and their overlapped steps take equal time (cost_model.h).
   bool balanced = false;
   std::string name;  // Hybrid: filled in when built
 };

@@ -116,7 +116,7 @@ struct BatchScheduler::Slot {
   int32_t generated = 0;
   int32_t next_token = -1;  // sampled, to be fed by the next decode step
   bool finished = false;
-  bool in_flight = false;  // fed to a decode step not finished yet (kept until it is)
+  bool in_flight = false;  // fed to a step (prompt or decode) not finished yet: kept until it is
 
   bool in_prompt() const { return prompt_done < int64_t(request.prompt.size()); }
 };

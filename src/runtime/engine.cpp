@@ -223,7 +223,12 @@ void Engine::load(const EngineOptions& options, Spread spread,
     ranks.transport = transport_.get();
     keep_parts_of_rank(devices, ranks, transport_->rank());
     rank_plan_ = ranks;
+    // Steps overlap where the spread lets them; in a plan over machines, only where the cost model
+    // found it faster (a stage that holds most of every step would make each group's step cost
+    // nearly the whole batch's).
     steps_in_flight_ = overlapping_stages(ranks);
+    if (planned_ranks && placement_ && placement_->predicted.overlapping_steps <= 1)
+      steps_in_flight_ = 1;
     if (options.verbose)
       std::fprintf(stderr, "tandem: rank %d of %d (%s), model spread as %s\n", rank(), n_ranks(),
                    transport_->describe().c_str(), std::string(spread_name(spread)).c_str());
@@ -719,6 +724,8 @@ uint64_t Engine::start_batch(std::span<const int32_t> tokens, std::span<const in
                       steps_in_flight_ > 1 && rank() == 0 ? &step.arriving : nullptr);
     });
   } catch (...) {
+    // A logits' receive left pending may still write into its buffer until the run ends.
+    if (in_flight_.back().arriving) failed_steps_.push_back(std::move(in_flight_.back()));
     in_flight_.pop_back();
     throw;
   }
@@ -728,12 +735,18 @@ uint64_t Engine::start_batch(std::span<const int32_t> tokens, std::span<const in
 
 void Engine::finish_batch(uint64_t step, std::vector<float>& logits) {
   TANDEM_CHECK(!in_flight_.empty() && in_flight_.front().id == step);
-  StepInFlight& oldest = in_flight_.front();
-  std::unique_ptr<PendingTransfer> arriving = std::move(oldest.arriving);
+  StepInFlight oldest = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (oldest.arriving) {
+    try {
+      over_ranks([&] { oldest.arriving->wait(); });
+    } catch (...) {
+      failed_steps_.push_back(std::move(oldest));  // its receive may be pending still
+      throw;
+    }
+  }
   std::swap(logits, oldest.logits);
   spare_logits_ = std::move(oldest.logits);
-  in_flight_.pop_front();
-  if (arriving) over_ranks([&] { arriving->wait(); });
 }
 
 // Over several ranks every rank runs the step; one that fails ends them all (the others would

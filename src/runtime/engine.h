@@ -214,6 +214,9 @@ class Engine {
     std::unique_ptr<PendingTransfer> arriving;
   };
   std::deque<StepInFlight> in_flight_;
+  // Steps that failed with their logits' receive unfinished: kept, buffers and all, until the run
+  // ends (MPI may still write into them; core/transport.h).
+  std::vector<StepInFlight> failed_steps_;
   std::vector<float> spare_logits_;
   uint64_t started_ = 0;
   int32_t steps_in_flight_ = 1;

@@ -75,16 +75,23 @@ std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks)
 
 int32_t overlapping_stages(const RankPlan& ranks) {
   if (ranks.embeddings != 0) return 1;
-  int32_t stages = 1, holder = 0;
+  std::vector<int32_t> seen = {0};  // the ranks the residual stream has passed through
+  int32_t holder = 0;
   for (size_t il = 0; il < ranks.layers.size(); ++il) {
-    const bool rank0_takes_part =
-        ranks.layers[il] == 0 || std::ranges::find(ranks.experts[il], 0) != ranks.experts[il].end();
-    if (holder != 0 && rank0_takes_part) return 1;  // rank 0 again after another rank
-    if (ranks.layers[il] != holder) ++stages, holder = ranks.layers[il];
+    const std::vector<int32_t>& experts = ranks.experts[il];
+    if (ranks.layers[il] == 0) {
+      // In rank 0's share every expert is rank 0's too: another rank's would make rank 0 wait
+      // for that rank to finish the earlier step before it could finish its own.
+      if (holder != 0 || std::ranges::any_of(experts, [](int32_t r) { return r != 0; })) return 1;
+      continue;
+    }
+    if (std::ranges::find(experts, 0) != experts.end()) return 1;  // rank 0 again later
+    holder = ranks.layers[il];
+    if (std::ranges::find(seen, holder) == seen.end()) seen.push_back(holder);
   }
   if (ranks.output == 0) return 1;
-  if (ranks.output != holder) ++stages;
-  return stages;
+  if (std::ranges::find(seen, ranks.output) == seen.end()) seen.push_back(ranks.output);
+  return int32_t(seen.size());
 }
 
 void keep_parts_of_rank(DevicePlan& plan, const RankPlan& ranks, int32_t rank) {

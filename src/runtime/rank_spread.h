@@ -34,10 +34,14 @@ RankPlan spread_over_ranks(Spread spread, const ModelInfo& info, int32_t n_ranks
 std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks);
 
 // How many steps of different sequences can run over `ranks` at once, each on another rank: the
-// number of ranks a step's residual stream passes through in turn, when rank 0's share of the step
-// comes first and ends before the rest begins (the embeddings and a first run of layers with their
-// experts, and none of the later layers, their experts or the head); 1 otherwise, as rank 0 would
-// wait for an earlier step's later part before it could go on with its own.
+// ranks a step's residual stream passes through, when rank 0's share of the step comes first and
+// is its own (the embeddings and a first run of layers, all their experts on rank 0) and it takes
+// no part after (none of the later layers, their experts or the head); 1 otherwise, as rank 0
+// would wait for another rank to finish the earlier step before it could finish its own.
+//
+// That rule is also what makes the overlap safe over MPI's matching: every message rank 0
+// receives from a later rank during a step (the logits) then comes after that rank has finished
+// everything of the earlier steps, in the order rank 0 posted its receives.
 int32_t overlapping_stages(const RankPlan& ranks);
 
 // Restricts `plan` (this rank's devices for the whole model) to the parts `ranks` gives `rank`:

@@ -62,13 +62,20 @@ TEST(RankSpread, StepsOverlapOnlyWhereRankZerosShareComesFirstAndEndsBeforeTheRe
   EXPECT_EQ(overlapping_stages(spread_over_ranks(Spread::Experts, moe_model(6, 4, 1), 2)), 1);
   EXPECT_EQ(overlapping_stages(spread_over_ranks(Spread::Mixed, moe_model(6, 4, 1), 2)), 1);
   RankPlan ranks = spread_over_ranks(Spread::Pipeline, moe_model(4, 4, 0), 2);  // 0 0 1 1
-  ranks.experts[0] = {0, 1, 0, 1};  // rank 1's experts in rank 0's share: still first
   EXPECT_EQ(overlapping_stages(ranks), 2);
+  ranks.experts[0] = {0, 1, 0, 1};  // rank 1's experts in rank 0's share
+  EXPECT_EQ(overlapping_stages(ranks), 1);
+  ranks.experts[0] = {0, 0, 0, 0};
   ranks.experts[3] = {0, 1, 1, 1};  // rank 0 again after rank 1
   EXPECT_EQ(overlapping_stages(ranks), 1);
   ranks.experts[3] = {1, 1, 1, 1};
   ranks.layers = {0, 1, 0, 1};  // the residual goes 0 -> 1 -> 0 -> 1
   EXPECT_EQ(overlapping_stages(ranks), 1);
+  // A later rank twice in a step (0 -> 1 -> 2 -> 1) is one stage: 3 ranks, 3 steps in flight.
+  RankPlan three = spread_over_ranks(Spread::Pipeline, moe_model(4, 4, 0), 2);
+  three.layers = {0, 1, 2, 1};
+  for (size_t il = 0; il < 4; ++il) three.experts[il].assign(4, three.layers[il]);
+  EXPECT_EQ(overlapping_stages(three), 3);
   ranks.layers = {0, 0, 0, 0};  // every layer on rank 0, the head on rank 1
   ranks.experts.assign(4, std::vector<int32_t>(4, 0));
   EXPECT_EQ(overlapping_stages(ranks), 2);

@@ -31,16 +31,21 @@ timeout 100 "$mpirun" -np "$np" "$tandem" eval "$fixtures/$model.gguf" --ref "$f
   "${ranks_only[@]}" 2>"$said" || status=$?
 cat "$said" >&2
 ((status == 0)) || exit "$status"
-# Cuts between ranks go device to device where both ends are sim devices (the stand-in for NCCL),
-# and through host memory from the CPU.
+# Cuts between ranks, and the experts' exchange, go device to device where both ends are sim
+# devices (the stand-in for NCCL), and through host memory from the CPU.
 channel_lines=$(grep -c "directly (a simulated device channel)" "$said" || true)
-if [[ " ${both[*]} " == *" --devices sim"* && $spread != experts ]]; then
+expert_lines=$(grep -c "experts' exchange .*directly (a simulated device channel)" "$said" || true)
+if [[ " ${both[*]} " == *" --devices sim"* ]]; then
   if ((channel_lines == 0)); then
-    echo "FAIL: no cut between the ranks' sim devices went over their device channel"
+    echo "FAIL: nothing between the ranks' sim devices went over their device channel"
+    exit 1
+  fi
+  if [[ $spread == experts || $spread == mixed ]] && ((expert_lines == 0)); then
+    echo "FAIL: the experts' exchange between sim devices did not go over their device channel"
     exit 1
   fi
 elif ((channel_lines > 0)); then
-  echo "FAIL: a cut from a rank's CPU went over a device channel"
+  echo "FAIL: a transfer from a rank's CPU went over a device channel"
   exit 1
 fi
 "$python" "$fixtures/check.py" --quiet "$fixtures/$ref" "$spread_out"

@@ -79,7 +79,10 @@ TEST(Transport, APendingReceiveDroppedUnfinishedTakesNoMessage) {
   const int32_t next = (r + 1) % n, prev = (r + n - 1) % n;
   std::vector<std::byte> dropped(8);
   t.receive_later(prev, dropped, "a message never sent").reset();
-  t.broadcast(0, dropped, "every rank past its cancel");  // no message is sent before it
+  // No message is sent before every rank has cancelled (a gather: a broadcast's root may pass it
+  // before the others reach it).
+  std::vector<std::byte> all(static_cast<size_t>(n));
+  t.all_gather(std::span(dropped).first(1), all, "every rank past its cancel");
   const std::vector<std::byte> out = pattern(r, next, 8);
   std::vector<std::byte> in(8);
   std::unique_ptr<PendingTransfer> receive = t.receive_later(prev, in, "the ring message");
