@@ -335,18 +335,21 @@ bool BatchScheduler::start_prompt_step() {
   return true;
 }
 
-void BatchScheduler::finish_prompt_step(const Step& step) {
+bool BatchScheduler::take_logits(const Step& step, double SchedulerStats::*seconds) {
   const auto start = std::chrono::steady_clock::now();
   try {
     engine_.finish_batch(step.id, logits_);
   } catch (const std::exception& e) {
     end_with_error(step, e.what());
-    return;
+    return false;
   }
-  {
-    std::lock_guard lock(mutex_);
-    stats_.prompt_seconds += seconds_since(start);
-  }
+  std::lock_guard lock(mutex_);
+  stats_.*seconds += seconds_since(start);
+  return true;
+}
+
+void BatchScheduler::finish_prompt_step(const Step& step) {
+  if (!take_logits(step, &SchedulerStats::prompt_seconds)) return;
   if (engine_.has_prefix_cache() && !step.ending.empty()) {
     // Before decoding writes past the prompts (and over the oldest rows of window layers' rings).
     for (size_t s : step.ending) engine_.store_prefix(slots_[s]->request.prompt, int32_t(s));
@@ -420,16 +423,9 @@ bool BatchScheduler::start_decode_step() {
 }
 
 void BatchScheduler::finish_decode_step(const Step& step) {
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    engine_.finish_batch(step.id, logits_);
-  } catch (const std::exception& e) {
-    end_with_error(step, e.what());
-    return;
-  }
+  if (!take_logits(step, &SchedulerStats::decode_seconds)) return;
   {
     std::lock_guard lock(mutex_);
-    stats_.decode_seconds += seconds_since(start);
     stats_.decode_tokens += step.fed.size();
   }
   const size_t n_vocab = size_t(engine_.n_vocab());

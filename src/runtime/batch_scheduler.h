@@ -161,6 +161,9 @@ class BatchScheduler {
   // The oldest steps finished until `keep` are left: logits sampled, prompts kept in the prefix
   // cache, choices started.
   void finish_steps(size_t keep);
+  // The step's logits into logits_, its wait added to `seconds` of stats_; false, its requests
+  // ended with the error, when it failed.
+  bool take_logits(const Step& step, double SchedulerStats::*seconds);
   void finish_prompt_step(const Step& step);
   void finish_decode_step(const Step& step);
   void end_with_error(const Step& step, const std::string& error);
