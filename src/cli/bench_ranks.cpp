@@ -159,8 +159,9 @@ std::string format_rank_bench(const RankBench& r) {
         r.overlapping_steps, r.parallel_overlapped_tokens_per_s / r.parallel_one_step_tokens_per_s);
   else if (r.parallel > 1)
     parallel = fmt::format(
-        "{} sequences decoding at once: {:.2f} tokens/s; steps do not overlap in this spread (rank "
-        "0 takes part again after another rank: pipeline stages alone overlap)\n",
+        "{} sequences decoding at once: {:.2f} tokens/s; steps do not overlap here (rank 0 takes "
+        "part after its share, or uses other ranks' experts in it, or under --spread plan the "
+        "cost model predicts no gain: rank_spread.h overlapping_stages)\n",
         r.parallel, r.parallel_one_step_tokens_per_s);
   std::string text = fmt::format(
       "\nover {} ranks (--spread {}): decode {:.2f} tokens/s, {:.2f} in rank 0 alone (measured, "

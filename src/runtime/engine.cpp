@@ -227,8 +227,8 @@ void Engine::load(const EngineOptions& options, Spread spread,
     // found it faster (a stage that holds most of every step would make each group's step cost
     // nearly the whole batch's).
     steps_in_flight_ = overlapping_stages(ranks);
-    if (planned_ranks && placement_ && placement_->predicted.overlapping_steps <= 1)
-      steps_in_flight_ = 1;
+    if (planned_ranks && placement_)
+      steps_in_flight_ = std::min(steps_in_flight_, placement_->predicted.overlapping_steps);
     if (options.verbose)
       std::fprintf(stderr, "tandem: rank %d of %d (%s), model spread as %s\n", rank(), n_ranks(),
                    transport_->describe().c_str(), std::string(spread_name(spread)).c_str());

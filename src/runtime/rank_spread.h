@@ -40,7 +40,8 @@ std::vector<int32_t> ranks_without_parts(const RankPlan& ranks, int32_t n_ranks)
 // would wait for another rank to finish the earlier step before it could finish its own.
 //
 // That rule is also what makes the overlap safe over MPI's matching: every message rank 0
-// receives from a later rank during a step (the logits) then comes after that rank has finished
+// receives from a later rank during a step (the logits; with sim devices also the stand-in
+// channel's answers to its sends) then comes after that rank has finished
 // everything of the earlier steps, in the order rank 0 posted its receives.
 int32_t overlapping_stages(const RankPlan& ranks);
 

@@ -71,9 +71,6 @@ TEST(Nodes, V3AtEightBitsOnTwoEightGpuMachinesFitsAndBeatsOne) {
   EXPECT_TRUE(second_used);
 }
 
-// The same two machines over a slow network predict slower than over a fast one (copies between
-// machines pay it), and there the planner picks the pipeline: one activation crosses per step,
-// not every MoE layer's tokens.
 // Serving many sequences, a pipeline over the machines overlaps their steps (a group per
 // machine): a layer split in equal shares keeps both machines busy and wins; one sequence at a
 // time gets no such candidate (its plan is the same as before).
@@ -98,6 +95,9 @@ TEST(Nodes, ServingManySequencesPrefersAPipelineInEqualSharesWhoseStepsOverlap) 
   }
 }
 
+// The same two machines over a slow network predict slower than over a fast one (copies between
+// machines pay it), and there the planner picks the pipeline: one activation crosses per step,
+// not every MoE layer's tokens.
 TEST(Nodes, ASlowerNetworkPredictsASlowerPlan) {
   const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q8_0");
   Hardware fast = eight_a100s(), slow = eight_a100s();
