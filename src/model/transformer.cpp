@@ -255,18 +255,26 @@ RankChannel* Transformer::rank_channel(uint32_t cut, const std::string& crossing
   }
   // One channel per pair of devices, whichever way and at however many cuts: both ranks find the
   // same one, having told each other their devices.
-  for (OpenChannel& open : open_channels_)
-    if (open.peer == peer && open.device == &device && open.peer_device_id == them.device_id)
-      return channel = open.channel.get();
-  try {
-    open_channels_.push_back({peer, &device, them.device_id,
-                              device.open_rank_channel(transport, peer, sends, crossing)});
-  } catch (...) {
-    rank_channels_.erase(cut);  // the run ends; no cut is left half-decided
-    throw;
+  OpenChannel* open = nullptr;
+  for (OpenChannel& known : open_channels_)
+    if (known.peer == peer && known.device == &device && known.peer_device_id == them.device_id)
+      open = &known;
+  if (!open) {
+    try {
+      open_channels_.push_back({peer, &device, them.device_id,
+                                device.open_rank_channel(transport, peer, sends, crossing)});
+    } catch (...) {
+      rank_channels_.erase(cut);  // the run ends; no cut is left half-decided
+      throw;
+    }
+    open = &open_channels_.back();
   }
-  channel = open_channels_.back().channel.get();
-  // Once per pair: that GPU buffers do go device to device is worth knowing, and tests look for it.
+  channel = open->channel.get();
+  // Once per pair and kind of crossing: that GPU buffers do go device to device is worth knowing,
+  // and tests look for it.
+  bool& told = cut > ffn_.size() ? open->told_experts : open->told_residual;
+  if (told) return channel;
+  told = true;
   if (sends)
     std::fprintf(stderr, "tandem: rank %d: %s goes from %s to rank %d's device directly (%s)\n",
                  my_rank(), crossing.c_str(), device.name().c_str(), peer, how);

@@ -298,6 +298,8 @@ class Transformer : public Model {
     Backend* device;          // this rank's end
     uint64_t peer_device_id;  // the other's (RankChannelEnd::device_id)
     std::unique_ptr<RankChannel> channel;
+    // Said on stderr for the residual stream's cuts, and for the experts' exchange: once each.
+    bool told_residual = false, told_experts = false;
   };
   std::vector<OpenChannel> open_channels_;
   std::map<uint32_t, RankChannel*> rank_channels_;     // [cut] into open_channels_; null: host
