@@ -547,7 +547,15 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
                                out_logits, logit_bytes);
       return;
     }
-    head->copy_to_host(logits, out_logits, logit_bytes);
+    // On a head's rank that is not rank 0 they go straight into the buffer they are sent from,
+    // once its last send is done.
+    float* host_logits = logits;
+    if (ranks.spread() && me != 0) {
+      if (logits_send_) logits_send_->wait();
+      logits_sent_.resize(logit_bytes);
+      host_logits = reinterpret_cast<float*>(logits_sent_.data());
+    }
+    head->copy_to_host(host_logits, out_logits, logit_bytes);
   }
   // Rank 0 samples: the logits go there from the head's rank. Sent without waiting and received
   // later by a rank 0 with other steps in flight: safe with MPI's in-order matching only where
@@ -555,11 +563,7 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   if (ranks.spread() && ranks.output != 0) {
     const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(logits), logit_bytes);
     const std::string what = fmt::format("the logits, step {}", steps_);
-    if (me == ranks.output) {
-      if (logits_send_) logits_send_->wait();
-      logits_sent_.assign(bytes.begin(), bytes.end());
-      logits_send_ = ranks.transport->send_later(0, logits_sent_, what);
-    }
+    if (me == ranks.output) logits_send_ = ranks.transport->send_later(0, logits_sent_, what);
     if (me == 0) {
       std::unique_ptr<PendingTransfer> receive =
           ranks.transport->receive_later(ranks.output, bytes, what);

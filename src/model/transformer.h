@@ -288,9 +288,10 @@ class Transformer : public Model {
   // routing and slots on the ranks that exchange them.
   uint64_t steps_ = 0;  // forward passes so far: named in what crosses ranks
   std::vector<std::byte> rank_staging_;
-  // On the head's rank: the last step's logits on their way to rank 0, sent without waiting for
-  // rank 0 to take them (it may be computing the next step, or waiting for the next stage to take
-  // that step's input), and finished before the next step's are sent.
+  // On the head's rank (not rank 0): the last step's logits, copied here from the head's device
+  // and on their way to rank 0, sent without waiting for rank 0 to take them (it may be computing
+  // the next step, or waiting for the next stage to take that step's input), and finished before
+  // the next step's are copied in.
   std::vector<std::byte> logits_sent_;
   std::unique_ptr<PendingTransfer> logits_send_;
   struct OpenChannel {
