@@ -91,8 +91,8 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
       wl.n_parallel, wl.n_parallel == 1 ? "" : "s", wl.prefill_batch);
   if (hw.n_nodes > 1)
     fmt::print(
-        "{} machines, their GPUs named nodeN:cuda:M beyond the first's; RAM and CPU of the first "
-        "(rank 0); between machines {:.1f} GB/s, {:.0f} us ({})\n",
+        "{} machines, their GPUs and hosts named nodeN:cuda:M and nodeN:cpu beyond the first's "
+        "(rank 0's); between machines {:.1f} GB/s, {:.0f} us ({})\n",
         hw.n_nodes, hw.node_link_bytes_per_s / 1e9, hw.node_link_latency_s * 1e6,
         hw.node_link_source);
   fmt::print("\n");
@@ -157,9 +157,6 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
         : machines_needed > 0
             ? fmt::format("it would fit on {} machines like this one (plan --nodes {})",
                           machines_needed, machines_needed)
-        : hw.gpus.empty()
-            ? std::string("more machines would not help: a plan over machines adds their GPUs, "
-                          "and this one has none")
             : fmt::format("it would not fit on {} machines like this one either", kMostNodesTried));
 }
 
@@ -288,8 +285,7 @@ void run_plan(const PlanOptions& o) {
   const Placement p = plan_placement(inv, hw, wl, rules, profile ? &*profile : nullptr);
   // A plan that does not fit: how many such machines would hold it all in memory.
   int32_t machines_needed = 0;
-  for (int32_t n = o.nodes + 1; !p.fits && !cluster && !one_machine.gpus.empty() &&
-                                n <= kMostNodesTried && machines_needed == 0;
+  for (int32_t n = o.nodes + 1; !p.fits && !cluster && n <= kMostNodesTried && machines_needed == 0;
        ++n) {
     Hardware more = one_machine;
     repeat_nodes(more, n);
@@ -356,9 +352,10 @@ void register_plan(CLI::App& app) {
                   "RAM kept free for the system and the page cache: 8GiB or 10% (default: 10% of "
                   "RAM, at least 4 GiB, at most half)");
   cmd->add_option("--nodes", o->nodes,
-                  "plan for this many identical machines (each with the --gpu cards; RAM and CPU "
-                  "count for the first, where rank 0 runs): pipeline stages and experts spread "
-                  "over their GPUs, with the network's cost between them")
+                  "plan for this many identical machines (each with the --gpu cards, --ram and "
+                  "--cpu-cores; rank 0 runs on the first): pipeline stages and experts spread "
+                  "over their GPUs, experts no GPU holds in the RAM of their layer's machine, "
+                  "with the network's cost between them")
       ->capture_default_str();
   cmd->add_option("--node-link", o->node_link,
                   "the network between machines: ib-ndr, ib-hdr (default, assumed), eth100, "
@@ -367,9 +364,9 @@ void register_plan(CLI::App& app) {
       "--cluster", o->cluster_path,
       "plan for the machines a YAML file describes, alike or not (instead of --gpu, --ram, "
       "--nodes ...): `machines:` a list, rank 0's first, each with `gpus: [a100-80g, 8x 48GiB]` "
-      "and `link: nvlink`, the first also `ram`, `cpu_cores`, `host_bandwidth` (GB/s); and "
-      "`network: ib-ndr` between them (as --node-link). Only the first machine's RAM and CPU "
-      "hold parts of the model");
+      "and `link: nvlink`, `ram`, `cpu_cores`, `host_bandwidth` (GB/s; a machine after the "
+      "first without them has the first's); and `network: ib-ndr` between them (as "
+      "--node-link)");
   for (const char* other :
        {"--gpu", "--ram", "--host-bandwidth", "--cpu-cores", "--link", "--nodes", "--node-link"})
     cluster->excludes(cmd->get_option(other));

@@ -75,10 +75,18 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
     const int32_t m = machines_of(use);
     return m > 1 ? fmt::format(" on {} machines", m) : std::string();
   };
-  specs.push_back(
-      {.kind = CandidateSpec::Kind::LayerSplit,
-       .gpus = gpus_,
-       .name = hw_.n_nodes > 1 ? "pipeline: layer split" + over_machines(gpus_) : "layer split"});
+  specs.push_back({.kind = CandidateSpec::Kind::LayerSplit,
+                   .gpus = gpus_,
+                   .name = hw_.n_nodes == 1 ? "layer split"
+                           : gpus_.empty()
+                               ? "layers on the first machine, experts in every machine's RAM"
+                               : "pipeline: layer split" + over_machines(gpus_)});
+  // Machines without GPUs: a pipeline over their CPUs, each layer's experts in its machine's RAM.
+  if (gpus_.empty() && hosts_.size() > 1)
+    specs.push_back(
+        {.kind = CandidateSpec::Kind::LayerSplit,
+         .over_hosts = true,
+         .name = fmt::format("pipeline: layer split over the CPUs of {} machines", hosts_.size())});
   // Serving several sequences over machines, a pipeline overlaps their steps, one group per
   // machine: it pays to give every machine an equal share of the layers.
   if (machines_of(gpus_) > 1 && wl_.n_parallel > 1)
@@ -180,6 +188,10 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
 }
 
 void Planner::build(CandidateSpec& spec) {
+  if (spec.over_hosts) {
+    place_layers_on_hosts();
+    return;
+  }
   if (spec.kind == CandidateSpec::Kind::LayerSplit) {
     // On the GPUs it names, as if the machine had no others.
     const std::vector<int32_t> all = gpus_;
@@ -646,7 +658,7 @@ void Planner::place_output_and_embeddings() {
   const int64_t output = top_group(WeightGroup::OutputHead);
   if (output >= 0 && p_.group_device[size_t(output)] == kUnplaced) {
     const int32_t last = inv_.n_layers ? p_.layer_device[inv_.n_layers - 1] : 0;
-    bool placed = last > 0 && put(size_t(output), last);
+    bool placed = (last > 0 && !is_host(last)) && put(size_t(output), last);
     for (int32_t g : gpus_) placed = placed || put(size_t(output), g);
     if (!placed) put_on_host(size_t(output));
     const int32_t d = p_.group_device[size_t(output)];
@@ -719,8 +731,10 @@ void Planner::split_layers(const std::vector<uint32_t>& layers, const std::vecto
           ? ""
           : fmt::format("; {} layers did not fit their share and moved", overflow_.size());
   const std::string what =
-      "attention, router, shared experts, dense FFN and KV of every layer are read by every "
-      "token: on GPUs first";
+      is_host(gpus[0])
+          ? "each machine's CPU runs a range of layers, their experts in its RAM"
+          : "attention, router, shared experts, dense FFN and KV of every layer are read by "
+            "every token: on GPUs first";
   if (gpus.size() == 1) {
     p_.reasons.push_back(fmt::format("{}, layers {}{}", what, fmt::join(ranges, ", "), moved));
     return;
@@ -760,7 +774,7 @@ void Planner::place_experts_on_gpus() {
     for (size_t g : order) {
       all += choice(g);
       const int32_t owner = p_.layer_device[size_t(inv_.groups[g].layer)];
-      if ((owner > 0 && place(g, owner)) || [&] {
+      if ((owner > 0 && !is_host(owner) && place(g, owner)) || [&] {
             const int32_t d = most_room(bytes(g));
             return d > 0 && place(g, d);
           }())
@@ -778,7 +792,7 @@ void Planner::place_experts_on_gpus() {
   // its attention needs no round trip to the CPU.
   for (uint32_t l = 0; l < inv_.n_layers; ++l) {
     const int32_t owner = p_.layer_device[l];
-    if (owner <= 0) continue;
+    if (owner < 0 || is_host(owner)) continue;
     for (size_t g : layer_experts_[l])
       if (p_.group_device[g] == kUnplaced) place(g, owner);
   }
@@ -802,6 +816,24 @@ void Planner::place_experts_on_gpus() {
                     placed, format_bytes(placed_bytes)));
 }
 
+void Planner::place_layers_on_hosts() {
+  std::vector<uint32_t> free_layers;  // layers whose attention is not pinned
+  uint64_t total = 0, ram = 0;
+  for (uint32_t l = 0; l < inv_.n_layers; ++l) {
+    if (p_.layer_device[l] != kUnplaced) {
+      for (size_t g : layer_hot_[l])
+        if (p_.group_device[g] == kUnplaced && !put(g, p_.layer_device[l])) put_on_host(g);
+      continue;
+    }
+    free_layers.push_back(l);
+    total += unplaced_hot_bytes(l) + kv_per_layer_[l] + unplaced_expert_bytes(l);
+  }
+  std::vector<double> weight;
+  for (int32_t h : hosts_) weight.push_back(double(room(h))), ram += room(h);
+  split_layers(free_layers, hosts_, weight, total <= ram);
+  place_output_and_embeddings();
+}
+
 // Every candidate, last step: the rest in RAM; what RAM cannot hold is streamed from disk.
 void Planner::place_rest_on_host() {
   std::vector<size_t> order;
@@ -813,18 +845,29 @@ void Planner::place_rest_on_host() {
                      [&](size_t a, size_t b) { return choice(a) > choice(b); });
   uint64_t ram_bytes = 0, disk_bytes = 0;
   size_t ram = 0, disk = 0;
+  std::vector<size_t> per_host(hosts_.size(), 0);  // experts in each machine's RAM
   for (size_t g : order) {
-    if (put(g, 0))
+    const int32_t h = host_for(g);
+    if (h != kOnDisk && put(g, h)) {
       ram_bytes += bytes(g), ++ram;
-    else
+      ++per_host[size_t(std::ranges::find(hosts_, h) - hosts_.begin())];
+    } else {
       put(g, kOnDisk), disk_bytes += bytes(g), ++disk;
+    }
   }
+  std::vector<std::string> where;
+  for (size_t i = 0; i < hosts_.size(); ++i)
+    if (per_host[i]) where.push_back(fmt::format("{} on {}", per_host[i], name(hosts_[i])));
   if (ram)
-    p_.reasons.push_back(
-        fmt::format("routed experts in RAM: {} ({}), computed by the CPU at the same time as the "
-                    "GPUs run {}",
-                    ram, format_bytes(ram_bytes),
-                    inv_.info.n_expert_shared > 0 ? "the shared experts" : "their own experts"));
+    p_.reasons.push_back(fmt::format(
+        "routed experts in RAM: {} ({}{}){}", ram, format_bytes(ram_bytes),
+        hosts_.size() > 1 ? fmt::format(": {}, each in the RAM of its layer's machine first",
+                                        fmt::join(where, ", "))
+                          : "",
+        gpus_.empty() ? ""
+                      : fmt::format(", computed by the CPU at the same time as the GPUs run {}",
+                                    inv_.info.n_expert_shared > 0 ? "the shared experts"
+                                                                  : "their own experts")));
   if (disk)
     p_.reasons.push_back(fmt::format("routed experts streamed from disk: {} ({}); RAM is full",
                                      disk, format_bytes(disk_bytes)));

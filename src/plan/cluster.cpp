@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <sstream>
@@ -49,17 +50,12 @@ T number(const YAML::Node& value, const std::string& where) {
   }
 }
 
-Machine parse_machine(const YAML::Node& node, const std::string& where, bool first) {
+Machine parse_machine(const YAML::Node& node, const std::string& where) {
   if (!node.IsMap()) fail("{}: give the machine as fields (gpus, link, ...)", where);
   Machine m;
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     const std::string at = fmt::format("{}, {}", where, key);
-    if (!first && (key == "ram" || key == "cpu_cores" || key == "host_bandwidth"))
-      fail(
-          "{}: only the first machine's RAM and CPU are planned (experts that no GPU holds "
-          "stay in the RAM of rank 0's machine); leave it out here",
-          at);
     if (key == "gpus") {
       if (kv.second.IsScalar()) {
         add_gpus(kv.second.as<std::string>(), m.gpus);
@@ -79,10 +75,7 @@ Machine parse_machine(const YAML::Node& node, const std::string& where, bool fir
       m.host_bandwidth_gb_per_s = number<double>(kv.second, at);
       if (!(m.host_bandwidth_gb_per_s > 0)) fail("{}: give the bandwidth in GB/s", at);
     } else {
-      fail(
-          "{}: unknown field (a machine has gpus, link, and on the first ram, cpu_cores, "
-          "host_bandwidth)",
-          at);
+      fail("{}: unknown field (a machine has gpus, link, ram, cpu_cores, host_bandwidth)", at);
     }
   }
   return m;
@@ -112,6 +105,31 @@ int link_speed_order(LinkKind kind) {
   return 0;
 }
 
+// The host of machine `node` after the first: the first machine's (`hw.host`, its rates), with
+// what the file gives this one instead: its RAM (less the default reserve, as the first's),
+// cores (compute scaled from the first's per core) and memory bandwidth (the kernel rates
+// measured on the first machine no longer apply).
+DeviceSpec host_of(const Machine& m, const Hardware& hw, int32_t node) {
+  DeviceSpec host = hw.host;
+  host.name = fmt::format("node{}:cpu", node);
+  host.node = node;
+  if (!m.ram.empty()) {
+    const uint64_t ram = parse_bytes(m.ram);
+    host.memory_bytes = ram - default_ram_reserve(ram);
+    host.memory_given = true;
+  }
+  if (m.cpu_cores > 0) {
+    host.flops_per_s *= double(m.cpu_cores) / double(std::max(hw.cpu_cores, 1));
+    host.model = fmt::format("CPU ({} cores, given)", m.cpu_cores);
+  }
+  if (m.host_bandwidth_gb_per_s > 0) {
+    host.bandwidth_bytes_per_s = m.host_bandwidth_gb_per_s * 1e9;
+    host.decode_kernel_bytes_per_s = host.interleaved_kernel_bytes_per_s = 0;
+    host.bandwidth_source = "given";
+  }
+  return host;
+}
+
 }  // namespace
 
 Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int32_t threads) {
@@ -135,15 +153,9 @@ Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int3
   std::vector<Machine> machines;
   for (size_t i = 0; i < doc["machines"].size(); ++i)
     machines.push_back(
-        parse_machine(doc["machines"][i], fmt::format("{}: machine {}", source, i + 1), i == 0));
+        parse_machine(doc["machines"][i], fmt::format("{}: machine {}", source, i + 1)));
   if (machines.size() > 64) fail("{}: {} machines; plans go up to 64", source, machines.size());
 
-  for (size_t i = 1; i < machines.size(); ++i)
-    if (machines[i].gpus.empty())
-      fail(
-          "{}: machine {} has no gpus: a plan places parts only on the GPUs of the machines "
-          "after the first",
-          source, i + 1);
   const Machine& first = machines[0];
   Hardware hw = where_in(fmt::format("{}: machine 1", source), [&] {
     return describe_hardware(first.gpus, first.ram, first.host_bandwidth_gb_per_s * 1e9, threads);
@@ -168,6 +180,7 @@ Hardware parse_cluster(std::string_view yaml_text, std::string_view source, int3
     if (i == 0 || link_speed_order(kind) < link_speed_order(hw.gpu_link)) hw.gpu_link = kind;
     links.push_back(m.link.empty() ? "pcie4 assumed" : m.link);
     if (i == 0) continue;
+    hw.other_hosts.push_back(where_in(where, [&] { return host_of(m, hw, int32_t(i)); }));
     for (size_t g = 0; g < m.gpus.size(); ++g) {
       DeviceSpec gpu =
           where_in(where, [&] { return parse_gpu(m.gpus[g], int32_t(g), DeviceKind::Cuda); });

@@ -1,15 +1,16 @@
 #pragma once
 // Cluster files (`tandem plan --cluster FILE`): the machines a run over MPI ranks spans, unlike
-// or alike, and the network between them. The first machine is where rank 0 runs: its RAM and
-// CPU are planned (experts that no GPU holds stay in its RAM), every machine's GPUs are.
+// or alike, and the network between them. The first machine is where rank 0 runs. Every
+// machine's GPUs, RAM and CPU are planned: experts that no GPU holds go to the RAM of the machine
+// that runs their layer.
 //
 //   machines:
 //     - gpus: [a100-80g, a100-80g]    # as --gpu takes them; "8x a100-80g" gives eight
 //       link: nvlink                  # between this machine's GPUs (as --link)
-//       ram: 1TiB                     # first machine only (as --ram), and:
-//       cpu_cores: 64                 #   (as --cpu-cores)
-//       host_bandwidth: 200           #   GB/s (as --host-bandwidth)
-//     - gpus: [8x 48GiB]
+//       ram: 1TiB                     # as --ram (the default reserve kept free)
+//       cpu_cores: 64                 # as --cpu-cores
+//       host_bandwidth: 200           # GB/s (as --host-bandwidth)
+//     - gpus: [8x 48GiB]              # ram, cpu_cores, host_bandwidth left out: the first's
 //       link: pcie4
 //   network: ib-ndr                   # as --node-link (ib-hdr assumed when left out)
 #include <cstdint>

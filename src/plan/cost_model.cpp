@@ -456,35 +456,38 @@ class StepModel {
     const double routing_s = 2 * params_.of(spec(owner).kind).op_overhead_s;
     // With copies of experts, every device but the host first picks which it computes (one op).
     const bool copies = uses_copies(layer, batch);
-    // Parts on host memory (the CPU, simulated devices, disk) take turns on the host's cores: one
-    // branch, the sum of their parts, each away from the owner with its round trip and a sync.
-    Branch host{.dev = 0};
-    int host_parts = 0;
-    int32_t host_dev = -1;
-    bool host_waits_for_routing = false;  // a host part away from the owner
-    for (size_t d = 0; d < ffn.size(); ++d) {
-      const Part& part = ffn[d];
-      if (part.ops == 0 || is_gpu(int32_t(d))) continue;
-      Prediction p = part_mean(int32_t(d), part);
-      if (copies && d != 0) add_to(p, int32_t(d), small_op_s(int32_t(d)));  // pick_replicas
-      if (int32_t(d) != owner) {
-        if (!host_waits_for_routing) host.start_s += routing_s, host_waits_for_routing = true;
-        host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
-                        transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
-        p.decode_seconds_transfer += transfer_s(owner, int32_t(d), in_bytes) +
-                                     transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
+    // Parts on a machine's host memory (its CPU, simulated devices, disk) take turns on that
+    // host's cores: a branch per machine, the sum of its parts, each away from the owner with
+    // its round trip and a sync. Machines' hosts work at once.
+    for (int32_t node = 0; node < std::max(hw_.n_nodes, 1); ++node) {
+      Branch host{.dev = 0};
+      int host_parts = 0;
+      int32_t host_dev = -1;
+      bool host_waits_for_routing = false;  // a host part away from the owner
+      for (size_t d = 0; d < ffn.size(); ++d) {
+        const Part& part = ffn[d];
+        if (part.ops == 0 || is_gpu(int32_t(d)) || spec(int32_t(d)).node != node) continue;
+        Prediction p = part_mean(int32_t(d), part);
+        if (copies && d != 0) add_to(p, int32_t(d), small_op_s(int32_t(d)));  // pick_replicas
+        if (int32_t(d) != owner) {
+          if (!host_waits_for_routing) host.start_s += routing_s, host_waits_for_routing = true;
+          host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
+                          transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
+          p.decode_seconds_transfer += transfer_s(owner, int32_t(d), in_bytes) +
+                                       transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
+        }
+        add(host.mean, p);
+        ++host_parts, host_dev = int32_t(d);
       }
-      add(host.mean, p);
-      ++host_parts, host_dev = int32_t(d);
-    }
-    if (host_waits_for_routing) add_to(host.mean, owner, routing_s);
-    if (host_parts > 0) {
-      const Part& only = ffn[size_t(host_dev)];
-      host.dev = host_dev;
-      host.random = host_parts == 1 && only.disk_bytes == 0 && only.experts > 0;
-      host.part = only;
-      host.fixed_s = total(host.mean);
-      branches.push_back(host);
+      if (host_waits_for_routing) add_to(host.mean, owner, routing_s);
+      if (host_parts > 0) {
+        const Part& only = ffn[size_t(host_dev)];
+        host.dev = host_dev;
+        host.random = host_parts == 1 && only.disk_bytes == 0 && only.experts > 0;
+        host.part = only;
+        host.fixed_s = total(host.mean);
+        branches.push_back(host);
+      }
     }
     // GPU parts: the owner's starts at once; another GPU's after the broadcast of the input,
     // which shares the sender's link among the receivers.
@@ -506,7 +509,7 @@ class StepModel {
         b.part.ops = 1;
         b.part.extra_s += params_.gpu_small_op_s;
         gather_copy_s = link.latency_s + remote_gpus * out_bytes / link.bandwidth_bytes_per_s;
-      } else if (remote_gpus > 0 || host_parts > 0) {
+      } else if (remote_gpus > 0 || !branches.empty()) {  // branches: the hosts' so far
         b.part.extra_s += params_.gpu_small_op_s;  // its slots zeroed before the others add in
       }
       if (copies) b.part.extra_s += params_.gpu_small_op_s;  // pick_replicas before its experts

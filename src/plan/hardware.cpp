@@ -600,7 +600,10 @@ Hardware describe_hardware(const std::vector<std::string>& gpus, std::string_vie
     hw.host.bandwidth_source = "given";
   }
   // Described RAM is taken as what tandem may use; a person who runs other things gives less.
-  if (!trim(ram).empty()) set_ram(hw, parse_bytes(ram));
+  if (!trim(ram).empty()) {
+    set_ram(hw, parse_bytes(ram));
+    hw.host.memory_given = true;
+  }
   for (size_t i = 0; i < gpus.size(); ++i)
     hw.gpus.push_back(parse_gpu(gpus[i], int32_t(i), DeviceKind::Cuda));
   return hw;
@@ -662,13 +665,23 @@ void repeat_nodes(Hardware& hw, int32_t n_nodes) {
     hw.node_link_source = "assumed InfiniBand HDR (200 Gb/s): give --node-link";
   }
   const std::vector<DeviceSpec> one = hw.gpus;
-  for (int32_t node = 1; node < n_nodes; ++node)
+  for (int32_t node = 1; node < n_nodes; ++node) {
     for (DeviceSpec gpu : one) {
       gpu.name = fmt::format("node{}:{}", node, gpu.name);
       gpu.node = node;
       hw.gpus.push_back(std::move(gpu));
     }
+    DeviceSpec host = hw.host;
+    host.name = fmt::format("node{}:cpu", node);
+    host.node = node;
+    hw.other_hosts.push_back(std::move(host));
+  }
   hw.n_nodes = n_nodes;
+}
+
+const DeviceSpec& host_of_node(const Hardware& hw, int32_t node) {
+  TANDEM_CHECK(node >= 0 && (node == 0 || size_t(node) <= hw.other_hosts.size()));
+  return node == 0 ? hw.host : hw.other_hosts[size_t(node) - 1];
 }
 
 }  // namespace tandem::plan

@@ -26,6 +26,9 @@ struct DeviceSpec {
                                               // `tandem repack`; 0 = unknown
   std::string bandwidth_source;     // "measured 2026-12-02", "default for RTX 4090", "given"
   int32_t node = 0;                 // the machine it is in (Hardware::n_nodes); the host: 0
+  // A host's RAM as described (--ram, a cluster file's ram:) rather than what this machine has
+  // free now: a run over a cluster file plans with it, as `tandem plan --cluster` does.
+  bool memory_given = false;
 };
 
 // `bytes` as a device's measured decode kernels see them: the `interleaved` part (tandem
@@ -51,10 +54,13 @@ struct Hardware {
   LinkKind gpu_link = LinkKind::Pcie4;
   std::string link_source = "assumed PCIe 4: give --link nvlink|pcie4|pcie5";
   double disk_bytes_per_s = 2e9;  // for weights streamed from disk
-  // Several machines (plan --nodes): their GPUs (DeviceSpec::node) join the plan; the RAM and
-  // CPU planned are the first machine's (where rank 0 runs). A copy between machines goes over
-  // their network: its bandwidth per direction and a small message's latency.
+  // Several machines (plan --nodes, --cluster): their GPUs (DeviceSpec::node) join the plan, and
+  // so do their hosts: `host` is the first machine's (where rank 0 runs), `other_hosts` the
+  // others' in order (node k at [k-1], named "nodek:cpu"; memory_bytes what the plan may use
+  // there, after that machine's reserve). A copy between machines goes over their network: its
+  // bandwidth per direction and a small message's latency.
   int32_t n_nodes = 1;
+  std::vector<DeviceSpec> other_hosts;
   double node_link_bytes_per_s = 0;
   double node_link_latency_s = 0;
   std::string node_link_source;
@@ -69,9 +75,11 @@ struct Hardware {
 // "eth100", "eth25", "eth10" (Ethernet, Gb/s), or "50GBps:3us" (bandwidth per direction in GB/s
 // and latency); sets hw's node link. Throws tandem::Error with the accepted forms.
 void set_node_link(Hardware& hw, std::string_view text);
-// `hw` as `n_nodes` identical machines: its GPUs repeated per machine (named "node1:cuda:0" ...
-// beyond the first), the host the first machine's.
+// `hw` as `n_nodes` identical machines: its GPUs and its host repeated per machine (named
+// "node1:cuda:0", "node1:cpu" ... beyond the first).
 void repeat_nodes(Hardware& hw, int32_t n_nodes);
+// Machine `node`'s host as the planner sees it: hw.host for 0, else its entry of other_hosts.
+const DeviceSpec& host_of_node(const Hardware& hw, int32_t node);
 
 // What is kept free of `ram_bytes` unless said otherwise: 10% of it, at least 4 GiB, at most half.
 // The kernel starts evicting page-cache pages before MemAvailable reaches zero, and the weights

@@ -58,6 +58,11 @@ Planner::Planner(const ModelInventory& inv, const Hardware& hw, const Workload& 
     : inv_(inv), hw_(hw), wl_(wl), profile_(profile), cost_(cost) {
   p_.devices.push_back({.spec = hw.host});
   for (const DeviceSpec& gpu : hw.gpus) p_.devices.push_back({.spec = gpu});
+  hosts_.push_back(0);
+  for (const DeviceSpec& host : hw.other_hosts) {
+    hosts_.push_back(n_devices());
+    p_.devices.push_back({.spec = host});
+  }
   p_.group_device.assign(inv.groups.size(), kUnplaced);
   p_.layer_device.assign(inv.n_layers, kUnplaced);
   layer_hot_.resize(inv.n_layers);
@@ -154,8 +159,25 @@ bool Planner::put_layer(uint32_t l, int32_t d) {
   return true;
 }
 
+int32_t Planner::host_for(size_t g) const {
+  // A layer's routed experts take its input from the layer's device and give their outputs
+  // back: in that machine's RAM these copies stay off the network.
+  const int32_t layer = inv_.groups[g].kind == WeightGroup::OutputHead
+                            ? int32_t(inv_.n_layers) - 1  // the head follows the last layer
+                            : inv_.groups[g].layer;
+  int32_t home = 0;
+  if (layer >= 0 && uint32_t(layer) < inv_.n_layers && p_.layer_device[size_t(layer)] >= 0) {
+    const int32_t node = p_.devices[size_t(p_.layer_device[size_t(layer)])].spec.node;
+    if (size_t(node) < hosts_.size()) home = hosts_[size_t(node)];
+  }
+  if (room(home) >= bytes(g)) return home;
+  for (int32_t h : hosts_)
+    if (h != home && room(h) >= bytes(g)) return h;
+  return kOnDisk;
+}
+
 void Planner::put_on_host(size_t g) {
-  if (put(g, 0)) return;
+  if (const int32_t h = host_for(g); h != kOnDisk && put(g, h)) return;
   put(g, kOnDisk);
   p_.problems.push_back(
       fmt::format("{} ({}) does not fit in RAM and is read from disk at every use",
@@ -204,10 +226,10 @@ std::vector<int32_t> Planner::gpus_by_speed() const {
 void Planner::reserve_buffers() {
   for (int32_t d = 0; d < n_devices(); ++d) {
     if (cap(d) < buffer_) {
-      if (d == 0)
-        p_.problems.push_back(
-            fmt::format("RAM: {} usable is less than the {} of work buffers a step needs",
-                        format_bytes(cap(0)), format_bytes(buffer_)));
+      if (is_host(d))
+        p_.problems.push_back(fmt::format(
+            "RAM{}: {} usable is less than the {} of work buffers a step needs",
+            d == 0 ? "" : " of " + name(d), format_bytes(cap(d)), format_bytes(buffer_)));
       else
         p_.reasons.push_back(
             fmt::format("{} is not used: its {} cannot hold the {} of work buffers", name(d),
@@ -215,7 +237,7 @@ void Planner::reserve_buffers() {
       continue;
     }
     p_.devices[size_t(d)].buffer_bytes = buffer_;
-    if (d > 0) gpus_.push_back(d);
+    if (!is_host(d)) gpus_.push_back(d);
   }
   p_.reasons.push_back(fmt::format(
       "work buffers: {} on each device for steps of {} tokens; KV cache: {} per "
@@ -351,6 +373,10 @@ void Planner::settle() {
     DeviceUsage& u = p_.devices[size_t(g)];
     if (u.weight_bytes == 0 && u.kv_bytes == 0) u.buffer_bytes = 0;  // nothing to run
   }
+  for (size_t i = 1; i < hosts_.size(); ++i) {  // other machines' hosts likewise
+    DeviceUsage& u = p_.devices[size_t(hosts_[i])];
+    if (u.weight_bytes == 0 && u.kv_bytes == 0) u.buffer_bytes = 0;
+  }
   for (int32_t& d : p_.layer_device)
     if (d == kUnplaced) d = 0;
   for (int32_t d = 0; d < n_devices(); ++d)
@@ -414,8 +440,9 @@ void Planner::finish(bool suggest_alternatives, const Rules& rules) {
     for (size_t g : experts)
       if (p_.group_device[g] == kOnDisk) ++disk_experts_, disk_expert_bytes_ += bytes(g);
   if (disk_experts_) {
-    uint64_t gpu_total = 0;
+    uint64_t gpu_total = 0, ram_total = 0;
     for (int32_t g : gpus_) gpu_total += cap(g);
+    for (int32_t h : hosts_) ram_total += cap(h);
     p_.problems.push_back(fmt::format(
         "DOES NOT FIT: {:.1f} GiB of routed experts ({} of {}) are not in memory ({} of GPU "
         "memory, {} of RAM); as planned they are read from disk at every use ({:.1f} GB/s): "
@@ -423,17 +450,19 @@ void Planner::finish(bool suggest_alternatives, const Rules& rules) {
         gib(double(disk_expert_bytes_)), disk_experts_,
         std::accumulate(layer_experts_.begin(), layer_experts_.end(), size_t(0),
                         [](size_t n, const auto& v) { return n + v.size(); }),
-        format_bytes(gpu_total), format_bytes(cap(0)), hw_.disk_bytes_per_s / 1e9,
+        format_bytes(gpu_total), format_bytes(ram_total), hw_.disk_bytes_per_s / 1e9,
         p_.predicted.decode_tokens_per_s, p_.predicted.prefill_tokens_per_s));
-    // The RAM that holds it with the reserve kept free (the default reserve grows with RAM).
+    // The RAM that holds it with the reserve kept free (the default reserve grows with RAM);
+    // over machines, the first machine's RAM (the others' is described for the plan to use).
     const uint64_t budget = cap(0) + disk_expert_bytes_;
     uint64_t ram = budget + hw_.ram_reserve_bytes;
     if (hw_.ram_reserve_source.starts_with("default"))
       while (ram - default_ram_reserve(ram) < budget) ram += uint64_t(kGiB) / 4;
     p_.problems.push_back(fmt::format(
-        "would fit: {:.1f} GiB more RAM ({:.0f} GiB in all{}) keeps every expert in memory",
+        "would fit: {:.1f} GiB more RAM ({:.0f} GiB in all{}){} keeps every expert in memory",
         gib(double(ram - std::min(ram, hw_.ram_bytes ? hw_.ram_bytes : cap(0)))),
-        std::ceil(gib(double(ram))), hw_.ram_reserve_bytes ? ", with the reserve kept free" : ""));
+        std::ceil(gib(double(ram))), hw_.ram_reserve_bytes ? ", with the reserve kept free" : "",
+        hosts_.size() > 1 ? " on the first machine" : ""));
     if (suggest_alternatives) suggest(rules);
   }
   p_.fits = p_.problems.empty();
@@ -459,7 +488,10 @@ void Planner::explain() {
       }
       parts.push_back(fmt::format("{} {:.0f} GiB", name(g), gib(double(u.used_bytes()))));
     }
-    parts.push_back(fmt::format("RAM {:.0f} GiB", gib(double(c.devices[0].used_bytes()))));
+    for (int32_t h : hosts_)  // the first machine's "RAM", the others' by name
+      if (h == 0 || c.devices[size_t(h)].weight_bytes || c.devices[size_t(h)].kv_bytes)
+        parts.push_back(fmt::format("{}RAM {:.0f} GiB", h == 0 ? "" : name(h) + " ",
+                                    gib(double(c.devices[size_t(h)].used_bytes()))));
     candidate.layout = fmt::format("{}", fmt::join(parts, ", "));
     p_.candidates.push_back(std::move(candidate));
   }

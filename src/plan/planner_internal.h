@@ -31,6 +31,8 @@ struct CandidateSpec {
   std::vector<int32_t> hot_gpus;
   int32_t whole_layers = 0;   // Hybrid: quarters (0-4) of the most whole layers that fit
   bool spread = false;
+  // LayerSplit over machines without GPUs: the layers in ranges over the machines' hosts.
+  bool over_hosts = false;
   bool split_heads = false;  // ExpertParallel: each layer's attention heads over `gpus` too
   bool copy_experts = false;  // ExpertParallel: the hottest experts copied where VRAM is left
   // LayerSplit over machines, serving several sequences: every GPU of `gpus` takes layers in
@@ -52,6 +54,7 @@ class Planner {
   uint64_t cap(int32_t d) const { return p_.devices[size_t(d)].spec.memory_bytes; }
   uint64_t room(int32_t d) const { return cap(d) > used(d) ? cap(d) - used(d) : 0; }
   int32_t n_devices() const { return int32_t(p_.devices.size()); }
+  bool is_host(int32_t d) const { return p_.devices[size_t(d)].spec.kind == DeviceKind::Cpu; }
   const std::string& name(int32_t d) const { return p_.devices[size_t(d)].spec.name; }
   // How many machines (DeviceSpec::node) the devices `ds` are on.
   int32_t machines_of(const std::vector<int32_t>& ds) const;
@@ -63,6 +66,9 @@ class Planner {
   uint64_t unplaced_hot_bytes(uint32_t l) const;
   uint64_t unplaced_expert_bytes(uint32_t l) const;
   bool put_layer(uint32_t l, int32_t d);
+  // The RAM for group g: its layer's machine's host when it has room, else another machine's
+  // (the first's first), else kOnDisk.
+  int32_t host_for(size_t g) const;
   void put_on_host(size_t g);
   void put_layer_on_host_anyway(uint32_t l);
   int64_t top_group(WeightGroup kind) const;
@@ -90,6 +96,8 @@ class Planner {
   void split_heads(const std::vector<int32_t>& gpus);
   void copy_hot_experts(const std::vector<int32_t>& gpus);
   void place_rest_on_host();
+  // Machines without GPUs: the layers in ranges over their hosts, in proportion to their RAM.
+  void place_layers_on_hosts();
   std::vector<uint32_t> free_layers();
 
   // ---- after a candidate is built (planner.cpp) ----
@@ -109,6 +117,7 @@ class Planner {
   std::vector<size_t> top_;                                     // groups outside the blocks
   std::vector<std::vector<double>> choice_;                     // P(token chooses expert)
   std::vector<int32_t> gpus_;                                   // usable GPU device indices
+  std::vector<int32_t> hosts_;  // each machine's host (device index), the first's (0) first
   std::vector<uint32_t> overflow_;
   std::vector<uint64_t> kv_per_layer_;  // [layer] KV cache bytes for the workload
   uint64_t buffer_ = 0;

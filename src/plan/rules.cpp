@@ -38,8 +38,9 @@ std::pair<int32_t, int32_t> parse_range(const YAML::Node& node, std::string_view
 }
 
 bool is_device_name(const std::string& name) {
-  // nodeM:cuda:N is a GPU of another machine in a plan over several (plan --nodes, --cluster).
-  static const std::regex device(R"(cpu|disk|(node[0-9]+:)?(cuda|sim):[0-9]+)");
+  // nodeM:cuda:N is a GPU of another machine in a plan over several (plan --nodes, --cluster),
+  // nodeM:cpu its CPU and RAM.
+  static const std::regex device(R"(cpu|disk|node[0-9]+:cpu|(node[0-9]+:)?(cuda|sim):[0-9]+)");
   return std::regex_match(name, device);
 }
 
@@ -89,8 +90,8 @@ Rules parse_rules(std::string_view yaml_text, std::string_view source) {
     }
     if (!is_device_name(pin.device))
       fail(
-          "{}:{}: device: '{}' is not a device name (cpu, cuda:N, sim:N, disk; nodeM:cuda:N or "
-          "nodeM:sim:N on another machine)",
+          "{}:{}: device: '{}' is not a device name (cpu, cuda:N, sim:N, disk; nodeM:cpu, "
+          "nodeM:cuda:N or nodeM:sim:N on another machine)",
           source, line, pin.device);
     rules.pins.push_back(std::move(pin));
   }

@@ -90,14 +90,20 @@ std::vector<uint64_t> parse_sim_devices(std::string_view spec) {
 }
 
 plan::Placement placement_on_machine(const plan::Placement& p, int32_t machine) {
+  // This machine's host is its CPU backend (0); other machines' parts get no device here
+  // (keep_parts_of_rank drops them), so where they map does not matter.
   std::vector<int32_t> local(p.devices.size(), 0);
   plan::Placement mine = p;
   mine.devices.assign(1, p.devices[0]);
-  for (size_t d = 1; d < p.devices.size(); ++d)
-    if (p.devices[d].spec.node == machine) {
-      local[d] = int32_t(mine.devices.size());
-      mine.devices.push_back(p.devices[d]);
+  for (size_t d = 1; d < p.devices.size(); ++d) {
+    if (p.devices[d].spec.node != machine) continue;
+    if (p.devices[d].spec.kind == plan::DeviceKind::Cpu) {
+      mine.devices[0] = p.devices[d];
+      continue;
     }
+    local[d] = int32_t(mine.devices.size());
+    mine.devices.push_back(p.devices[d]);
+  }
   auto to_local = [&](int32_t d) { return d == plan::kOnDisk ? d : local[size_t(d)]; };
   for (int32_t& d : mine.group_device) d = to_local(d);
   for (int32_t& d : mine.layer_device) d = to_local(d);
@@ -169,9 +175,15 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     // A listed GPU gets no more memory than the device standing for it has; agree (the least
     // over the ranks) then gives every rank the owners' numbers.
     const plan::Hardware here = std::move(hardware);
+    // RAM the file gives is planned as `tandem plan --cluster` plans it (so the run follows that
+    // plan, and a machine's RAM full sends experts to another's); other RAM as above.
     hardware = *cluster;
-    hardware.ram_bytes = hardware.host.memory_bytes = uint64_t(1) << 50;  // as above
-    hardware.ram_reserve_bytes = 0;
+    if (!hardware.host.memory_given) {
+      hardware.ram_bytes = hardware.host.memory_bytes = uint64_t(1) << 50;
+      hardware.ram_reserve_bytes = 0;
+    }
+    for (plan::DeviceSpec& host : hardware.other_hosts)
+      if (!host.memory_given) host.memory_bytes = uint64_t(1) << 50;
     size_t local = 0;
     for (plan::DeviceSpec& gpu : hardware.gpus)
       if (gpu.node == machine)
@@ -214,7 +226,7 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
 }
 
 RankPlan rank_plan_for(const plan::Placement& p, const plan::ModelInventory& inventory) {
-  auto machine_of = [&](int32_t device) {  // the host and the disk are the first machine's
+  auto machine_of = [&](int32_t device) {  // the disk is the first machine's
     return device == plan::kOnDisk ? 0 : p.devices[size_t(device)].spec.node;
   };
   RankPlan ranks;

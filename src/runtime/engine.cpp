@@ -139,24 +139,15 @@ void Engine::load(const EngineOptions& options, Spread spread,
   const std::string device_spec = options.devices == "auto" && cuda::count_gpus() == 0 ? "cpu" : options.devices;
   const bool cpu_only = device_spec.empty() || device_spec == "cpu";
   // Over ranks that all have devices, the plan over as many machines like theirs places every
-  // part, unless --spread says otherwise. The planner plans the RAM of the first machine only, so
-  // ranks of CPUs alone take a pipeline.
+  // part, unless --spread says otherwise. Ranks of CPUs alone take a pipeline: planned with the
+  // RAM a run may take (no limit: the mapped file's pages), one machine's CPU would hold every
+  // layer. A cluster file, or --spread plan, plans them (the file's RAM where it gives one).
   if (transport_ && options.spread.empty() && options.cluster.empty())
     spread = default_spread(*transport_, cpu_only);
-  if (transport_ && !options.cluster.empty() && cpu_only)
-    fail(
-        "--cluster {} plans the model onto the GPUs of the machines it lists; this rank has no "
-        "device ({}): give --devices standing for its machine's GPUs",
-        options.cluster,
-        options.devices == "auto" ? "--devices auto found no GPU" : "--devices cpu");
-  if (transport_ && spread == Spread::Plan && cpu_only)
-    fail(
-        "--spread plan places the model on the devices of every rank's machine; this rank has "
-        "none ({}): give --devices, or --spread pipeline, experts or mixed",
-        options.devices == "auto" ? "--devices auto found no GPU" : "--devices cpu");
   spread_ = spread;
+  const bool plan_ranks = transport_ && spread == Spread::Plan;
   std::optional<RankPlan> planned_ranks;
-  if (cpu_only) {
+  if (cpu_only && !plan_ranks) {
     backends_.push_back(std::make_unique<cpu::CpuBackend>(n_threads_, "cpu", options.pin_threads));
     devices = DevicePlan::single(*backends_[0], file_info.n_layer, file_info.n_expert);
   } else {
@@ -170,7 +161,6 @@ void Engine::load(const EngineOptions& options, Spread spread,
             4096, (long long)n_ctx);
       n_ctx = 4096;
     }
-    const bool plan_ranks = transport_ && spread == Spread::Plan;
     std::function<void(plan::Hardware&)> agree;
     if (plan_ranks) agree = [&](plan::Hardware& hw) { agree_on_hardware(*transport_, hw); };
     std::optional<plan::Hardware> cluster;

@@ -44,13 +44,15 @@ void agree_on_hardware(Transport& transport, plan::Hardware& hw) {
         gather_from_every_rank(transport, gpu.memory_bytes, "each device's free memory");
     gpu.memory_bytes = *std::ranges::min_element(memory);
   }
-  std::vector<double> rates((hw.gpus.size() + 1) * kRates);
-  rates_of(hw.host, rates.data());
-  for (size_t i = 0; i < hw.gpus.size(); ++i) rates_of(hw.gpus[i], rates.data() + (i + 1) * kRates);
+  // The hosts (a cluster file's machines after the first start from this machine's rates) and
+  // the devices, as rank 0 has them.
+  std::vector<plan::DeviceSpec*> specs = {&hw.host};
+  for (plan::DeviceSpec& host : hw.other_hosts) specs.push_back(&host);
+  for (plan::DeviceSpec& gpu : hw.gpus) specs.push_back(&gpu);
+  std::vector<double> rates(specs.size() * kRates);
+  for (size_t i = 0; i < specs.size(); ++i) rates_of(*specs[i], rates.data() + i * kRates);
   transport.broadcast(0, std::as_writable_bytes(std::span(rates)), "rank 0's device rates");
-  set_rates(hw.host, rates.data());
-  for (size_t i = 0; i < hw.gpus.size(); ++i)
-    set_rates(hw.gpus[i], rates.data() + (i + 1) * kRates);
+  for (size_t i = 0; i < specs.size(); ++i) set_rates(*specs[i], rates.data() + i * kRates);
   int32_t link = int32_t(hw.gpu_link);
   transport.broadcast(0, std::as_writable_bytes(std::span(&link, 1)), "rank 0's GPU links");
   if (link != int32_t(hw.gpu_link)) {
@@ -66,6 +68,11 @@ plan::Hardware cluster_of_ranks(Transport& transport, const std::string& path, i
   fingerprint.mix(uint64_t(cluster.node_link_bytes_per_s));
   fingerprint.mix(uint64_t(cluster.node_link_latency_s * 1e9));
   fingerprint.mix(uint64_t(cluster.gpu_link));
+  if (cluster.host.memory_given) fingerprint.mix(cluster.host.memory_bytes);
+  for (const plan::DeviceSpec& host : cluster.other_hosts) {
+    if (host.memory_given) fingerprint.mix(host.memory_bytes);
+    if (host.bandwidth_source == "given") fingerprint.mix(uint64_t(host.bandwidth_bytes_per_s));
+  }
   for (const plan::DeviceSpec& gpu : cluster.gpus) {
     fingerprint.mix(uint64_t(gpu.node));
     fingerprint.mix(gpu.memory_bytes);

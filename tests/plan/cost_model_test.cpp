@@ -24,6 +24,7 @@ Placement manual(const ModelInventory& inv, const Hardware& hw, int32_t device,
   Placement p;
   p.devices.push_back({.spec = hw.host});
   for (const DeviceSpec& g : hw.gpus) p.devices.push_back({.spec = g});
+  for (const DeviceSpec& h : hw.other_hosts) p.devices.push_back({.spec = h});
   for (const InventoryGroup& g : inv.groups) {
     const int32_t d = where ? where(g) : device;
     p.group_device.push_back(d);
@@ -164,6 +165,27 @@ TEST(CostModel, a_pipeline_over_machines_overlaps_the_steps_of_sequence_groups) 
   const Prediction returning = predict_speed(inv, hw, eight, manual(inv, hw, 1, back), nullptr);
   EXPECT_EQ(returning.overlapping_steps, 1);
   EXPECT_NEAR(returning.decode_tokens_per_s, 8 / step_seconds(returning), 1e-9);
+}
+
+// Two machines without GPUs: half of every layer's experts in the second machine's RAM are
+// computed by its CPU while the first computes the other half (each machine's host is its own
+// branch of the layer), so over a fast network the step is shorter than with every expert on the
+// first machine, and it pays the network for the experts' inputs and outputs.
+TEST(CostModel, the_hosts_of_two_machines_compute_their_experts_at_once) {
+  const ModelInventory inv = tiny_inventory();
+  Hardware hw = machine({}, 64);
+  set_node_link(hw, "ib-ndr");
+  repeat_nodes(hw, 2);  // cpu (node 0), node1:cpu (node 1)
+  const Workload wl;
+  const Prediction first = predict_speed(inv, hw, wl, manual(inv, hw, 0), nullptr);
+  const auto half_on_second = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts && g.expert >= 8 ? 1 : 0;
+  };
+  const Prediction both = predict_speed(inv, hw, wl, manual(inv, hw, 0, half_on_second), nullptr);
+  EXPECT_EQ(first.decode_seconds_transfer, 0);
+  EXPECT_GT(both.decode_seconds_transfer, 0);
+  EXPECT_LT(step_seconds(both), step_seconds(first));
+  EXPECT_GT(both.decode_tokens_per_s, first.decode_tokens_per_s);
 }
 
 TEST(CostModel, head_split_divides_the_head_projections_by_weights) {

@@ -117,5 +117,87 @@ TEST(Nodes, ASlowerNetworkPredictsASlowerPlan) {
   EXPECT_TRUE(chosen(ps).starts_with("pipeline")) << chosen(ps);
 }
 
+// Every group a plan keeps in RAM sits on the host of its layer's machine unless that host has no
+// room left for it (host_for), and the budgets hold.
+void expect_ram_groups_on_their_layers_machine(const ModelInventory& inv, const Placement& p) {
+  std::vector<int32_t> host_of(size_t(p.devices.size()), -1);  // node -> device index
+  for (size_t d = 0; d < p.devices.size(); ++d)
+    if (p.devices[d].spec.kind == DeviceKind::Cpu)
+      host_of[size_t(p.devices[d].spec.node)] = int32_t(d);
+  for (const DeviceUsage& u : p.devices)
+    EXPECT_LE(u.used_bytes(), u.spec.memory_bytes) << u.spec.name;
+  for (size_t g = 0; g < inv.groups.size(); ++g) {
+    const int32_t d = p.group_device[g];
+    const int32_t layer = inv.groups[g].layer;
+    if (d < 0 || p.devices[size_t(d)].spec.kind != DeviceKind::Cpu || layer < 0) continue;
+    const int32_t node = p.devices[size_t(p.layer_device[size_t(layer)])].spec.node;
+    const DeviceUsage& home = p.devices[size_t(host_of[size_t(node)])];
+    if (p.devices[size_t(d)].spec.node != node) {
+      EXPECT_LT(home.spec.memory_bytes - home.used_bytes(), inv.groups[g].bytes)
+          << inv.groups[g].label() << " left its layer's machine with room there";
+    }
+  }
+}
+
+// Kimi-K2 at 8 bits on 8x 48 GiB machines with 256 GiB of RAM: one machine would stream experts
+// from disk; two hold it, the experts no GPU holds in both machines' RAM (each beside its layer
+// where it has room), every machine's host named and budgeted.
+TEST(Nodes, EveryMachinesRamHoldsTheExpertsOfItsOwnLayers) {
+  const ModelInventory inv = inventory_from_preset("kimi-k2", "Q8_0");
+  Hardware one = with_reserve(machine(std::vector<double>(8, 48), 256));
+  const Placement p1 = plan_placement(inv, one, {}, {}, nullptr);
+  EXPECT_FALSE(p1.fits);
+  Hardware two = one;
+  repeat_nodes(two, 2);
+  ASSERT_EQ(two.other_hosts.size(), 1u);
+  EXPECT_EQ(two.other_hosts[0].name, "node1:cpu");
+  EXPECT_EQ(two.other_hosts[0].node, 1);
+  EXPECT_EQ(two.other_hosts[0].memory_bytes, one.host.memory_bytes);
+  const Placement p2 = plan_placement(inv, two, {}, {}, nullptr);
+  ASSERT_TRUE(p2.fits);
+  ASSERT_EQ(p2.devices.size(), 18u);  // cpu, 16 GPUs, then node1:cpu
+  EXPECT_EQ(p2.devices.back().spec.name, "node1:cpu");
+  EXPECT_GT(p2.devices[0].weight_bytes, 0u);
+  EXPECT_GT(p2.devices.back().weight_bytes, 0u);
+  expect_ram_groups_on_their_layers_machine(inv, p2);
+}
+
+// Machines without GPUs: a model larger than one machine's RAM fits on two, each RAM-held group
+// beside its layer where there is room. One sequence at a time, the layers stay on the first
+// machine (its experts overflowing to the second's RAM, computed at the same time); serving
+// several, a pipeline over their CPUs overlaps the steps and wins, each layer's experts in its
+// own machine's RAM.
+TEST(Nodes, MachinesWithoutGpusHoldAModelTooBigForOne) {
+  const ModelInventory inv = inventory_from_preset("deepseek-v2-lite", "Q8_0");
+  const Hardware one = with_reserve(machine({}, 16));
+  EXPECT_FALSE(plan_placement(inv, one, {}, {}, nullptr).fits);
+  Hardware two = one;
+  repeat_nodes(two, 2);
+  auto chosen = [](const Placement& p) {
+    for (const Candidate& c : p.candidates)
+      if (c.chosen) return c;
+    return Candidate{};
+  };
+  const Placement single = plan_placement(inv, two, {}, {}, nullptr);
+  ASSERT_TRUE(single.fits) << (single.problems.empty() ? "" : single.problems[0]);
+  EXPECT_EQ(chosen(single).name, "layers on the first machine, experts in every machine's RAM");
+  expect_ram_groups_on_their_layers_machine(inv, single);
+  EXPECT_GT(single.devices[1].weight_bytes, 0u);  // node1:cpu holds the experts that overflow
+
+  const Placement many = plan_placement(inv, two, {.n_parallel = 8}, {}, nullptr);
+  ASSERT_TRUE(many.fits);
+  EXPECT_EQ(chosen(many).name, "pipeline: layer split over the CPUs of 2 machines");
+  EXPECT_EQ(many.predicted.overlapping_steps, 2);
+  ASSERT_EQ(many.devices.size(), 2u);
+  EXPECT_EQ(many.layer_device.front(), 0);
+  EXPECT_EQ(many.layer_device.back(), 1);
+  expect_ram_groups_on_their_layers_machine(inv, many);
+  for (size_t g = 0; g < inv.groups.size(); ++g) {  // nothing had to leave its layer's machine
+    if (inv.groups[g].layer < 0) continue;
+    EXPECT_EQ(many.group_device[g], many.layer_device[size_t(inv.groups[g].layer)])
+        << inv.groups[g].label();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::plan

@@ -53,8 +53,8 @@ TEST(Rules, errors_name_the_file_line_and_field) {
             "rules.yaml:3: layers: expected a number or an inclusive range like 0-29, found '9-3'");
   EXPECT_EQ(
       error_of("rules:\n  - match: x\n    device: gpu0\n"),
-      "rules.yaml:2: device: 'gpu0' is not a device name (cpu, cuda:N, sim:N, disk; nodeM:cuda:N "
-      "or nodeM:sim:N on another machine)");
+      "rules.yaml:2: device: 'gpu0' is not a device name (cpu, cuda:N, sim:N, disk; nodeM:cpu, "
+      "nodeM:cuda:N or nodeM:sim:N on another machine)");
   EXPECT_NE(error_of("rules:\n  - match: '('\n    device: cpu\n")
                 .find("rules.yaml:2: match: '(' is not a valid regex"),
             std::string::npos);

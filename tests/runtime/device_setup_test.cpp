@@ -112,22 +112,26 @@ TEST(DeviceSetup, APlacementsDevicesHomesAndCopiesReachTheExecutor) {
   EXPECT_GT(copies, 0u);
 }
 
-// A plan over two machines by hand: host and cuda:0 on the first, node1:cuda:0 and node1:cuda:1
-// on the second. Two layers of two experts; layer 0 on cuda:0, layer 1 on node1:cuda:1, one
-// expert on the host, one streamed from disk, the head on node1:cuda:0.
+// A plan over two machines by hand: host and cuda:0 on the first, node1:cuda:0, node1:cuda:1 and
+// node1:cpu on the second. Two layers of two experts; layer 0 on cuda:0, layer 1 on node1:cuda:1,
+// one expert in the second machine's RAM, one streamed from disk, the head on node1:cuda:0.
 plan::Placement two_machine_plan() {
   plan::Placement p;
-  auto device = [](std::string name, int32_t node) {
+  auto device = [](std::string name, int32_t node, plan::DeviceKind kind) {
     plan::DeviceUsage u;
     u.spec.name = std::move(name);
     u.spec.node = node;
+    u.spec.kind = kind;
     return u;
   };
-  p.devices = {device("cpu", 0), device("cuda:0", 0), device("node1:cuda:0", 1),
-               device("node1:cuda:1", 1)};
+  using plan::DeviceKind;
+  p.devices = {device("cpu", 0, DeviceKind::Cpu), device("cuda:0", 0, DeviceKind::Cuda),
+               device("node1:cuda:0", 1, DeviceKind::Cuda),
+               device("node1:cuda:1", 1, DeviceKind::Cuda),
+               device("node1:cpu", 1, DeviceKind::Cpu)};
   p.layer_device = {1, 3};
   // Groups: embeddings, output, layer 0's experts 0-1, layer 1's experts 0-1.
-  p.group_device = {0, 2, 1, 0, plan::kOnDisk, 3};
+  p.group_device = {0, 2, 1, 4, plan::kOnDisk, 3};
   p.group_copies = {{}, {}, {}, {}, {}, {2}};
   p.layer_heads = {{}, {{.device = 3, .first_head = 0, .n_heads = 1}}};
   return p;
@@ -152,14 +156,17 @@ TEST(DeviceSetup, APlanOverMachinesGivesEachRankItsMachinesPartsOnItsOwnDevices)
   EXPECT_EQ(ranks.embeddings, 0);
   EXPECT_EQ(ranks.output, 1);
   EXPECT_EQ(ranks.layers, (std::vector<int32_t>{0, 1}));
-  // The host's and the disk's experts are the first machine's, under a layer of the second.
-  EXPECT_EQ(ranks.experts[0], (std::vector<int32_t>{0, 0}));
+  // An expert in the second machine's RAM is its, under a layer of the first; the disk's experts
+  // are the first machine's, under a layer of the second.
+  EXPECT_EQ(ranks.experts[0], (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(ranks.experts[1], (std::vector<int32_t>{0, 1}));
 
-  // Machine 1 runs its parts on its own devices, in order: node1:cuda:0 is its 1, node1:cuda:1
-  // its 2; what the other machine runs goes to the host, to be dropped.
+  // Machine 1 runs its parts on its own devices, in order: node1:cpu is its host (0),
+  // node1:cuda:0 its 1, node1:cuda:1 its 2; what the other machine runs goes to the host, to be
+  // dropped.
   const plan::Placement second = placement_on_machine(p, 1);
   ASSERT_EQ(second.devices.size(), 3u);
+  EXPECT_EQ(second.devices[0].spec.name, "node1:cpu");
   EXPECT_EQ(second.devices[2].spec.name, "node1:cuda:1");
   EXPECT_EQ(second.layer_device, (std::vector<int32_t>{0, 2}));
   EXPECT_EQ(second.group_device, (std::vector<int32_t>{0, 1, 0, 0, plan::kOnDisk, 2}));
