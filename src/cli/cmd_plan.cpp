@@ -367,8 +367,8 @@ void register_plan(CLI::App& app) {
       "and `link: nvlink`, `ram`, `cpu_cores`, `host_bandwidth` (GB/s; a machine after the "
       "first without them has the first's); and `network: ib-ndr` between them (as "
       "--node-link)");
-  for (const char* other :
-       {"--gpu", "--ram", "--host-bandwidth", "--cpu-cores", "--link", "--nodes", "--node-link"})
+  for (const char* other : {"--gpu", "--ram", "--host-bandwidth", "--cpu-cores", "--link",
+                            "--nodes", "--node-link", "--ram-reserve"})
     cluster->excludes(cmd->get_option(other));
   cmd->add_flag("--explain", o->explain,
                 "also print the candidate placements weighed, with their predicted speeds, and "

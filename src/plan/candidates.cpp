@@ -82,11 +82,11 @@ std::vector<CandidateSpec> Planner::candidate_specs() const {
                                ? "layers on the first machine, experts in every machine's RAM"
                                : "pipeline: layer split" + over_machines(gpus_)});
   // Machines without GPUs: a pipeline over their CPUs, each layer's experts in its machine's RAM.
-  if (gpus_.empty() && hosts_.size() > 1)
-    specs.push_back(
-        {.kind = CandidateSpec::Kind::LayerSplit,
-         .over_hosts = true,
-         .name = fmt::format("pipeline: layer split over the CPUs of {} machines", hosts_.size())});
+  if (gpus_.empty() && usable_hosts().size() > 1)
+    specs.push_back({.kind = CandidateSpec::Kind::LayerSplit,
+                     .over_hosts = true,
+                     .name = fmt::format("pipeline: layer split over the CPUs of {} machines",
+                                         usable_hosts().size())});
   // Serving several sequences over machines, a pipeline overlaps their steps, one group per
   // machine: it pays to give every machine an equal share of the layers.
   if (machines_of(gpus_) > 1 && wl_.n_parallel > 1)
@@ -666,7 +666,8 @@ void Planner::place_output_and_embeddings() {
                                      format_bytes(bytes(size_t(output))),
                                      d == kOnDisk ? "disk" : name(d),
                                      d == last ? ", beside the last layer (no copy before it)"
-                                               : (d == 0 ? "; no GPU had room" : "")));
+                                     : d >= 0 && is_host(d) && !gpus_.empty() ? "; no GPU had room"
+                                                                              : ""));
   }
   // Embeddings stay in RAM: a step reads one row per token (a few KiB), so VRAM is better
   // spent on experts; the row goes to the first layer's device with the hidden state.
@@ -717,9 +718,10 @@ void Planner::split_layers(const std::vector<uint32_t>& layers, const std::vecto
           fmt::format("{}-{} on {}", layers[begin], layers[end[j] - 1], name(gpus[j])));
     begin = end[j];
   }
+  const bool on_hosts = is_host(gpus[0]);
   for (uint32_t l : overflow_) {
     bool placed = false;
-    for (int32_t g : gpus_) placed = placed || put_layer(l, g);
+    for (int32_t g : on_hosts ? usable_hosts() : gpus_) placed = placed || put_layer(l, g);
     if (!placed && !put_layer(l, 0)) put_layer_on_host_anyway(l);
   }
   std::string shares;
@@ -731,10 +733,9 @@ void Planner::split_layers(const std::vector<uint32_t>& layers, const std::vecto
           ? ""
           : fmt::format("; {} layers did not fit their share and moved", overflow_.size());
   const std::string what =
-      is_host(gpus[0])
-          ? "each machine's CPU runs a range of layers, their experts in its RAM"
-          : "attention, router, shared experts, dense FFN and KV of every layer are read by "
-            "every token: on GPUs first";
+      on_hosts ? "each machine's CPU runs a range of layers, their experts in its RAM"
+               : "attention, router, shared experts, dense FFN and KV of every layer are read by "
+                 "every token: on GPUs first";
   if (gpus.size() == 1) {
     p_.reasons.push_back(fmt::format("{}, layers {}{}", what, fmt::join(ranges, ", "), moved));
     return;
@@ -742,8 +743,9 @@ void Planner::split_layers(const std::vector<uint32_t>& layers, const std::vecto
   p_.reasons.push_back(fmt::format(
       "{}, layers {} ({} cut{}), split in proportion to {} ({}){}", what, fmt::join(ranges, ", "),
       ranges.size() ? ranges.size() - 1 : 0, ranges.size() == 2 ? "" : "s",
-      all_fit ? "free memory (the whole model fits in VRAM, on the fewest GPUs)"
-              : "free memory x bandwidth",
+      on_hosts  ? "free RAM"
+      : all_fit ? "free memory (the whole model fits in VRAM, on the fewest GPUs)"
+                : "free memory x bandwidth",
       shares, moved));
 }
 
@@ -828,9 +830,10 @@ void Planner::place_layers_on_hosts() {
     free_layers.push_back(l);
     total += unplaced_hot_bytes(l) + kv_per_layer_[l] + unplaced_expert_bytes(l);
   }
+  const std::vector<int32_t> hosts = usable_hosts();
   std::vector<double> weight;
-  for (int32_t h : hosts_) weight.push_back(double(room(h))), ram += room(h);
-  split_layers(free_layers, hosts_, weight, total <= ram);
+  for (int32_t h : hosts) weight.push_back(double(room(h))), ram += room(h);
+  split_layers(free_layers, hosts, weight, total <= ram);
   place_output_and_embeddings();
 }
 

@@ -331,8 +331,8 @@ class StepModel {
                 .ops = 2};
       add_to(t, dev, seconds(dev, head) - disk_s(head));
       t.decode_seconds_disk += disk_s(head);
-      // The host reads the logits back from a GPU at the step's end.
-      if (spec(dev).kind == DeviceKind::Cuda)
+      // The host reads the logits back from a GPU, or from another machine, at the step's end.
+      if (is_gpu(dev) || spec(dev).node != 0)
         t.decode_seconds_transfer += transfer_s(dev, 0, double(s.logit_rows) * hp.n_vocab * 4);
       count_on(dev, head_start);
     }

@@ -84,7 +84,9 @@ struct Candidate {
 };
 
 struct Placement {
-  std::vector<DeviceUsage> devices;   // [0] = host ("cpu"), then the GPUs in order
+  std::vector<DeviceUsage>
+      devices;  // [0] = host ("cpu"), then the GPUs in order, then the
+                // hosts of the machines after the first (Hardware::other_hosts)
   std::vector<int32_t> group_device;  // per inventory group
   // Per inventory group, the other devices that hold a copy of it: routed experts copied to a
   // second GPU where VRAM is left, so that a step gives each chosen expert to the less busy of

@@ -170,10 +170,23 @@ int32_t Planner::host_for(size_t g) const {
     const int32_t node = p_.devices[size_t(p_.layer_device[size_t(layer)])].spec.node;
     if (size_t(node) < hosts_.size()) home = hosts_[size_t(node)];
   }
-  if (room(home) >= bytes(g)) return home;
-  for (int32_t h : hosts_)
+  if (usable_host(home) && room(home) >= bytes(g)) return home;
+  // A layer's other groups (attention, norms, router, shared experts, dense FFN) run on its
+  // machine: the runtime has no other place for them.
+  const WeightGroup kind = inv_.groups[g].kind;
+  if (kind != WeightGroup::RoutedExperts && kind != WeightGroup::Embedding &&
+      kind != WeightGroup::OutputHead)
+    return kOnDisk;
+  for (int32_t h : usable_hosts())
     if (h != home && room(h) >= bytes(g)) return h;
   return kOnDisk;
+}
+
+std::vector<int32_t> Planner::usable_hosts() const {
+  std::vector<int32_t> usable;
+  for (int32_t h : hosts_)
+    if (usable_host(h)) usable.push_back(h);
+  return usable;
 }
 
 void Planner::put_on_host(size_t g) {
@@ -185,9 +198,9 @@ void Planner::put_on_host(size_t g) {
 }
 
 void Planner::put_layer_on_host_anyway(uint32_t l) {
+  p_.layer_device[l] = 0;  // first: its groups' RAM is the first machine's (host_for)
   for (size_t g : layer_hot_[l])
     if (p_.group_device[g] == kUnplaced) put_on_host(g);
-  p_.layer_device[l] = 0;
   if (room(0) >= kv_per_layer_[l])
     p_.devices[0].kv_bytes += kv_per_layer_[l];
   else
@@ -226,10 +239,14 @@ std::vector<int32_t> Planner::gpus_by_speed() const {
 void Planner::reserve_buffers() {
   for (int32_t d = 0; d < n_devices(); ++d) {
     if (cap(d) < buffer_) {
-      if (is_host(d))
-        p_.problems.push_back(fmt::format(
-            "RAM{}: {} usable is less than the {} of work buffers a step needs",
-            d == 0 ? "" : " of " + name(d), format_bytes(cap(d)), format_bytes(buffer_)));
+      if (d == 0)
+        p_.problems.push_back(
+            fmt::format("RAM: {} usable is less than the {} of work buffers a step needs",
+                        format_bytes(cap(0)), format_bytes(buffer_)));
+      else if (is_host(d))  // another machine's RAM: left out, as a GPU too small
+        p_.reasons.push_back(fmt::format(
+            "{} holds nothing: its {} of RAM for the plan cannot hold the {} of work buffers",
+            name(d), format_bytes(cap(d)), format_bytes(buffer_)));
       else
         p_.reasons.push_back(
             fmt::format("{} is not used: its {} cannot hold the {} of work buffers", name(d),

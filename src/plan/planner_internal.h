@@ -55,6 +55,10 @@ class Planner {
   uint64_t room(int32_t d) const { return cap(d) > used(d) ? cap(d) - used(d) : 0; }
   int32_t n_devices() const { return int32_t(p_.devices.size()); }
   bool is_host(int32_t d) const { return p_.devices[size_t(d)].spec.kind == DeviceKind::Cpu; }
+  // A machine's host the plan may put parts on: the first's always, another's where its RAM holds
+  // the work buffers (reserve_buffers).
+  bool usable_host(int32_t h) const { return h == 0 || p_.devices[size_t(h)].buffer_bytes > 0; }
+  std::vector<int32_t> usable_hosts() const;
   const std::string& name(int32_t d) const { return p_.devices[size_t(d)].spec.name; }
   // How many machines (DeviceSpec::node) the devices `ds` are on.
   int32_t machines_of(const std::vector<int32_t>& ds) const;
@@ -66,8 +70,8 @@ class Planner {
   uint64_t unplaced_hot_bytes(uint32_t l) const;
   uint64_t unplaced_expert_bytes(uint32_t l) const;
   bool put_layer(uint32_t l, int32_t d);
-  // The RAM for group g: its layer's machine's host when it has room, else another machine's
-  // (the first's first), else kOnDisk.
+  // The RAM for group g: its layer's machine's host when it has room, else for routed experts,
+  // the embeddings and the head another machine's (the first's first), else kOnDisk.
   int32_t host_for(size_t g) const;
   void put_on_host(size_t g);
   void put_layer_on_host_anyway(uint32_t l);

@@ -189,7 +189,8 @@ void Engine::load(const EngineOptions& options, Spread spread,
             "the plan over {} (--devices {}) puts nothing on rank(s) {}: "
             "the cost model predicts the model faster on fewer machines' devices (or in rank "
             "0's RAM; `tandem plan MODEL {}` shows why). Run on fewer ranks, pin parts "
-            "to other machines' devices with --rules (device: node1:cuda:0), or give --spread "
+            "to other machines' devices or RAM with --rules (device: node1:cuda:0, node1:cpu), or "
+            "give --spread "
             "pipeline, experts or mixed to divide it anyway",
             machines, device_spec, fmt::join(idle, ", "),
             cluster ? "--cluster " + options.cluster : fmt::format("--nodes {}", n_ranks()));

@@ -19,15 +19,15 @@ namespace tandem {
 Spread default_spread(Transport& transport, bool cpu_only);
 
 // Makes `hw` (this rank's machine) the same on every rank: the same number of devices (else
-// throws naming the ranks that differ), each device's memory the least any rank has, the host's
-// and each device's rates and the GPUs' links rank 0's. A collective.
+// throws naming the ranks that differ), each device's memory the least any rank has, the hosts'
+// (every machine's) and each device's rates and the GPUs' links rank 0's. A collective.
 void agree_on_hardware(Transport& transport, plan::Hardware& hw);
 
 // The machines of the cluster file at `path` (plan/cluster.h), read by every rank from its own
-// copy: throws unless every rank read the same machines (their GPUs and memory, the links) and
-// there are as
-// many as ranks, naming the fix. The host's rates (measured where the file gives none) are still
-// each rank's own: agree_on_hardware makes them rank 0's. `threads` measure them. A collective.
+// copy: throws unless every rank read the same machines (their GPUs and memory, the RAM it gives,
+// the links) and there are as many as ranks, naming the fix. The hosts' rates (measured where the
+// file gives none) are still each rank's own: agree_on_hardware makes them rank 0's. `threads`
+// measure them. A collective.
 plan::Hardware cluster_of_ranks(Transport& transport, const std::string& path, int32_t threads);
 
 }  // namespace tandem

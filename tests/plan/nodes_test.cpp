@@ -118,7 +118,8 @@ TEST(Nodes, ASlowerNetworkPredictsASlowerPlan) {
 }
 
 // Every group a plan keeps in RAM sits on the host of its layer's machine unless that host has no
-// room left for it (host_for), and the budgets hold.
+// room left for it (host_for) and it is a routed expert (a layer's other groups run on its
+// machine), and the budgets hold.
 void expect_ram_groups_on_their_layers_machine(const ModelInventory& inv, const Placement& p) {
   std::vector<int32_t> host_of(size_t(p.devices.size()), -1);  // node -> device index
   for (size_t d = 0; d < p.devices.size(); ++d)
@@ -133,6 +134,7 @@ void expect_ram_groups_on_their_layers_machine(const ModelInventory& inv, const 
     const int32_t node = p.devices[size_t(p.layer_device[size_t(layer)])].spec.node;
     const DeviceUsage& home = p.devices[size_t(host_of[size_t(node)])];
     if (p.devices[size_t(d)].spec.node != node) {
+      EXPECT_EQ(inv.groups[g].kind, WeightGroup::RoutedExperts) << inv.groups[g].label();
       EXPECT_LT(home.spec.memory_bytes - home.used_bytes(), inv.groups[g].bytes)
           << inv.groups[g].label() << " left its layer's machine with room there";
     }

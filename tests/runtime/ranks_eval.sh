@@ -4,7 +4,8 @@
 # and under `mpirun -np NP` with `--spread SPREAD` (and the extra flags, e.g. --devices, on both;
 # those after --ranks-only, e.g. --rules naming other machines' devices, over the ranks only). An
 # F32 model must give bit-identical output (the same greedy tokens and every logit); every model
-# must pass check.py over the ranks' output.
+# must pass check.py over the ranks' output. RANKS_EXPECT_SAID in the environment: a grep -E
+# pattern the ranks' stderr must match (the plan a run chose).
 set -euo pipefail
 mpirun=$1 tandem=$2 python=$3 fixtures=$4 model=$5 ref=$6 np=$7 spread=$8
 shift 8
@@ -31,6 +32,10 @@ timeout 100 "$mpirun" -np "$np" "$tandem" eval "$fixtures/$model.gguf" --ref "$f
   "${ranks_only[@]}" 2>"$said" || status=$?
 cat "$said" >&2
 ((status == 0)) || exit "$status"
+if [[ -n ${RANKS_EXPECT_SAID:-} ]] && ! grep -qE -- "$RANKS_EXPECT_SAID" "$said"; then
+  echo "FAIL: the ranks did not say: $RANKS_EXPECT_SAID"
+  exit 1
+fi
 # Cuts between ranks, and the experts' exchange, go device to device where both ends are sim
 # devices (the stand-in for NCCL), and through host memory from the CPU.
 channel_lines=$(grep -c "directly (a simulated device channel)" "$said" || true)

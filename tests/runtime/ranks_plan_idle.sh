@@ -12,5 +12,5 @@ if out=$(timeout 100 "$mpirun" -np 3 "$tandem" run "$model" -p Hello -n 4 --thre
   exit 1
 fi
 grep -q "puts nothing on rank(s) 1, 2" <<<"$out" || { echo "FAIL: no message naming the idle ranks:"; echo "$out"; exit 1; }
-grep -q "Run on fewer ranks, pin parts to other machines. devices with --rules" <<<"$out" || { echo "FAIL: no fix named:"; echo "$out"; exit 1; }
+grep -q "Run on fewer ranks, pin parts to other machines. devices or RAM with --rules" <<<"$out" || { echo "FAIL: no fix named:"; echo "$out"; exit 1; }
 echo "a plan that leaves ranks 1 and 2 idle is refused, named"
