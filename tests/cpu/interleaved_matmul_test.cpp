@@ -1,9 +1,11 @@
-// Matmuls of tandem's 16-row interleaved formats (Q8_0_R16, Q5_0_R16, Q4_K_R16) on every instruction set,
-// precision, kernel choice and token count: against the scalar reference (the groups taken apart
-// and dequantized), and against the plain format's matmul on the same weights, which they match
-// bit for bit on every path except the AVX-512 group kernels (dot_r16_avx512.cpp), whose float
-// steps run in another order, and the AVX-512 Int8 matmuls, which run the 16-bit group kernels
-// (there are no 8-bit ones) where the plain format runs 8-bit ones.
+// Matmuls of tandem's 16-row interleaved formats (Q8_0_R16, Q5_0_R16, Q4_K_R16) on every
+// instruction set, precision, kernel choice and token count: against the scalar reference (the
+// groups taken apart and dequantized), and against the plain format's matmul on the same weights,
+// which they match bit for bit on every path except the AVX-512 group kernels (dot_r16_avx512.cpp),
+// whose float steps run in another order, and the AVX-512 Int8 matmuls by row dots, which run the
+// 16-bit group kernels (there are no 8-bit ones) where the plain format runs 8-bit ones. Int8
+// matmuls on the token-lanes path take the groups apart and run the plain format's 8-bit kernels:
+// its bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,9 +97,10 @@ double error_bound(DType base, ActPrecision precision) {
   return k_quant ? 8e-3 : 1e-2;
 }
 
-bool uses_row_dots(KernelChoice kernels, int64_t n_tokens) {
+bool uses_row_dots(KernelChoice kernels, int64_t n_tokens, ActPrecision precision) {
   return kernels == KernelChoice::PerToken ||
-         (kernels == KernelChoice::ByTokenCount && n_tokens < kLanesMinTokens);
+         (kernels == KernelChoice::ByTokenCount &&
+          n_tokens < (precision == ActPrecision::Int8 ? kLanes8MinTokens : kLanesMinTokens));
 }
 
 TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
@@ -108,7 +111,7 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
     const DType type = interleaved_format(base);
     for (int64_t cols : {256, 512, 2048}) {
       const Weights w = make_weights(base, rows, cols, uint32_t(cols) + uint32_t(base));
-      for (int64_t n_tokens : {1, 3, 8, 17}) {
+      for (int64_t n_tokens : {1, 3, 6, 8, 17}) {
         const std::vector<float> x = gaussian(n_tokens * cols, uint32_t(7 * cols + n_tokens));
         for (CpuIsa isa : supported_cpu_isas()) {
           for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
@@ -125,8 +128,8 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
               EXPECT_LE(max_normalized_error(type, w.mixed, rows, cols, x, n_tokens, mixed),
                         error_bound(base, precision))
                   << where;
-              const bool group_kernel = isa == CpuIsa::Avx512 &&
-                                        (uses_row_dots(kernels, n_tokens) || precision == ActPrecision::Int8);
+              const bool group_kernel =
+                  isa == CpuIsa::Avx512 && uses_row_dots(kernels, n_tokens, precision);
               group_kernel_cases += group_kernel ? 1 : 0;
               if (!group_kernel) {
                 EXPECT_EQ(0, std::memcmp(mixed.data(), plain.data(), mixed.size() * sizeof(float)))
@@ -139,6 +142,27 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
     }
   }
   std::printf("  %d cases ran the AVX-512 group kernels\n", group_kernel_cases);
+}
+
+// One thread takes all the rows as one task: the token-lanes path takes every group of it apart
+// before its 8-bit kernel passes over them (run_interleaved_rows), and gives the plain format's
+// bits, on every instruction set.
+TEST(InterleavedMatmul, ATaskOfManyGroupsOnTheLanesPathGivesThePlainFormatsBits) {
+  ThreadPool pool(1);
+  const int64_t rows = 80, cols = 512, n_tokens = 20;
+  for (DType base : {DType::Q8_0, DType::Q5_0, DType::Q4_K}) {
+    const Weights w = make_weights(base, rows, cols, 21 + uint32_t(base));
+    const std::vector<float> x = gaussian(n_tokens * cols, 22);
+    for (CpuIsa isa : supported_cpu_isas()) {
+      const std::vector<float> mixed =
+          run(isa, interleaved_format(base), w.mixed, rows, cols, x, n_tokens, ActPrecision::Int8,
+              KernelChoice::ByTokenCount, pool);
+      const std::vector<float> plain = run(isa, base, w.plain, rows, cols, x, n_tokens,
+                                           ActPrecision::Int8, KernelChoice::ByTokenCount, pool);
+      EXPECT_EQ(0, std::memcmp(mixed.data(), plain.data(), mixed.size() * sizeof(float)))
+          << dtype_name(base) << " " << cpu_isa_name(isa);
+    }
+  }
 }
 
 TEST(InterleavedMatmul, RefusesRowsThatAreNotWholeGroups) {

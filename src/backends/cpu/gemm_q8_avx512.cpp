@@ -264,7 +264,9 @@ void build_q8_tile_avx512(const uint8_t* act, size_t act_stride, int64_t first, 
 // 64-token Q4_K product, one thread: 938 -> 800 us with two tiles, 635 with the group loop
 // unrolled and the tiles built in registers; three tiles measured no better than two). The float
 // steps per lane are unchanged, so the bits do not depend on how many tiles go together.
-template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles>
+// kStride: how far apart a row's consecutive quads and group scales are (1 for unpacked rows; 16
+// for an unpacked interleaved group, whose 16 rows' quads and scales lie side by side).
+template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles, int kStride = 1>
 inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
                        __m512 (*out)[kTiles]) {
   for (int r = 0; r < kRows; ++r)
@@ -294,7 +296,7 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
       for (int k = 0; k < kTiles; ++k)
         xv[k] = _mm512_loadu_si512(x[k].quads + (first_quad + i) * kLanes);
       for (int r = 0; r < kRows; ++r) {
-        const __m512i wq = broadcast_4_bytes(w[r].w + 4 * (first_quad + i));
+        const __m512i wq = broadcast_4_bytes(w[r].w + 4 * kStride * (first_quad + i));
         for (int k = 0; k < kTiles; ++k) acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], wq, xv[k]);
       }
     }
@@ -302,26 +304,27 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
     for (int k = 0; k < kTiles; ++k) {
       const __m512 dx = _mm512_loadu_ps(x[k].d + block * kLanes);
       for (int r = 0; r < kRows; ++r)
-        out[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]),
-                                    _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g]), dx), out[r][k]);
+        out[r][k] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]),
+                            _mm512_mul_ps(_mm512_set1_ps(w[r].scale[g * kStride]), dx), out[r][k]);
       if constexpr (kMins) {
         const __m512 sums = _mm512_loadu_ps(x[k].sum32 + block * kLanes);
         for (int r = 0; r < kRows; ++r)
-          out[r][k] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g]), sums, out[r][k]);
+          out[r][k] = _mm512_fnmadd_ps(_mm512_set1_ps(w[r].min[g * kStride]), sums, out[r][k]);
       }
     }
   }
 }
 
 // kTiles tiles from the one at token `first` against kRows unpacked rows, stored to m.output.
-template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles>
+template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles, int kStride = 1>
 void rows_against_tiles(const LanesMatmul& m, const UnpackedRow8* w, int64_t row, int64_t first) {
   const size_t tile_bytes = q8_tile_bytes(m.cols);
   Q8Tile x[kTiles];
   for (int k = 0; k < kTiles; ++k)
     x[k] = q8_tile(m.tiles + size_t(first / kLanes + k) * tile_bytes, m.cols);
   __m512 out[kRows][kTiles];
-  tile_rows8<kGroup, kMins, kOffsetShift, kRows, kTiles>(w, x, m.cols, out);
+  tile_rows8<kGroup, kMins, kOffsetShift, kRows, kTiles, kStride>(w, x, m.cols, out);
   store_lanes<kRows, kTiles>(m, out, row, first);
 }
 
@@ -355,6 +358,133 @@ void lanes8_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
   for (; row < last_row; ++row) rows_against_tiles8<kGroup, kMins, kOffsetShift, 1>(m, row, scratch.data());
 }
 
+// ---- interleaved groups (Q8_0_R16, Q5_0_R16, Q4_K_R16; core/blocks.h) ----
+// A group of 16 rows unpacked whole into quads [cols / 4][16 rows] (row r's four bytes of
+// elements 4q .. 4q + 3 in dword r of quad q: one vector per quad) and scales and mins
+// [cols / 32][16 rows]; rows then go four at a time against the tiles, reading with a stride of
+// 16. The bytes and float scales are the plain unpackers' (gemm_q8.h), so the results are bit for
+// bit those of the plain format's rows.
+
+struct UnpackedGroup8 {
+  int32_t* quads;  // [cols / 4][16]
+  float* scale;    // [cols / 32][16]
+  float* min;      // [cols / 32][16]
+};
+
+inline size_t unpacked_group8_bytes(int64_t cols) {
+  return size_t(cols) * 16 + 2 * size_t(cols / 32) * 16 * sizeof(float);
+}
+
+inline UnpackedGroup8 unpacked_group8(uint8_t* scratch, int64_t cols) {
+  auto* quads = reinterpret_cast<int32_t*>(scratch);
+  auto* scale = reinterpret_cast<float*>(scratch + size_t(cols) * 16);
+  return {quads, scale, scale + (cols / 32) * 16};
+}
+
+inline __m512 halves_to_float8(const uint16_t* p) {
+  return _mm512_cvtph_ps(load256(p));
+}
+
+inline __m512 bytes_to_float8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Two chunks in pair layout (16 rows x 2 bytes each, one after the other) as 16 rows' quads: row r
+// takes its pair from the first chunk, then its pair from the second.
+inline __m512i pairs_to_quads(const int8_t* chunks) {
+  const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(index, _mm512_loadu_si512(chunks));
+}
+
+void unpack8_group_q8_0(const void* group, int64_t cols, UnpackedGroup8 out) {
+  const auto* blocks = static_cast<const BlockQ8_0_R16*>(group);
+  const __m512i flip = _mm512_set1_epi8(char(0x80));  // q + 128 as a byte
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    _mm512_storeu_ps(out.scale + 16 * b, halves_to_float8(blocks[b].d));
+    for (int q = 0; q < 8; ++q)  // quad q: chunks 2q, 2q + 1 (elements 4q .. 4q + 3)
+      _mm512_storeu_si512(out.quads + 16 * (8 * b + q),
+                          _mm512_xor_si512(pairs_to_quads(blocks[b].qs + 64 * q), flip));
+  }
+}
+
+// A chunk of 16 rows x 2 bytes whose low nibbles are elements 4c, 4c + 1 and high nibbles
+// 4c + 2, 4c + 3 of each row: row r's quad in dword r.
+inline __m512i nibble_pairs_to_quads(const uint8_t* chunk) {
+  const __m512i x = _mm512_cvtepu16_epi32(load256(chunk));
+  const __m512i low = _mm512_set1_epi32(0x0F0F);
+  return _mm512_or_si512(_mm512_and_si512(x, low),
+                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x, 4), low), 16));
+}
+
+void unpack8_group_q4_k(const void* group, int64_t cols, UnpackedGroup8 out) {
+  const auto* blocks = static_cast<const BlockQ4_K_R16*>(group);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    const BlockQ4_K_R16& block = blocks[s];
+    const __m512 d = halves_to_float8(block.d), dmin = halves_to_float8(block.dmin);
+    for (int j = 0; j < 8; ++j) {
+      const int64_t g = 8 * s + j;
+      _mm512_storeu_ps(out.scale + 16 * g, _mm512_mul_ps(d, bytes_to_float8(block.scales[j])));
+      _mm512_storeu_ps(out.min + 16 * g, _mm512_mul_ps(dmin, bytes_to_float8(block.mins[j])));
+      for (int c = 0; c < 8; ++c)
+        _mm512_storeu_si512(out.quads + 16 * (8 * g + c),
+                            nibble_pairs_to_quads(block.qs[j] + 32 * c));
+    }
+  }
+}
+
+void unpack8_group_q5_0(const void* group, int64_t cols, UnpackedGroup8 out) {
+  const auto* blocks = static_cast<const BlockQ5_0_R16*>(group);
+  // Row r's fifth bits are bits 2r, 2r + 1 of each mask: shifted down per lane, they become bit 4
+  // of bytes 0, 1 (elements 4c, 4c + 1) and, from the second mask, of bytes 2, 3.
+  const __m512i shifts =
+      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const BlockQ5_0_R16& block = blocks[b];
+    _mm512_storeu_ps(out.scale + 16 * b, halves_to_float8(block.d));
+    for (int c = 0; c < 8; ++c) {
+      const __m512i lo_bits = _mm512_srlv_epi32(_mm512_set1_epi32(int(block.qh[c][0])), shifts);
+      const __m512i hi_bits = _mm512_srlv_epi32(_mm512_set1_epi32(int(block.qh[c][1])), shifts);
+      const __m512i fifth =
+          _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(lo_bits, one), 4),
+                                          _mm512_slli_epi32(_mm512_and_si512(lo_bits, two), 11)),
+                          _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(hi_bits, one), 20),
+                                          _mm512_slli_epi32(_mm512_and_si512(hi_bits, two), 27)));
+      _mm512_storeu_si512(out.quads + 16 * (8 * b + c),
+                          _mm512_or_si512(nibble_pairs_to_quads(block.qs[c]), fifth));
+    }
+  }
+}
+
+using UnpackGroup8Fn = void (*)(const void* group, int64_t cols, UnpackedGroup8 out);
+
+// Rows [first_row, last_row) (multiples of 16) of an interleaved matrix: each group unpacked once,
+// then four rows at a time against every tile, two tiles at a time.
+template <UnpackGroup8Fn kUnpack, bool kMins, int kOffsetShift>
+void lanes8_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
+  constexpr int kRows = 4;
+  thread_local AlignedBuffer scratch;
+  if (scratch.size() < unpacked_group8_bytes(m.cols))
+    scratch = AlignedBuffer(unpacked_group8_bytes(m.cols));
+  const UnpackedGroup8 unpacked = unpacked_group8(scratch.data(), m.cols);
+  for (int64_t row = first_row; row < last_row; row += 16) {
+    kUnpack(m.weights + size_t(row) * m.weight_stride, m.cols, unpacked);
+    for (int r0 = 0; r0 < 16; r0 += kRows) {
+      UnpackedRow8 w[kRows];
+      for (int r = 0; r < kRows; ++r)
+        w[r] = {reinterpret_cast<uint8_t*>(unpacked.quads + r0 + r), unpacked.scale + r0 + r,
+                unpacked.min + r0 + r};
+      int64_t first = 0;
+      for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
+        rows_against_tiles<32, kMins, kOffsetShift, kRows, 2, 16>(m, w, row + r0, first);
+      if (first < m.n_tokens)
+        rows_against_tiles<32, kMins, kOffsetShift, kRows, 1, 16>(m, w, row + r0, first);
+    }
+  }
+}
+
 }  // namespace
 
 void fill_avx512_lanes8_kernels(KernelTable& table) {
@@ -364,6 +494,10 @@ void fill_avx512_lanes8_kernels(KernelTable& table) {
       return lanes8_rows<V::group, V::mins, V::offset_shift>;
     });
   table.build_tile8 = build_q8_tile_avx512;
+  // Offsets as row_unpacker8's for the base formats: Q8_0 128, Q5_0 16, Q4_K none (mins).
+  table.group_lanes8[size_t(DType::Q8_0)] = lanes8_groups<unpack8_group_q8_0, false, 7>;
+  table.group_lanes8[size_t(DType::Q5_0)] = lanes8_groups<unpack8_group_q5_0, false, 4>;
+  table.group_lanes8[size_t(DType::Q4_K)] = lanes8_groups<unpack8_group_q4_k, true, 0>;
 }
 
 }  // namespace tandem::cpu

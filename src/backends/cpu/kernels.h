@@ -101,6 +101,9 @@ struct KernelTable {
   // Int16 only, indexed like group_dots: the token-lanes path reading interleaved groups (rows a
   // multiple of 16); nullptr: groups are taken apart for the plain lanes path.
   LanesRowsFn group_lanes[kDTypeSlots] = {};
+  // The same for the Int8 token-lanes path (gemm_q8.h's tiles); nullptr: a task's groups are taken
+  // apart for the plain 8-bit kernel.
+  LanesRowsFn group_lanes8[kDTypeSlots] = {};
   // Every level has these four.
   KeyScores16Fn key_scores_16 = nullptr;
   WeightedSums64Fn weighted_sums_64 = nullptr;

@@ -121,14 +121,31 @@ struct ReadyMatmul {
   float* output = nullptr;
 };
 
+// Whether a matmul of `args`' token count and kernel choice takes the token-lanes path at
+// `precision` (where the format has such a kernel).
+bool takes_lanes(const MatmulArgs& args, ActPrecision precision) {
+  switch (args.kernels) {
+    case KernelChoice::PerToken:
+      return false;
+    case KernelChoice::Tiled:
+      return true;
+    case KernelChoice::ByTokenCount:
+      break;
+  }
+  return args.n_tokens >= (precision == ActPrecision::Int8 ? kLanes8MinTokens : kLanesMinTokens);
+}
+
 // The precision a matmul runs at: as asked, except that an Int8 matmul of an interleaved format
-// runs the 16-bit kernels that read whole groups where the level has them: there are no 8-bit
-// ones, and taking the groups apart for 8-bit kernels costs more than the 8 bits save (decode at
-// half the speed, prompts at a third).
+// by row dots runs the 16-bit kernels that read whole groups where the level has them: there are
+// no 8-bit ones, and taking each group apart for 8-bit row dots costs more than the 8 bits save
+// (decode at half the speed). On the token-lanes path the groups of a task's rows are taken apart
+// once for all its tokens (run_interleaved_rows), so the 8-bit kernels keep their lead there
+// (matmul_bench "prompt/": 18.5 us a token at 16 bits, 11 at 8).
 ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
   const size_t base = size_t(dtype_info(args.weight_type).base);
   if (args.precision == ActPrecision::Int8 && base != size_t(args.weight_type) &&
-      (table.group_dots[base] || table.group_lanes[base]))
+      (table.group_dots[base] || table.group_lanes[base]) &&
+      !(table.lanes8[base] && takes_lanes(args, ActPrecision::Int8)))
     return ActPrecision::Int16;
   return args.precision;
 }
@@ -143,16 +160,9 @@ struct LanesPath {
 };
 
 LanesPath lanes_path(const KernelTable& table, const MatmulArgs& args) {
-  const bool int8 = precision_of(table, args) == ActPrecision::Int8;
-  switch (args.kernels) {
-    case KernelChoice::PerToken:
-      return {};
-    case KernelChoice::Tiled:
-      break;
-    case KernelChoice::ByTokenCount:
-      if (args.n_tokens < (int8 ? kLanes8MinTokens : kLanesMinTokens)) return {};
-      break;
-  }
+  const ActPrecision precision = precision_of(table, args);
+  const bool int8 = precision == ActPrecision::Int8;
+  if (!takes_lanes(args, precision)) return {};
   const size_t base = size_t(dtype_info(args.weight_type).base);
   if (int8) {
     if (!table.lanes8[base]) return {};
@@ -259,13 +269,15 @@ ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
       ready.tiles = tiles;
     }
   }
-  // The kernels that read interleaved groups whole are 16-bit (precision_of sends an Int8 matmul
-  // of an interleaved format to them where the level has them); elsewhere the groups are taken
-  // apart into plain rows.
-  if (act != ActKind::F32 && row_type != args.weight_type &&
-      precision_of(table, args) == ActPrecision::Int16) {
-    if (ready.lanes) ready.group_lanes = table.group_lanes[size_t(row_type)];
-    else ready.group_dot = table.group_dots[size_t(row_type)];
+  // Interleaved formats: the kernels that read groups whole where the level has them (16-bit row
+  // dots, which precision_of sends an Int8 matmul by row dots to, and token lanes at either
+  // precision); elsewhere the groups are taken apart into plain rows.
+  if (act != ActKind::F32 && row_type != args.weight_type) {
+    const bool int8 = precision_of(table, args) == ActPrecision::Int8;
+    if (ready.lanes)
+      ready.group_lanes = (int8 ? table.group_lanes8 : table.group_lanes)[size_t(row_type)];
+    else if (!int8)
+      ready.group_dot = table.group_dots[size_t(row_type)];
   }
   return ready;
 }
@@ -306,9 +318,10 @@ void run_plain_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
 }
 
 // Rows [first, last) of an interleaved matrix (multiples of 16): by the kernels that read groups
-// where the level has them, else each group taken apart into 16 plain rows in a scratch buffer
-// that the plain kernels then run on (the output pointer moved so that the scratch's row 0 lands
-// on the group's first row).
+// where the level has them, else taken apart into plain rows in a scratch buffer that the plain
+// kernels then run on (the output pointer moved so that the scratch's row 0 lands on the first
+// row): on the token-lanes path all of the task's rows at once, so that each token tile passes
+// over as many rows as with the plain format; by row dots a group at a time.
 void run_interleaved_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   constexpr int64_t kGroup = 16;
   if (m.group_lanes) {
@@ -319,6 +332,19 @@ void run_interleaved_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   }
   const size_t plain_stride = row_bytes(m.row_type, uint64_t(m.cols));
   thread_local AlignedBuffer plain;
+  if (m.lanes) {
+    const size_t bytes = size_t(last - first) * plain_stride;
+    if (plain.size() < bytes) plain = AlignedBuffer(bytes);
+    for (int64_t row = first; row < last; row += kGroup)
+      take_apart_rows(m.type, m.weights + size_t(row) * m.weight_stride, m.cols,
+                      plain.data() + size_t(row - first) * plain_stride);
+    LanesMatmul args = lanes_args(m);
+    args.weights = plain.data();
+    args.weight_stride = plain_stride;
+    args.output = m.output + first;
+    m.lanes(args, 0, last - first);
+    return;
+  }
   if (!m.group_dot && plain.size() < kGroup * plain_stride) plain = AlignedBuffer(kGroup * plain_stride);
   for (int64_t row = first; row < last; row += kGroup) {
     const uint8_t* group = m.weights + size_t(row) * m.weight_stride;
