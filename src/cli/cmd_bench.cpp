@@ -141,7 +141,7 @@ void register_bench(CLI::App& app) {
                 "(alternating with them), and with the same start warm");
   add_device_options(cmd, o->engine);
   add_thread_options(cmd, o->engine);
-  add_mlock_option(cmd, o->engine);
+  add_load_options(cmd, o->engine);
   add_precision_option(cmd, o->engine);
   add_spread_option(cmd, o->engine);
   cmd->callback([o] {

@@ -12,8 +12,8 @@ namespace tandem::cli {
 void add_engine_options(CLI::App* cmd, EngineOptions& options);
 // --no-pin (part of add_engine_options).
 void add_thread_options(CLI::App* cmd, EngineOptions& options);
-// --mlock (part of add_engine_options).
-void add_mlock_option(CLI::App* cmd, EngineOptions& options);
+// --mlock and --repack (part of add_engine_options).
+void add_load_options(CLI::App* cmd, EngineOptions& options);
 // --devices and --rules (part of add_engine_options).
 void add_device_options(CLI::App* cmd, EngineOptions& options);
 // --spread and --rank-timeout: commands that run over several ranks (mpirun).

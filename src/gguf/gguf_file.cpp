@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include "core/error.h"
+#include "core/fnv_hash.h"
 #include "core/progress.h"
 #include "gguf/gguf_parse.h"
 
@@ -299,6 +302,20 @@ double GgufFile::get_number_or(std::string_view key, double fallback) const {
 
 bool GgufFile::get_bool_or(std::string_view key, bool fallback) const {
   return find(key) ? get_bool(key) : fallback;
+}
+
+uint64_t GgufFile::header_fingerprint() const {
+  uint64_t header_bytes = total_file_bytes();
+  for (const TensorInfo& t : tensors())
+    if (t.file_index == 0) header_bytes = std::min(header_bytes, t.file_offset);
+  std::ifstream in(paths().front(), std::ios::binary);
+  std::vector<char> header(size_t(std::min<uint64_t>(header_bytes, uint64_t(64) << 20)));
+  if (!in.read(header.data(), std::streamsize(header.size())))
+    fail("{}: cannot read its header back", name());
+  Fnv1a hash;
+  hash.mix(total_file_bytes());
+  hash.mix_bytes(std::string_view(header.data(), header.size()));
+  return hash.value();
 }
 
 }  // namespace tandem::gguf

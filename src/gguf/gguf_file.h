@@ -91,6 +91,10 @@ class GgufFile {
   const TensorInfo* find_tensor(std::string_view name) const;
 
   uint64_t total_file_bytes() const { return total_file_bytes_; }
+  // The file's size and its first part's header (metadata and tensor index, up to the first
+  // tensor's data) hashed (FNV-1a): what tells two copies of one model apart from two models
+  // (ranks of a run check they hold the same; a repacked copy remembers its source's).
+  uint64_t header_fingerprint() const;
 
   // Locks every part in RAM (--mlock), with a progress line on stderr while pages are read.
   // Returns the system's reason when the lock fails part-way (what was locked stays locked);

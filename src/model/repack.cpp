@@ -1,7 +1,13 @@
 #include "model/repack.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <regex>
 #include <vector>
 
@@ -15,8 +21,39 @@ namespace tandem {
 namespace {
 
 constexpr int64_t kGroupRows = 16;
-// Metadata key that marks a repacked file (and says what was done, for `tandem inspect`).
+// Metadata key that marks a repacked file (and says what was done, for `tandem inspect`), and
+// the one that records its source's header fingerprint (hex), for --repack's cache.
 constexpr std::string_view kRepackedKey = "tandem.repacked";
+constexpr std::string_view kSourceKey = "tandem.repacked.source";
+
+std::string fingerprint_text(const gguf::GgufFile& file) {
+  return fmt::format("{:016x}", file.header_fingerprint());
+}
+
+// Where --repack keeps the copy of `model`: beside it, then the user's cache folder.
+std::vector<std::filesystem::path> copy_places(const std::filesystem::path& model) {
+  const std::string name = model.stem().string() + ".tandem-r16.gguf";
+  std::vector<std::filesystem::path> places = {
+      model.parent_path().empty() ? std::filesystem::path(name) : model.parent_path() / name};
+  std::filesystem::path cache;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    cache = xdg;
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    cache = std::filesystem::path(home) / ".cache";
+  if (!cache.empty()) places.push_back(cache / "tandem" / name);
+  return places;
+}
+
+// Whether `path` is a repacked copy of the file whose fingerprint is `source`.
+bool is_copy_of(const std::filesystem::path& path, const std::string& source) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  try {
+    return gguf::GgufFile::open(path.string()).get_string_or(kSourceKey, "") == source;
+  } catch (const Error&) {
+    return false;  // damaged or not a GGUF: made again
+  }
+}
 
 bool interleaves(const gguf::TensorInfo& t) {
   if (!has_interleaved_format(t.type) || t.shape.size() < 2) return false;
@@ -25,7 +62,7 @@ bool interleaves(const gguf::TensorInfo& t) {
 
 // Split-file bookkeeping describes the input's parts, not the single output file.
 bool copied_key(std::string_view key) {
-  return !key.starts_with("split.") && key != kRepackedKey;
+  return !key.starts_with("split.") && key != kRepackedKey && key != kSourceKey;
 }
 
 }  // namespace
@@ -56,6 +93,7 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
   out.add_metadata(std::string(kRepackedKey),
                    gguf::Value::string("Q8_0, Q5_0 and Q4_K matrices with 16 rows "
                                        "interleaved (*_R16) for the CPU decode kernels"));
+  out.add_metadata(std::string(kSourceKey), gguf::Value::string(fingerprint_text(in)));
   RepackSummary summary;
   uint64_t total_bytes = 0;
   std::vector<bool> interleave_tensor;  // [tensor], decided once for the header and the data
@@ -106,6 +144,50 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
   summary.file_bytes = out.bytes_written();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
+}
+
+RepackedCopy repacked_copy(const std::string& model_path, ThreadPool& pool, bool show_progress) {
+  const gguf::GgufFile model = gguf::GgufFile::open(model_path);
+  if (model.find(kRepackedKey)) return {.path = model_path};
+  const std::string source = fingerprint_text(model);
+  const std::vector<std::filesystem::path> places = copy_places(model_path);
+  for (const std::filesystem::path& place : places)
+    if (is_copy_of(place, source)) return {.path = place.string()};
+  // About the model's size (Q4_K matrices grow 2.8%), and some room left over.
+  const uint64_t need =
+      model.total_file_bytes() + model.total_file_bytes() / 20 + (uint64_t(1) << 30);
+  std::vector<std::string> refused;
+  for (const std::filesystem::path& place : places) {
+    std::error_code ec;
+    const std::filesystem::path folder = place.parent_path().empty() ? "." : place.parent_path();
+    std::filesystem::create_directories(folder, ec);
+    if (::access(folder.c_str(), W_OK) != 0) {
+      refused.push_back(fmt::format("{} is not writable", folder.string()));
+      continue;
+    }
+    const std::filesystem::space_info space = std::filesystem::space(folder, ec);
+    if (!ec && space.available < need) {
+      refused.push_back(fmt::format("{} has {} free, the copy needs about {}", folder.string(),
+                                    format_bytes(space.available), format_bytes(need)));
+      continue;
+    }
+    // Written under a name of this process's own, then renamed in one step: another run (a rank
+    // on the same machine) loads a whole copy or makes its own.
+    const std::string partial = fmt::format("{}.partial-{}", place.string(), ::getpid());
+    RepackedCopy copy{.path = place.string(), .made = true};
+    copy.summary = repack_model(
+        {.input_path = model_path, .output_path = partial, .show_progress = show_progress}, pool);
+    std::filesystem::rename(partial, place, ec);
+    if (ec) {
+      std::filesystem::remove(partial, ec);
+      fail("--repack: cannot move the copy into place as {}: {}", place.string(), ec.message());
+    }
+    return copy;
+  }
+  fail(
+      "--repack: no place for the repacked copy of {} ({}); free some space, or repack it "
+      "yourself with `tandem repack {} OUT.gguf` and run OUT.gguf",
+      model_path, fmt::join(refused, "; "), model_path);
 }
 
 }  // namespace tandem

@@ -32,7 +32,22 @@ struct RepackSummary {
 bool is_repackable_matrix(std::string_view name);
 
 // Throws tandem::Error naming the file and the problem (unreadable input, output that cannot be
-// written, input that is already repacked); an interrupted run leaves no output file.
+// written, input that is already repacked); an interrupted run leaves no output file. The copy
+// records its input's GgufFile::header_fingerprint (metadata tandem.repacked.source).
 RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool);
+
+// `--repack`: the repacked copy a run loads instead of the model at `model_path`, so that a GGUF
+// as downloaded gets the interleaved kernels' decode speed with no offline step. Kept beside the
+// model as NAME.tandem-r16.gguf (or, where that folder is not writable, in
+// $XDG_CACHE_HOME/tandem or ~/.cache/tandem): reused while its recorded source matches the
+// model's size and header, else made (again) first, with progress, through a temporary name so
+// that concurrent runs never load half a file. A model that is repacked already is its own copy.
+// Throws tandem::Error naming the fix when no folder has room or can be written.
+struct RepackedCopy {
+  std::string path;
+  bool made = false;      // written by this call
+  RepackSummary summary;  // when made
+};
+RepackedCopy repacked_copy(const std::string& model_path, ThreadPool& pool, bool show_progress);
 
 }  // namespace tandem

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -23,6 +22,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
+#include "model/repack.h"
 #include "plan/hardware.h"
 #include "runtime/device_setup.h"
 #include "runtime/kv_cache.h"
@@ -33,22 +33,6 @@
 
 namespace tandem {
 namespace {
-
-// What every rank must agree on before loading: the first part's size and its header (metadata
-// and tensor index, up to the first tensor's data), hashed (FNV-1a).
-uint64_t model_file_fingerprint(const gguf::GgufFile& file) {
-  uint64_t header_bytes = file.total_file_bytes();
-  for (const gguf::TensorInfo& t : file.tensors())
-    if (t.file_index == 0) header_bytes = std::min(header_bytes, t.file_offset);
-  std::ifstream in(file.paths().front(), std::ios::binary);
-  std::vector<char> header(size_t(std::min<uint64_t>(header_bytes, uint64_t(64) << 20)));
-  if (!in.read(header.data(), std::streamsize(header.size())))
-    fail("{}: cannot read its header back", file.name());
-  Fnv1a hash;
-  hash.mix(file.total_file_bytes());
-  hash.mix_bytes(std::string_view(header.data(), header.size()));
-  return hash.value();
-}
 
 // Which rank runs each part, hashed (FNV-1a over its 32-bit values): ranks that planned alike
 // agree on it.
@@ -123,16 +107,43 @@ Engine::Engine(const EngineOptions& options) {
   }
 }
 
+// --repack: the model's repacked copy (model/repack.h) in place of the file, made first if need
+// be. Each rank keeps its own machine's copy (the ranks compared the models themselves already).
+void Engine::use_repacked_copy(const std::string& model_path) {
+  if (cpu::best_cpu_isa() != cpu::CpuIsa::Avx512) {
+    if (rank() == 0)
+      std::fprintf(stderr,
+                   "tandem: --repack: this CPU has no AVX-512, where the interleaved kernels run "
+                   "slower than the file's own; running %s as it is\n",
+                   model_path.c_str());
+    return;
+  }
+  ThreadPool pool(n_threads_);
+  const RepackedCopy copy = repacked_copy(model_path, pool, /*show_progress=*/rank() == 0);
+  if (copy.path == model_path) return;  // repacked already
+  if (copy.made)
+    std::fprintf(stderr,
+                 "tandem: --repack: wrote %s (%d of %d tensors interleaved, %s) in %.1f s; later "
+                 "runs load it directly\n",
+                 copy.path.c_str(), copy.summary.n_interleaved, copy.summary.n_tensors,
+                 format_bytes(copy.summary.file_bytes).c_str(), copy.summary.seconds);
+  else if (rank() == 0)
+    std::fprintf(stderr, "tandem: --repack: loading %s, the repacked copy of %s\n",
+                 copy.path.c_str(), model_path.c_str());
+  file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(copy.path));
+}
+
 void Engine::load(const EngineOptions& options, Spread spread,
                   std::chrono::steady_clock::time_point start) {
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
   if (transport_)
-    check_same_on_every_rank(*transport_, model_file_fingerprint(*file_),
+    check_same_on_every_rank(*transport_, file_->header_fingerprint(),
                              fmt::format("{}'s size and header", options.model_path),
                              "every machine must hold the same file");
   const ModelInfo file_info = read_model_info(*file_);  // refuses an unknown architecture
 
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
+  if (options.repack) use_repacked_copy(options.model_path);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_info.n_ctx_train);
   DevicePlan devices;
   // "auto" on a machine without GPUs is a CPU run, without planning.

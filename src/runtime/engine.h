@@ -40,6 +40,7 @@ struct EngineOptions {
   std::string rules;            // rule file pinning weight groups to devices (with --devices)
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
   bool mlock = false;           // lock the model file in RAM so it is never paged out
+  bool repack = false;          // load the model's repacked copy (model/repack.h), made if need be
   bool pin_threads = true;      // each CPU thread on its own physical core (thread_pool.h)
   // Under `mpirun -np N` (N > 1): how the model is divided between the ranks (rank_spread.h:
   // "plan", "pipeline", "experts", "mixed"; empty: plan where the ranks have devices to plan
@@ -166,6 +167,7 @@ class Engine {
 
  private:
   // The constructor's work once the transport is open.
+  void use_repacked_copy(const std::string& model_path);
   void load(const EngineOptions& options, Spread spread,
             std::chrono::steady_clock::time_point start);
   // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).

@@ -110,6 +110,60 @@ TEST_F(CliTest, RepackInterleavesTheMatricesAndTheCopyRuns) {
   EXPECT_NE(self.output.find("overwrite the input"), std::string::npos) << self.output;
 }
 
+// The generated text of a `run`: its first line that is not a note (stderr is merged).
+std::string generated_text(const std::string& output) {
+  size_t start = 0;
+  while (start < output.size()) {
+    const size_t end = std::min(output.find('\n', start), output.size());
+    const std::string line = output.substr(start, end - start);
+    if (!line.starts_with("tandem:") && !line.starts_with("repacking ")) return line;
+    start = end + 1;
+  }
+  return "";
+}
+
+// `--repack`: the first run writes the repacked copy beside the model and loads it, the next
+// loads it directly (the same tokens as the copy run by name), a changed model gets a new copy,
+// and a CPU without AVX-512 runs the file as it is (no copy).
+TEST_F(CliTest, RepackFlagMakesTheCopyOnceAndReusesItWhileTheModelIsUnchanged) {
+  const std::filesystem::path model = dir_ / "model.gguf";
+  const std::filesystem::path copy = dir_ / "model.tandem-r16.gguf";
+  std::filesystem::copy_file(test::fixture("small-v3-Q4_K_M.gguf"), model);
+  const std::string args = "run --temp 0 -n 8 -p 'Hello there' --repack " + model.string();
+  ::setenv("TANDEM_ISA", "avx2", 1);
+  const Result plain = run(args);
+  ::unsetenv("TANDEM_ISA");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("this CPU has no AVX-512"), std::string::npos) << plain.output;
+  EXPECT_FALSE(std::filesystem::exists(copy));
+
+  const Result first = run(args);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  if (first.output.find("this CPU has no AVX-512") != std::string::npos)
+    GTEST_SKIP() << "no AVX-512 here: --repack makes no copy";
+  EXPECT_NE(first.output.find("--repack: wrote " + copy.string()), std::string::npos)
+      << first.output;
+  const Result inspect = run("inspect --json " + copy.string());
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_TRUE(nlohmann::json::parse(inspect.output)["formats"].contains("Q4_K_R16"));
+  const Result second = run(args);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("--repack: loading " + copy.string()), std::string::npos)
+      << second.output;
+  EXPECT_EQ(second.output.find("--repack: wrote"), std::string::npos) << second.output;
+  const Result by_name = run("run --temp 0 -n 8 -p 'Hello there' " + copy.string());
+  EXPECT_EQ(generated_text(second.output), generated_text(by_name.output));
+  EXPECT_EQ(generated_text(first.output), generated_text(by_name.output));
+
+  // Another model under the same name: a copy of its own.
+  std::filesystem::remove(model);
+  std::filesystem::copy_file(test::fixture("small-v2-Q4_K_M.gguf"), model);
+  const Result changed = run(args);
+  ASSERT_EQ(changed.exit_code, 0) << changed.output;
+  EXPECT_NE(changed.output.find("--repack: wrote " + copy.string()), std::string::npos)
+      << changed.output;
+}
+
 TEST_F(CliTest, CorruptFileIsAOneLineErrorNamingTheFile) {
   const std::string path = (dir_ / "bad.gguf").string();
   std::ofstream(path) << "GGUF\x03garbage";
