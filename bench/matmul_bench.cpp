@@ -174,15 +174,13 @@ void bm_matmul(benchmark::State& state, DType type, ActPrecision precision, Shap
 void bm_tokens(benchmark::State& state, DType type, ActPrecision precision, int64_t n_tokens,
                int n_threads) {
   const Shape shape = {1408, 2048, "expert_up"};
-  const size_t bytes = size_t(shape.rows) * row_bytes(type, uint64_t(shape.cols));
-  AlignedBuffer weights(bytes);
-  fill_weights(type, weights.data(), bytes);
+  const uint8_t* weights = weights_for(type, shape).buffer.data();  // its first copy only
   ThreadPool& pool = pool_of(n_threads);
   std::vector<float> x(size_t(shape.cols * n_tokens)), y(size_t(shape.rows * n_tokens));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
   for (auto _ : state) {
     matmul({.weight_type = type,
-            .weights = weights.data(),
+            .weights = weights,
             .rows = shape.rows,
             .cols = shape.cols,
             .input = x.data(),
@@ -217,33 +215,6 @@ void bm_triad(benchmark::State& state, int n_threads) {
   }
   state.counters["GB/s"] = benchmark::Counter(
       3.0 * 4.0 * double(n) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
-}
-
-// A prompt chunk's product: `n_tokens` tokens against one expert-shaped matrix (cache-resident
-// after the first pass), microseconds per token; interleaved formats beside their base format.
-void bm_prompt(benchmark::State& state, DType type, ActPrecision precision, int64_t n_tokens,
-               int n_threads) {
-  const Shape shape = {1408, 2048, "expert_up"};
-  const Weights& weights = weights_for(type, shape);
-  ThreadPool& pool = pool_of(n_threads);
-  std::vector<float> x(size_t(shape.cols * n_tokens)), y(size_t(shape.rows * n_tokens));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
-  for (auto _ : state) {
-    matmul({.weight_type = type,
-            .weights = weights.buffer.data(),
-            .rows = shape.rows,
-            .cols = shape.cols,
-            .input = x.data(),
-            .n_tokens = n_tokens,
-            .output = y.data(),
-            .precision = precision},
-           pool);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["us/token"] =
-      benchmark::Counter(double(n_tokens) * double(state.iterations()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void register_all() {
@@ -281,7 +252,7 @@ void register_all() {
         const std::string name = "prompt/" + std::string(dtype_name(type)) +
                                  (precision == ActPrecision::Int16 ? "/int16" : "/int8") +
                                  "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:2";
-        benchmark::RegisterBenchmark(name.c_str(), bm_prompt, type, precision, n_tokens, 2)
+        benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, n_tokens, 2)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

@@ -51,10 +51,11 @@ void add_load_options(CLI::App* cmd, EngineOptions& options) {
                 "load the model's copy with its Q8_0/Q5_0/Q4_K matrices stored 16 rows together "
                 "(as `tandem repack` writes it), which AVX-512 CPUs decode faster and prompt as "
                 "fast: made on first use beside the model as NAME.tandem-r16.gguf (about the "
-                "model's size; ~1 minute per 10 GB, with progress), or in ~/.cache/tandem where "
-                "that folder is not writable, and reused while the model is unchanged. Without "
-                "AVX-512 it says so and runs the file as it is. (A copy in memory only, without "
-                "the file, is not built yet.)");
+                "model's size; ~1 minute per 10 GB, with progress; one run at a time), or in "
+                "$XDG_CACHE_HOME/tandem or ~/.cache/tandem where that folder is not writable or "
+                "full, and reused while the model's size and header match the ones it recorded. "
+                "Without AVX-512 it says so and runs the file as it is. (A copy in memory only, "
+                "without the file, is not built yet.)");
 }
 
 void add_device_options(CLI::App* cmd, EngineOptions& options) {

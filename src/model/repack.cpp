@@ -1,7 +1,9 @@
 #include "model/repack.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,17 +24,21 @@ namespace {
 
 constexpr int64_t kGroupRows = 16;
 // Metadata key that marks a repacked file (and says what was done, for `tandem inspect`), and
-// the one that records its source's header fingerprint (hex), for --repack's cache.
+// the one that records what it was made from, for --repack's cache: this layout's version and
+// the source's header fingerprint (a copy by another layout, or of another file, is made again).
 constexpr std::string_view kRepackedKey = "tandem.repacked";
 constexpr std::string_view kSourceKey = "tandem.repacked.source";
 
-std::string fingerprint_text(const gguf::GgufFile& file) {
-  return fmt::format("{:016x}", file.header_fingerprint());
+std::string source_text(const gguf::GgufFile& file) {
+  return fmt::format("r16v1:{:016x}", file.header_fingerprint());
 }
 
-// Where --repack keeps the copy of `model`: beside it, then the user's cache folder.
-std::vector<std::filesystem::path> copy_places(const std::filesystem::path& model) {
-  const std::string name = model.stem().string() + ".tandem-r16.gguf";
+// Where --repack keeps the copy of `model`: beside it, then the user's cache folder (there named
+// with the source's fingerprint too: models of one name from different folders meet there).
+std::vector<std::filesystem::path> copy_places(const std::filesystem::path& model,
+                                               const std::string& source) {
+  const std::string stem = model.stem().string();
+  const std::string name = stem + ".tandem-r16.gguf";
   std::vector<std::filesystem::path> places = {
       model.parent_path().empty() ? std::filesystem::path(name) : model.parent_path() / name};
   std::filesystem::path cache;
@@ -40,16 +46,47 @@ std::vector<std::filesystem::path> copy_places(const std::filesystem::path& mode
     cache = xdg;
   else if (const char* home = std::getenv("HOME"); home && *home)
     cache = std::filesystem::path(home) / ".cache";
-  if (!cache.empty()) places.push_back(cache / "tandem" / name);
+  if (!cache.empty())
+    places.push_back(cache / "tandem" /
+                     (stem + "-" + source.substr(source.size() - 8) + ".tandem-r16.gguf"));
   return places;
 }
 
-// Whether `path` is a repacked copy of the file whose fingerprint is `source`.
+// An exclusive lock on a file (created if need be), held until destroyed: one run at a time makes
+// a place's copy; the others wait for it and load it. The system drops it if the process dies.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path)
+      : fd_(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) fail("--repack: cannot open the lock file {}", path);
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) fail("--repack: cannot lock {}", path);
+  }
+  ~FileLock() { ::close(fd_); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// Partial copies of `place` that a run killed while writing left behind (no writer holds the
+// place's lock but the caller).
+void remove_partial_copies(const std::filesystem::path& place) {
+  std::error_code ec;
+  const std::string prefix = place.filename().string() + ".partial-";
+  const std::filesystem::path folder = place.parent_path().empty() ? "." : place.parent_path();
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec))
+    if (entry.path().filename().string().starts_with(prefix))
+      std::filesystem::remove(entry.path(), ec);
+}
+
+// Whether `path` is a repacked copy of the file whose source_text is `source`.
 bool is_copy_of(const std::filesystem::path& path, const std::string& source) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
   try {
-    return gguf::GgufFile::open(path.string()).get_string_or(kSourceKey, "") == source;
+    return repacked_source(gguf::GgufFile::open(path.string())) == source;
   } catch (const Error&) {
     return false;  // damaged or not a GGUF: made again
   }
@@ -66,6 +103,10 @@ bool copied_key(std::string_view key) {
 }
 
 }  // namespace
+
+std::string repacked_source(const gguf::GgufFile& file) {
+  return file.get_string_or(kSourceKey, "");
+}
 
 bool is_repackable_matrix(std::string_view name) {
   // Tensors used only as the weight of a matmul (the architectures bind them with
@@ -93,7 +134,7 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
   out.add_metadata(std::string(kRepackedKey),
                    gguf::Value::string("Q8_0, Q5_0 and Q4_K matrices with 16 rows "
                                        "interleaved (*_R16) for the CPU decode kernels"));
-  out.add_metadata(std::string(kSourceKey), gguf::Value::string(fingerprint_text(in)));
+  out.add_metadata(std::string(kSourceKey), gguf::Value::string(source_text(in)));
   RepackSummary summary;
   uint64_t total_bytes = 0;
   std::vector<bool> interleave_tensor;  // [tensor], decided once for the header and the data
@@ -146,17 +187,18 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
   return summary;
 }
 
-RepackedCopy repacked_copy(const std::string& model_path, ThreadPool& pool, bool show_progress) {
+RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool show_progress) {
   const gguf::GgufFile model = gguf::GgufFile::open(model_path);
   if (model.find(kRepackedKey)) return {.path = model_path};
-  const std::string source = fingerprint_text(model);
-  const std::vector<std::filesystem::path> places = copy_places(model_path);
+  const std::string source = source_text(model);
+  const std::vector<std::filesystem::path> places = copy_places(model_path, source);
   for (const std::filesystem::path& place : places)
-    if (is_copy_of(place, source)) return {.path = place.string()};
+    if (is_copy_of(place, source)) return {.path = place.string(), .source = source};
   // About the model's size (Q4_K matrices grow 2.8%), and some room left over.
   const uint64_t need =
       model.total_file_bytes() + model.total_file_bytes() / 20 + (uint64_t(1) << 30);
   std::vector<std::string> refused;
+  bool short_of_space = false;
   for (const std::filesystem::path& place : places) {
     std::error_code ec;
     const std::filesystem::path folder = place.parent_path().empty() ? "." : place.parent_path();
@@ -165,16 +207,21 @@ RepackedCopy repacked_copy(const std::string& model_path, ThreadPool& pool, bool
       refused.push_back(fmt::format("{} is not writable", folder.string()));
       continue;
     }
+    // One run at a time per place: a rank on the same machine that comes second finds the copy
+    // made. Written under a name of this process's own, then renamed in one step.
+    const FileLock lock(place.string() + ".lock");
+    if (is_copy_of(place, source)) return {.path = place.string(), .source = source};
+    remove_partial_copies(place);
     const std::filesystem::space_info space = std::filesystem::space(folder, ec);
     if (!ec && space.available < need) {
       refused.push_back(fmt::format("{} has {} free, the copy needs about {}", folder.string(),
                                     format_bytes(space.available), format_bytes(need)));
+      short_of_space = true;
       continue;
     }
-    // Written under a name of this process's own, then renamed in one step: another run (a rank
-    // on the same machine) loads a whole copy or makes its own.
     const std::string partial = fmt::format("{}.partial-{}", place.string(), ::getpid());
-    RepackedCopy copy{.path = place.string(), .made = true};
+    RepackedCopy copy{.path = place.string(), .source = source, .made = true};
+    ThreadPool pool(n_threads);
     copy.summary = repack_model(
         {.input_path = model_path, .output_path = partial, .show_progress = show_progress}, pool);
     std::filesystem::rename(partial, place, ec);
@@ -185,9 +232,10 @@ RepackedCopy repacked_copy(const std::string& model_path, ThreadPool& pool, bool
     return copy;
   }
   fail(
-      "--repack: no place for the repacked copy of {} ({}); free some space, or repack it "
-      "yourself with `tandem repack {} OUT.gguf` and run OUT.gguf",
-      model_path, fmt::join(refused, "; "), model_path);
+      "--repack: no place for the repacked copy of {} ({}); {}, or repack it yourself with "
+      "`tandem repack {} OUT.gguf` and run OUT.gguf",
+      model_path, fmt::join(refused, "; "),
+      short_of_space ? "free some space" : "make the model's folder writable", model_path);
 }
 
 }  // namespace tandem

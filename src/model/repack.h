@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/thread_pool.h"
+#include "gguf/gguf_file.h"
 
 namespace tandem {
 
@@ -40,14 +41,19 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool);
 // as downloaded gets the interleaved kernels' decode speed with no offline step. Kept beside the
 // model as NAME.tandem-r16.gguf (or, where that folder is not writable, in
 // $XDG_CACHE_HOME/tandem or ~/.cache/tandem): reused while its recorded source matches the
-// model's size and header, else made (again) first, with progress, through a temporary name so
-// that concurrent runs never load half a file. A model that is repacked already is its own copy.
-// Throws tandem::Error naming the fix when no folder has room or can be written.
+// model's size and header (and this version's layout), else made (again) first, with progress,
+// one run at a time (a lock file beside it; runs killed while writing leave partial files that
+// the next one removes), through a temporary name so that no run loads half a file. A model that is
+// repacked already is its own copy. Throws tandem::Error naming the fix when no folder has room or
+// can be written.
 struct RepackedCopy {
   std::string path;
-  bool made = false;      // written by this call
+  std::string source;     // what the copy records of its source (empty: the model itself)
+  bool made = false;      // written by this call (on `n_threads` threads)
   RepackSummary summary;  // when made
 };
-RepackedCopy repacked_copy(const std::string& model_path, ThreadPool& pool, bool show_progress);
+RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool show_progress);
+// What a file records of the model it was repacked from (empty for any other file).
+std::string repacked_source(const gguf::GgufFile& file);
 
 }  // namespace tandem

@@ -819,21 +819,14 @@ void Planner::place_experts_on_gpus() {
 }
 
 void Planner::place_layers_on_hosts() {
-  std::vector<uint32_t> free_layers;  // layers whose attention is not pinned
+  const std::vector<uint32_t> layers = free_layers();  // pinned layers' groups placed
   uint64_t total = 0, ram = 0;
-  for (uint32_t l = 0; l < inv_.n_layers; ++l) {
-    if (p_.layer_device[l] != kUnplaced) {
-      for (size_t g : layer_hot_[l])
-        if (p_.group_device[g] == kUnplaced && !put(g, p_.layer_device[l])) put_on_host(g);
-      continue;
-    }
-    free_layers.push_back(l);
+  for (uint32_t l : layers)
     total += unplaced_hot_bytes(l) + kv_per_layer_[l] + unplaced_expert_bytes(l);
-  }
   const std::vector<int32_t> hosts = usable_hosts();
   std::vector<double> weight;
   for (int32_t h : hosts) weight.push_back(double(room(h))), ram += room(h);
-  split_layers(free_layers, hosts, weight, total <= ram);
+  split_layers(layers, hosts, weight, total <= ram);
   place_output_and_embeddings();
 }
 

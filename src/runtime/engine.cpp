@@ -118,8 +118,7 @@ void Engine::use_repacked_copy(const std::string& model_path) {
                    model_path.c_str());
     return;
   }
-  ThreadPool pool(n_threads_);
-  const RepackedCopy copy = repacked_copy(model_path, pool, /*show_progress=*/rank() == 0);
+  const RepackedCopy copy = repacked_copy(model_path, n_threads_, /*show_progress=*/rank() == 0);
   if (copy.path == model_path) return;  // repacked already
   if (copy.made)
     std::fprintf(stderr,
@@ -131,6 +130,10 @@ void Engine::use_repacked_copy(const std::string& model_path) {
     std::fprintf(stderr, "tandem: --repack: loading %s, the repacked copy of %s\n",
                  copy.path.c_str(), model_path.c_str());
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(copy.path));
+  // Another run may have put another copy in its place since it was checked.
+  if (repacked_source(*file_) != copy.source)
+    fail("--repack: {} changed while it was being opened (another run replaced it); run again",
+         copy.path);
 }
 
 void Engine::load(const EngineOptions& options, Spread spread,

@@ -4,8 +4,8 @@
 // which they match bit for bit on every path except the AVX-512 group kernels (dot_r16_avx512.cpp),
 // whose float steps run in another order, and the AVX-512 Int8 matmuls by row dots, which run the
 // 16-bit group kernels (there are no 8-bit ones) where the plain format runs 8-bit ones. Int8
-// matmuls on the token-lanes path take the groups apart and run the plain format's 8-bit kernels:
-// its bits.
+// matmuls on the token-lanes path run 8-bit kernels on whole groups (AVX-512) or the plain
+// format's on groups taken apart (elsewhere): its bits either way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,12 +144,12 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
   std::printf("  %d cases ran the AVX-512 group kernels\n", group_kernel_cases);
 }
 
-// One thread takes all the rows as one task: the token-lanes path takes every group of it apart
-// before its 8-bit kernel passes over them (run_interleaved_rows), and gives the plain format's
-// bits, on every instruction set.
+// One thread takes all the rows as one task (17 groups): the 8-bit token-lanes path, on whole
+// groups (AVX-512) or on up to 256 rows taken apart at a time (run_interleaved_rows, elsewhere),
+// gives the plain format's bits on every instruction set.
 TEST(InterleavedMatmul, ATaskOfManyGroupsOnTheLanesPathGivesThePlainFormatsBits) {
   ThreadPool pool(1);
-  const int64_t rows = 80, cols = 512, n_tokens = 20;
+  const int64_t rows = 272, cols = 512, n_tokens = 20;
   for (DType base : {DType::Q8_0, DType::Q5_0, DType::Q4_K}) {
     const Weights w = make_weights(base, rows, cols, 21 + uint32_t(base));
     const std::vector<float> x = gaussian(n_tokens * cols, 22);

@@ -320,8 +320,8 @@ void run_plain_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
 // Rows [first, last) of an interleaved matrix (multiples of 16): by the kernels that read groups
 // where the level has them, else taken apart into plain rows in a scratch buffer that the plain
 // kernels then run on (the output pointer moved so that the scratch's row 0 lands on the first
-// row): on the token-lanes path all of the task's rows at once, so that each token tile passes
-// over as many rows as with the plain format; by row dots a group at a time.
+// row): on the token-lanes path up to 256 rows at once, so that each token tile passes over as
+// many rows as with the plain format; by row dots a group at a time.
 void run_interleaved_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   constexpr int64_t kGroup = 16;
   if (m.group_lanes) {
@@ -333,16 +333,20 @@ void run_interleaved_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   const size_t plain_stride = row_bytes(m.row_type, uint64_t(m.cols));
   thread_local AlignedBuffer plain;
   if (m.lanes) {
-    const size_t bytes = size_t(last - first) * plain_stride;
+    constexpr int64_t kMostRows = 256;  // a one-thread task is the whole matrix
+    const size_t bytes = size_t(std::min(last - first, kMostRows)) * plain_stride;
     if (plain.size() < bytes) plain = AlignedBuffer(bytes);
-    for (int64_t row = first; row < last; row += kGroup)
-      take_apart_rows(m.type, m.weights + size_t(row) * m.weight_stride, m.cols,
-                      plain.data() + size_t(row - first) * plain_stride);
-    LanesMatmul args = lanes_args(m);
-    args.weights = plain.data();
-    args.weight_stride = plain_stride;
-    args.output = m.output + first;
-    m.lanes(args, 0, last - first);
+    for (int64_t part = first; part < last; part += kMostRows) {
+      const int64_t end = std::min(last, part + kMostRows);
+      for (int64_t row = part; row < end; row += kGroup)
+        take_apart_rows(m.type, m.weights + size_t(row) * m.weight_stride, m.cols,
+                        plain.data() + size_t(row - part) * plain_stride);
+      LanesMatmul args = lanes_args(m);
+      args.weights = plain.data();
+      args.weight_stride = plain_stride;
+      args.output = m.output + part;
+      m.lanes(args, 0, end - part);
+    }
     return;
   }
   if (!m.group_dot && plain.size() < kGroup * plain_stride) plain = AlignedBuffer(kGroup * plain_stride);
