@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <regex>
 #include <vector>
 
@@ -81,15 +82,18 @@ void remove_partial_copies(const std::filesystem::path& place) {
       std::filesystem::remove(entry.path(), ec);
 }
 
-// Whether `path` is a repacked copy of the file whose source_text is `source`.
-bool is_copy_of(const std::filesystem::path& path, const std::string& source) {
+// `path` opened when it is a repacked copy of the file whose source_text is `source`, else null.
+std::unique_ptr<gguf::GgufFile> open_copy_of(const std::filesystem::path& path,
+                                             const std::string& source) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (!std::filesystem::is_regular_file(path, ec)) return nullptr;
   try {
-    return repacked_source(gguf::GgufFile::open(path.string())) == source;
+    auto copy = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path.string()));
+    if (repacked_source(*copy) == source) return copy;
   } catch (const Error&) {
-    return false;  // damaged or not a GGUF: made again
+    // damaged or not a GGUF: made again
   }
+  return nullptr;
 }
 
 bool interleaves(const gguf::TensorInfo& t) {
@@ -187,13 +191,14 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
   return summary;
 }
 
-RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool show_progress) {
-  const gguf::GgufFile model = gguf::GgufFile::open(model_path);
-  if (model.find(kRepackedKey)) return {.path = model_path};
+RepackedCopy repacked_copy(const gguf::GgufFile& model, int n_threads, bool show_progress) {
+  const std::string& model_path = model.name();
+  if (model.find(kRepackedKey)) return {};
   const std::string source = source_text(model);
   const std::vector<std::filesystem::path> places = copy_places(model_path, source);
   for (const std::filesystem::path& place : places)
-    if (is_copy_of(place, source)) return {.path = place.string(), .source = source};
+    if (auto file = open_copy_of(place, source))
+      return {.path = place.string(), .file = std::move(file)};
   // About the model's size (Q4_K matrices grow 2.8%), and some room left over.
   const uint64_t need =
       model.total_file_bytes() + model.total_file_bytes() / 20 + (uint64_t(1) << 30);
@@ -210,7 +215,8 @@ RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool sh
     // One run at a time per place: a rank on the same machine that comes second finds the copy
     // made. Written under a name of this process's own, then renamed in one step.
     const FileLock lock(place.string() + ".lock");
-    if (is_copy_of(place, source)) return {.path = place.string(), .source = source};
+    if (auto file = open_copy_of(place, source))
+      return {.path = place.string(), .file = std::move(file)};
     remove_partial_copies(place);
     const std::filesystem::space_info space = std::filesystem::space(folder, ec);
     if (!ec && space.available < need) {
@@ -220,7 +226,7 @@ RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool sh
       continue;
     }
     const std::string partial = fmt::format("{}.partial-{}", place.string(), ::getpid());
-    RepackedCopy copy{.path = place.string(), .source = source, .made = true};
+    RepackedCopy copy{.path = place.string(), .made = true};
     ThreadPool pool(n_threads);
     copy.summary = repack_model(
         {.input_path = model_path, .output_path = partial, .show_progress = show_progress}, pool);
@@ -229,6 +235,7 @@ RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool sh
       std::filesystem::remove(partial, ec);
       fail("--repack: cannot move the copy into place as {}: {}", place.string(), ec.message());
     }
+    copy.file = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(copy.path));
     return copy;
   }
   fail(

@@ -7,6 +7,7 @@
 // matrices grow by 2.8% (their 6-bit scales are stored as bytes), Q8_0 ones not at all. Lookup tables (token_embd), vectors, and tensors read in other ways keep
 // their format. Done once, offline, so that loading stays a plain mmap.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -37,7 +38,7 @@ bool is_repackable_matrix(std::string_view name);
 // records its input's GgufFile::header_fingerprint (metadata tandem.repacked.source).
 RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool);
 
-// `--repack`: the repacked copy a run loads instead of the model at `model_path`, so that a GGUF
+// `--repack`: the repacked copy a run loads instead of `model` (opened already), so that a GGUF
 // as downloaded gets the interleaved kernels' decode speed with no offline step. Kept beside the
 // model as NAME.tandem-r16.gguf (or, where that folder is not writable, in
 // $XDG_CACHE_HOME/tandem or ~/.cache/tandem): reused while its recorded source matches the
@@ -48,11 +49,11 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool);
 // can be written.
 struct RepackedCopy {
   std::string path;
-  std::string source;     // what the copy records of its source (empty: the model itself)
-  bool made = false;      // written by this call (on `n_threads` threads)
-  RepackSummary summary;  // when made
+  std::unique_ptr<gguf::GgufFile> file;  // the copy, opened (null: the model is repacked already)
+  bool made = false;                     // written by this call (on `n_threads` threads)
+  RepackSummary summary;                 // when made
 };
-RepackedCopy repacked_copy(const std::string& model_path, int n_threads, bool show_progress);
+RepackedCopy repacked_copy(const gguf::GgufFile& model, int n_threads, bool show_progress);
 // What a file records of the model it was repacked from (empty for any other file).
 std::string repacked_source(const gguf::GgufFile& file);
 

@@ -110,9 +110,7 @@ int link_speed_order(LinkKind kind) {
 // cores (compute scaled from the first's per core) and memory bandwidth (the kernel rates
 // measured on the first machine no longer apply).
 DeviceSpec host_of(const Machine& m, const Hardware& hw, int32_t node) {
-  DeviceSpec host = hw.host;
-  host.name = fmt::format("node{}:cpu", node);
-  host.node = node;
+  DeviceSpec host = host_on_node(hw.host, node);
   if (!m.ram.empty()) {
     const uint64_t ram = parse_bytes(m.ram);
     host.memory_bytes = ram - default_ram_reserve(ram);

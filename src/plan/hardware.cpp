@@ -671,17 +671,16 @@ void repeat_nodes(Hardware& hw, int32_t n_nodes) {
       gpu.node = node;
       hw.gpus.push_back(std::move(gpu));
     }
-    DeviceSpec host = hw.host;
-    host.name = fmt::format("node{}:cpu", node);
-    host.node = node;
-    hw.other_hosts.push_back(std::move(host));
+    hw.other_hosts.push_back(host_on_node(hw.host, node));
   }
   hw.n_nodes = n_nodes;
 }
 
-const DeviceSpec& host_of_node(const Hardware& hw, int32_t node) {
-  TANDEM_CHECK(node >= 0 && (node == 0 || size_t(node) <= hw.other_hosts.size()));
-  return node == 0 ? hw.host : hw.other_hosts[size_t(node) - 1];
+DeviceSpec host_on_node(const DeviceSpec& first_host, int32_t node) {
+  DeviceSpec host = first_host;
+  host.name = fmt::format("node{}:cpu", node);
+  host.node = node;
+  return host;
 }
 
 }  // namespace tandem::plan

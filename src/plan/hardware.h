@@ -78,8 +78,9 @@ void set_node_link(Hardware& hw, std::string_view text);
 // `hw` as `n_nodes` identical machines: its GPUs and its host repeated per machine (named
 // "node1:cuda:0", "node1:cpu" ... beyond the first).
 void repeat_nodes(Hardware& hw, int32_t n_nodes);
-// Machine `node`'s host as the planner sees it: hw.host for 0, else its entry of other_hosts.
-const DeviceSpec& host_of_node(const Hardware& hw, int32_t node);
+// `first_host` standing for machine `node`'s (named "nodeN:cpu"): what repeat_nodes and a
+// cluster file's later machines start from.
+DeviceSpec host_on_node(const DeviceSpec& first_host, int32_t node);
 
 // What is kept free of `ram_bytes` unless said otherwise: 10% of it, at least 4 GiB, at most half.
 // The kernel starts evicting page-cache pages before MemAvailable reaches zero, and the weights

@@ -109,7 +109,8 @@ Engine::Engine(const EngineOptions& options) {
 
 // --repack: the model's repacked copy (model/repack.h) in place of the file, made first if need
 // be. Each rank keeps its own machine's copy (the ranks compared the models themselves already).
-void Engine::use_repacked_copy(const std::string& model_path) {
+void Engine::use_repacked_copy() {
+  const std::string model_path = file_->name();
   if (cpu::best_cpu_isa() != cpu::CpuIsa::Avx512) {
     if (rank() == 0)
       std::fprintf(stderr,
@@ -118,8 +119,8 @@ void Engine::use_repacked_copy(const std::string& model_path) {
                    model_path.c_str());
     return;
   }
-  const RepackedCopy copy = repacked_copy(model_path, n_threads_, /*show_progress=*/rank() == 0);
-  if (copy.path == model_path) return;  // repacked already
+  RepackedCopy copy = repacked_copy(*file_, n_threads_, /*show_progress=*/rank() == 0);
+  if (!copy.file) return;  // repacked already
   if (copy.made)
     std::fprintf(stderr,
                  "tandem: --repack: wrote %s (%d of %d tensors interleaved, %s) in %.1f s; later "
@@ -129,11 +130,7 @@ void Engine::use_repacked_copy(const std::string& model_path) {
   else if (rank() == 0)
     std::fprintf(stderr, "tandem: --repack: loading %s, the repacked copy of %s\n",
                  copy.path.c_str(), model_path.c_str());
-  file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(copy.path));
-  // Another run may have put another copy in its place since it was checked.
-  if (repacked_source(*file_) != copy.source)
-    fail("--repack: {} changed while it was being opened (another run replaced it); run again",
-         copy.path);
+  file_ = std::move(copy.file);  // the file it checked, whatever replaces that path meanwhile
 }
 
 void Engine::load(const EngineOptions& options, Spread spread,
@@ -146,7 +143,7 @@ void Engine::load(const EngineOptions& options, Spread spread,
   const ModelInfo file_info = read_model_info(*file_);  // refuses an unknown architecture
 
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
-  if (options.repack) use_repacked_copy(options.model_path);
+  if (options.repack) use_repacked_copy();
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_info.n_ctx_train);
   DevicePlan devices;
   // "auto" on a machine without GPUs is a CPU run, without planning.

@@ -167,7 +167,7 @@ class Engine {
 
  private:
   // The constructor's work once the transport is open.
-  void use_repacked_copy(const std::string& model_path);
+  void use_repacked_copy();
   void load(const EngineOptions& options, Spread spread,
             std::chrono::steady_clock::time_point start);
   // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).

@@ -328,8 +328,17 @@ void rows_against_tiles(const LanesMatmul& m, const UnpackedRow8* w, int64_t row
   store_lanes<kRows, kTiles>(m, out, row, first);
 }
 
-// Rows `row` .. `row + kRows - 1` of `m`, unpacked into `scratch`, against every tile: two at a
-// time, then the last one alone.
+// kRows unpacked rows (`row` ..) against every tile: two at a time, then the last one alone.
+template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kStride = 1>
+void rows_against_every_tile(const LanesMatmul& m, const UnpackedRow8* w, int64_t row) {
+  int64_t first = 0;
+  for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
+    rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 2, kStride>(m, w, row, first);
+  if (first < m.n_tokens)
+    rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 1, kStride>(m, w, row, first);
+}
+
+// Rows `row` .. `row + kRows - 1` of `m`, unpacked into `scratch`, against every tile.
 template <int kGroup, bool kMins, int kOffsetShift, int kRows>
 void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
   const UnpackRow8Fn unpack = avx512_unpacker8(m.type);
@@ -339,11 +348,7 @@ void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
     unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
   }
   prefetch_rows(m.weights + size_t(row + kRows) * m.weight_stride, size_t(kRows) * m.weight_stride);
-  int64_t first = 0;
-  for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
-    rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 2>(m, w, row, first);
-  if (first < m.n_tokens)
-    rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 1>(m, w, row, first);
+  rows_against_every_tile<kGroup, kMins, kOffsetShift, kRows>(m, w, row);
 }
 
 template <int kGroup, bool kMins, int kOffsetShift>
@@ -476,11 +481,7 @@ void lanes8_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
       for (int r = 0; r < kRows; ++r)
         w[r] = {reinterpret_cast<uint8_t*>(unpacked.quads + r0 + r), unpacked.scale + r0 + r,
                 unpacked.min + r0 + r};
-      int64_t first = 0;
-      for (; first + kLanes < m.n_tokens; first += 2 * kLanes)
-        rows_against_tiles<32, kMins, kOffsetShift, kRows, 2, 16>(m, w, row + r0, first);
-      if (first < m.n_tokens)
-        rows_against_tiles<32, kMins, kOffsetShift, kRows, 1, 16>(m, w, row + r0, first);
+      rows_against_every_tile<32, kMins, kOffsetShift, kRows, 16>(m, w, row + r0);
     }
   }
 }
