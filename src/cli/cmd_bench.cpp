@@ -142,6 +142,7 @@ void register_bench(CLI::App& app) {
   add_device_options(cmd, o->engine);
   add_thread_options(cmd, o->engine);
   add_load_options(cmd, o->engine);
+  add_cache_type_options(cmd, o->engine);
   add_precision_option(cmd, o->engine);
   add_spread_option(cmd, o->engine);
   cmd->callback([o] {
@@ -229,10 +230,11 @@ void register_bench(CLI::App& app) {
     const ModelInfo& info = engine.info();
     uint64_t cache_per_token = 0;
     const int64_t rows = o->generate > 0 ? depth + (o->generate - 1) / 2 : 0;
+    const uint64_t value_bytes = engine.kv_cache().type() == DType::BF16 ? 2 : 4;
     for (uint32_t il = 0; il < info.kv.size(); ++il) {
       const int64_t window = info.kv[il].window;
-      cache_per_token +=
-          info.kv_bytes_per_token(il) * uint64_t(window > 0 ? std::min(rows, window) : rows);
+      cache_per_token += uint64_t(info.kv[il].row_floats()) * value_bytes *
+                         uint64_t(window > 0 ? std::min(rows, window) : rows);
     }
     const double roofline = bandwidth / double(bytes_per_token + cache_per_token);
     const double peak_flops = kernel_peak_flops(DType::Q8_0, threads, o->engine.precision);
@@ -330,25 +332,38 @@ void register_bench(CLI::App& app) {
     const std::string name = std::filesystem::path(o->engine.model_path).filename().string();
     if (o->json) {
       nlohmann::ordered_json out = {
-          {"model", name}, {"threads", threads}, {"devices", o->engine.devices},
+          {"model", name},
+          {"threads", threads},
+          {"devices", o->engine.devices},
           {"precision", precision_policy_name(o->engine.precision)},
-          {"n_prompt", o->prompt}, {"n_gen", o->generate}, {"n_depth", depth}, {"repetitions", o->repetitions},
-          {"prefill_tokens_per_s", pp.mean}, {"prefill_tokens_per_s_sd", pp.sd},
-          {"decode_tokens_per_s", tg.mean}, {"decode_tokens_per_s_sd", tg.sd},
-          {"bandwidth_gb_per_s", bandwidth / 1e9}, {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
-          {"bandwidth_after_gb_per_s", bandwidth_after / 1e9}, {"bytes_read_per_token", bytes_per_token},
+          {"cache_type", std::string(dtype_name(engine.kv_cache().type()))},
+          {"n_prompt", o->prompt},
+          {"n_gen", o->generate},
+          {"n_depth", depth},
+          {"repetitions", o->repetitions},
+          {"prefill_tokens_per_s", pp.mean},
+          {"prefill_tokens_per_s_sd", pp.sd},
+          {"decode_tokens_per_s", tg.mean},
+          {"decode_tokens_per_s_sd", tg.sd},
+          {"bandwidth_gb_per_s", bandwidth / 1e9},
+          {"bandwidth_before_gb_per_s", bandwidth_before / 1e9},
+          {"bandwidth_after_gb_per_s", bandwidth_after / 1e9},
+          {"bytes_read_per_token", bytes_per_token},
           {"kv_cache_bytes_read_per_token", cache_per_token},
-          {"decode_roofline_tokens_per_s", roofline}, {"decode_fraction_of_roofline", tg.mean / roofline},
+          {"decode_roofline_tokens_per_s", roofline},
+          {"decode_fraction_of_roofline", tg.mean / roofline},
           {"decode_kernel_gb_per_s", decode_kernel / 1e9},
           {"interleaved_kernel_gb_per_s", interleaved_kernel / 1e9},
           {"interleaved_bytes_read_per_token", interleaved_per_token},
           {"decode_kernel_ceiling_tokens_per_s", kernel_ceiling},
-          {"kernel_peak_gflops", peak_flops / 1e9}, {"prefill_gflops", prefill_flops / 1e9},
+          {"kernel_peak_gflops", peak_flops / 1e9},
+          {"prefill_gflops", prefill_flops / 1e9},
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s},
           {"placement", layout},
-          {"engine_devices", device_names}, {"gpus", gpu_json}};
+          {"engine_devices", device_names},
+          {"gpus", gpu_json}};
       if (n_depths > 1)
         for (size_t k = 0; k < n_depths; ++k) {
           const Stat p = prefill_at[k].empty() ? Stat{} : stats(prefill_at[k]);
@@ -385,8 +400,12 @@ void register_bench(CLI::App& app) {
     for (size_t k = 0; k < n_depths; ++k)
       row(fmt::format("tg{}", o->generate), o->depths[k], decode_at[k]);
     for (size_t k = 1; k < n_depths && tg.mean > 0; ++k)
-      fmt::print("decode at depth {}: {:.0f}% of decode at depth {} (repetitions alternating between depths)\n",
-                 o->depths[k], 100.0 * stats(decode_at[k]).mean / tg.mean, depth);
+      fmt::print(
+          "decode at depth {}: {:.0f}% of decode at depth {} (repetitions alternating between "
+          "depths; "
+          "{} KV cache)\n",
+          o->depths[k], 100.0 * stats(decode_at[k]).mean / tg.mean, depth,
+          dtype_name(engine.kv_cache().type()));
     if (ranks) fmt::print("{}", format_rank_bench(*ranks));
     fmt::print("\nmemory bandwidth (measured, triad on {} threads): {:.1f} GB/s before, {:.1f} GB/s after\n", threads,
                bandwidth_before / 1e9, bandwidth_after / 1e9);

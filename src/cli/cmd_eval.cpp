@@ -68,6 +68,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--top", o->top, "logits listed per position")->capture_default_str();
   add_device_options(cmd, o->engine);
   add_precision_option(cmd, o->engine);
+  add_cache_type_options(cmd, o->engine);
   add_spread_option(cmd, o->engine);
   cmd->callback([o] {
     std::ifstream in(o->ref);

@@ -1,5 +1,7 @@
 #include "cli/options.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -17,8 +19,27 @@ void add_engine_options(CLI::App* cmd, EngineOptions& options) {
   cmd->add_flag("-v,--verbose", options.verbose, "print load details and timings");
   add_thread_options(cmd, options);
   add_load_options(cmd, options);
+  add_cache_type_options(cmd, options);
   add_device_options(cmd, options);
   add_precision_option(cmd, options);
+}
+
+void add_cache_type_options(CLI::App* cmd, EngineOptions& options) {
+  auto add = [&](const char* names, DType& type, const char* what) {
+    cmd->add_option_function<std::string>(
+           names,
+           [&type](const std::string& name) { type = name == "bf16" ? DType::BF16 : DType::F32; },
+           fmt::format("type of the KV cache's {}: f32 (default) or bf16 (half the memory and half "
+                       "the reads at long context, scores and sums with AVX-512 BF16's vdpbf16ps; "
+                       "values, queries and softmax weights rounded to bf16; the CPU only; give "
+                       "--cache-type-k and --cache-type-v the same). f16 and quantized caches are "
+                       "not built",
+                       what))
+        ->check(CLI::IsMember({"f32", "bf16"}))
+        ->default_str("f32");
+  };
+  add("--cache-type-k", options.cache_type_k, "keys");
+  add("--cache-type-v", options.cache_type_v, "values");
 }
 
 void add_precision_option(CLI::App* cmd, EngineOptions& options) {

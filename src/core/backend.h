@@ -127,14 +127,21 @@ struct RopeOp {
 // latent (MLA: kv_lora_rank latent values, then the rope dims of the shared key) or keys and values
 // (grouped-query attention: every kv head's key, then every kv head's value). A sliding-window
 // layer keeps only its last n_ctx positions, as a ring: position p lives in row p % n_ctx.
+// The values are F32, or BF16 (`--cache-type-k/v bf16`: half the memory and the reads at long
+// context; the CPU backend only) rounded to nearest even from what F32 cache would hold.
 struct KvLayerView {
-  float* data;               // [n_seq, n_ctx, row]
+  void* data;  // [n_seq, n_ctx, row] values of `type`
   int64_t n_seq, n_ctx;
   int64_t kv_lora_rank = 0, rope_dims = 0;  // latent rows
   int64_t k_dims = 0, v_dims = 0;           // key/value rows: n_kv_heads * head_dim each
   bool ring = false;                        // rows hold positions modulo n_ctx
+  DType type = DType::F32;                  // F32 or BF16
   TANDEM_HD int64_t row() const { return kv_lora_rank + rope_dims + k_dims + v_dims; }
   TANDEM_HD int64_t slot(int64_t position) const { return ring ? position % n_ctx : position; }
+  TANDEM_HD int64_t value_bytes() const { return type == DType::BF16 ? 2 : 4; }
+  TANDEM_HD int64_t row_bytes() const { return row() * value_bytes(); }
+  // The values of an F32 cache (every backend's kernels but the CPU's BF16 ones read these).
+  TANDEM_HD float* f32() const { return static_cast<float*>(data); }
 };
 
 // Multi-head latent attention in absorbed form. For each token t, head h:
@@ -370,6 +377,8 @@ class Backend {
   // Whether matmul, moe and mla_attention take weights stored as `type` (get_rows reads every
   // format matmul takes, except the interleaved ones).
   virtual bool can_multiply(DType type) const = 0;
+  // Whether kv_store, mla_attention and attention take a KV cache of `type` (KvLayerView).
+  virtual bool can_cache(DType type) const { return type == DType::F32; }
 
   // Capture: between begin_capture() and end_capture() ops are recorded instead of run, and
   // replay() submits the recording again. While capturing, nothing may wait on the host for this

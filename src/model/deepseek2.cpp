@@ -41,7 +41,7 @@ struct Deepseek2Model::HeadShard {
   int32_t first_head = 0, n_heads = 0;
   WeightView q, k_b, v_b, attn_output;
   struct CacheCopy {
-    const float* of = nullptr;  // the layer's cache it mirrors
+    const void* of = nullptr;  // the layer's cache it mirrors
     std::shared_ptr<DeviceBuffer> buffer;
     KvLayerView view;
   };
@@ -290,11 +290,11 @@ void Deepseek2Model::bind_head_shards(Layer& l, uint32_t il) {
 const KvLayerView& Deepseek2Model::cache_copy(HeadShard& shard, const KvLayerView& cache) {
   for (const HeadShard::CacheCopy& c : shard.cache_copies)
     if (c.of == cache.data) return c.view;
-  const size_t bytes = size_t(cache.n_seq * cache.n_ctx * cache.row()) * sizeof(float);
+  const size_t bytes = size_t(cache.n_seq * cache.n_ctx * cache.row_bytes());
   HeadShard::CacheCopy copy{.of = cache.data,
                             .buffer = shard.device->allocate(bytes, "copy of a layer's KV cache")};
   copy.view = cache;
-  copy.view.data = copy.buffer->floats();
+  copy.view.data = copy.buffer->data();
   return shard.cache_copies.emplace_back(std::move(copy)).view;
 }
 

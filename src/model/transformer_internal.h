@@ -70,7 +70,7 @@ struct Transformer::GraphEntry {
   bool sized = false;            // a step of this shape ran op by op and sized every buffer
   bool capture_failed = false;   // then this shape runs op by op
   uint64_t generation = 0;       // buffer_generation_ when captured
-  const float* cache = nullptr;  // the KV cache it was captured with (first layer's rows)
+  const void* cache = nullptr;   // the KV cache it was captured with (first layer's rows)
   std::unique_ptr<Graph> graph;
 };
 

@@ -285,6 +285,12 @@ void Engine::load(const EngineOptions& options, Spread spread,
   const ModelInfo& info = model_->info();
 
   const std::span<const KvLayerShape> kv_layers = info.kv;
+  const DType cache_type = options.cache_type_k;
+  if (options.cache_type_v != cache_type)
+    fail(
+        "--cache-type-k {} and --cache-type-v {}: tandem keeps keys and values in one type (an "
+        "MLA cache row is both); give both the same",
+        dtype_info(options.cache_type_k).name, dtype_info(options.cache_type_v).name);
   // (Over several ranks: when a layer of this rank keeps its cache in RAM; the ranks then take
   // the smallest context any of them chose.)
   const bool cache_in_ram = std::ranges::any_of(
@@ -293,7 +299,8 @@ void Engine::load(const EngineOptions& options, Spread spread,
     // Default: the model's context, but never more cache than half the free memory.
     const uint64_t budget = plan::available_ram_bytes() / 2;
     auto bytes = [&](int64_t ctx) {
-      return KvCache::bytes_per_sequence(kv_layers, ctx, kMaxStepTokens) * uint64_t(options.n_seq);
+      return KvCache::bytes_per_sequence(kv_layers, ctx, kMaxStepTokens, cache_type) *
+             uint64_t(options.n_seq);
     };
     if (budget && bytes(n_ctx) > budget) {
       int64_t fits = 256;  // window layers make the cost per token uneven: halve until it fits
@@ -312,17 +319,25 @@ void Engine::load(const EngineOptions& options, Spread spread,
   if (transport_) {  // every rank keeps the same context: the smallest any of them chose
     n_ctx = std::ranges::min(gather_from_every_rank(*transport_, n_ctx, "the context length"));
   }
-  cache_ =
-      std::make_unique<KvCache>(devices.layers, kv_layers, n_ctx, options.n_seq, kMaxStepTokens);
+  for (size_t il = 0; il < devices.layers.size(); ++il)
+    if (const Backend* d = devices.layers[il]; d && !d->can_cache(cache_type))
+      fail(
+          "a {} KV cache runs on the CPU only, and layer {}'s attention is on {}: use "
+          "--cache-type-k f32 --cache-type-v f32, or --devices cpu",
+          dtype_info(cache_type).name, il, d->name());
+  cache_ = std::make_unique<KvCache>(devices.layers, kv_layers, n_ctx, options.n_seq,
+                                     kMaxStepTokens, cache_type);
   const uint64_t per_token =
-      KvCache::bytes_per_sequence(kv_layers, n_ctx, kMaxStepTokens) / uint64_t(n_ctx);
+      KvCache::bytes_per_sequence(kv_layers, n_ctx, kMaxStepTokens, cache_type) / uint64_t(n_ctx);
   load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (options.verbose)
-    std::fprintf(stderr, "tandem: loaded %s: %s of weights, %u layers, KV cache %s for %lld tokens "
-                 "(%s per token), %d threads, %.2f s\n",
-                 file_->name().c_str(), format_bytes(model_->weight_bytes()).c_str(), model_->n_layers(),
-                 format_bytes(cache_->bytes()).c_str(), (long long)n_ctx, format_bytes(per_token).c_str(),
-                 n_threads_, load_seconds_);
+    std::fprintf(stderr,
+                 "tandem: loaded %s: %s of weights, %u layers, %s KV cache %s for %lld "
+                 "tokens (%s per token), %d threads, %.2f s\n",
+                 file_->name().c_str(), format_bytes(model_->weight_bytes()).c_str(),
+                 model_->n_layers(), std::string(dtype_info(cache_type).name).c_str(),
+                 format_bytes(cache_->bytes()).c_str(), (long long)n_ctx,
+                 format_bytes(per_token).c_str(), n_threads_, load_seconds_);
 }
 
 // The model first: it waits for work still queued on the devices, which writes the KV cache.

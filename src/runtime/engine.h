@@ -42,6 +42,10 @@ struct EngineOptions {
   bool mlock = false;           // lock the model file in RAM so it is never paged out
   bool repack = false;          // load the model's repacked copy (model/repack.h), made if need be
   bool pin_threads = true;      // each CPU thread on its own physical core (thread_pool.h)
+  // The KV cache's keys and values: F32, or BF16 (half the memory; the CPU backend only;
+  // KvLayerView). One type for both (an MLA cache row is key and value at once): the engine
+  // refuses two.
+  DType cache_type_k = DType::F32, cache_type_v = DType::F32;
   // Under `mpirun -np N` (N > 1): how the model is divided between the ranks (rank_spread.h:
   // "plan", "pipeline", "experts", "mixed"; empty: plan where the ranks have devices to plan
   // for, pipeline on CPUs alone), and the longest a rank waits for another mid-step before the

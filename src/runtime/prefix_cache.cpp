@@ -74,16 +74,16 @@ void PrefixCache::store(std::span<const int32_t> tokens, int32_t seq) {
       parent = b.id;
       if (!rings || b.has_ring_rows) continue;
       // The block was kept without its ring rows; they are here now.
-      const uint64_t more = cache_.floats_of_rows(kBlockTokens, true) * sizeof(float) - b.bytes;
+      const uint64_t more = cache_.bytes_of_rows(kBlockTokens, true) - b.bytes;
       if (!make_room(more, now)) return;
-      b.rows.resize(cache_.stored_floats_of_rows(kBlockTokens, true));
+      b.rows.resize(cache_.stored_bytes_of_rows(kBlockTokens, true));
       cache_.read_rows(seq, first, kBlockTokens, true, b.rows.data());
       b.has_ring_rows = true;
       b.bytes += more;
       stats_.bytes += more;
       continue;
     }
-    const uint64_t bytes = cache_.floats_of_rows(kBlockTokens, rings) * sizeof(float);
+    const uint64_t bytes = cache_.bytes_of_rows(kBlockTokens, rings);
     if (!make_room(bytes, now)) return;
     Block b{.id = next_id_++,
             .key = key,
@@ -91,7 +91,7 @@ void PrefixCache::store(std::span<const int32_t> tokens, int32_t seq) {
             .bytes = bytes,
             .has_ring_rows = rings,
             .last_use = now};
-    b.rows.resize(cache_.stored_floats_of_rows(kBlockTokens, rings));
+    b.rows.resize(cache_.stored_bytes_of_rows(kBlockTokens, rings));
     cache_.read_rows(seq, first, kBlockTokens, rings, b.rows.data());
     if (parent) ++blocks_.at(parent).children;
     index_.emplace(std::move(key), b.id);

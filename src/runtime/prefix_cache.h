@@ -17,6 +17,7 @@
 //
 // Over several ranks each rank keeps its layers' rows of the same blocks: the budget counts every
 // layer's rows, so that the same calls make the same choices on every rank.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -62,8 +63,8 @@ class PrefixCache {
   struct Block {
     uint64_t id = 0;
     Key key;
-    std::vector<float> rows;  // KvCache::read_rows order
-    uint64_t bytes = 0;       // counted against the budget: every rank's rows (floats_of_rows)
+    std::vector<std::byte> rows;  // KvCache::read_rows order
+    uint64_t bytes = 0;           // counted against the budget: every rank's rows (bytes_of_rows)
     bool has_ring_rows = false;
     uint64_t last_use = 0;
     int32_t children = 0;

@@ -69,6 +69,23 @@ TEST(Bench, DepthListRunsEveryTestAtEachDepth) {
   EXPECT_NE(run_tandem("bench " + model + " -d 0,-3").exit_code, 0);
 }
 
+// --cache-type-k/v bf16: the same tests over a BF16 KV cache, which the output names.
+TEST(Bench, Bf16CacheRunsTheDepthsAndSaysSo) {
+  const std::string model = test::fixture("micro-v3-F32.gguf").string();
+  const CliResult table = run_tandem(
+      "bench " + model + " -p 8 -n 4 -d 0,40 -r 1 -t 2 --cache-type-k bf16 --cache-type-v bf16");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("decode at depth 40: "), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("BF16 KV cache"), std::string::npos) << table.output;
+  const CliResult r = run_tandem(
+      "bench " + model + " -p 8 -n 4 -r 1 -t 2 --json --cache-type-k bf16 --cache-type-v bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_in(r.output)["cache_type"], "BF16") << r.output;
+  EXPECT_EQ(
+      json_in(run_tandem("bench " + model + " -p 8 -n 4 -r 1 -t 2 --json").output)["cache_type"],
+      "F32");
+}
+
 // A cold start needs the model's pages dropped from the page cache; where the filesystem keeps
 // them (tmpfs, another process mapping the file) the command must say so, not report nonsense.
 TEST(Bench, ColdStartsReportTheBytesTheyNeeded) {

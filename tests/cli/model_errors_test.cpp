@@ -91,6 +91,16 @@ TEST_F(ModelErrorTest, PromptLongerThanTheContextNamesBothLengths) {
                "but the context holds 8");
 }
 
+TEST_F(ModelErrorTest, KvCacheTypesThatDifferOrAreNotBuiltAreNamed) {
+  const std::string model = test::fixture("micro-v2-F32.gguf").string();
+  expect_error(model + " -p hi --cache-type-k bf16", "tandem keeps keys and values in one type");
+  // A type not built is refused by the option itself, which lists the ones there are.
+  const CliResult r =
+      run_tandem("run " + model + " -p hi -n 1 --cache-type-k f16 --cache-type-v f16");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--cache-type-k: f16 not in {f32,bf16}"), std::string::npos) << r.output;
+}
+
 TEST_F(ModelErrorTest, BadSamplingParameterIsNamed) {
   expect_error(test::fixture("micro-v2-F32.gguf").string() + " -p hi --top-p 1.5", "top_p");
 }

@@ -113,6 +113,31 @@ TEST(PrefixCache, RowsOnSimulatedDevicesAreCopiedThroughTheirBackends) {
   expect_same_replies_and_cache_hits(engine, 150);
 }
 
+// A BF16 KV cache: the rows kept and restored are its 2-byte values, latent (MLA, on the CPU and
+// on a simulated device) and keys/values with window rings (gpt-oss).
+TEST(PrefixCache, Bf16CacheRepliesAreTheSameBitsWithTheHistoryCachedOrEvaluated) {
+  for (const char* devices : {"cpu", "sim:2x256MiB"}) {
+    SCOPED_TRACE(devices);
+    Engine engine({.model_path = test::fixture("small-v2-Q4_K_M.gguf").string(),
+                   .n_threads = 2,
+                   .n_ctx = 512,
+                   .n_seq = 2,
+                   .devices = devices,
+                   .cache_type_k = DType::BF16,
+                   .cache_type_v = DType::BF16});
+    ASSERT_EQ(engine.kv_cache().type(), DType::BF16);
+    expect_same_replies_and_cache_hits(engine, 150);
+  }
+  Engine window({.model_path = test::fixture("gpt-oss-micro-F32.gguf").string(),
+                 .n_threads = 2,
+                 .n_ctx = 1024,
+                 .n_seq = 2,
+                 .cache_type_k = DType::BF16,
+                 .cache_type_v = DType::BF16});
+  ASSERT_TRUE(window.kv_cache().has_rings());
+  expect_same_replies_and_cache_hits(window, 700);
+}
+
 // gpt-oss micro: window 8 on every other layer; with 1024 positions those layers keep a ring of
 // 8 + 512 rows, so a history of 700 tokens has lost its first rows there.
 std::unique_ptr<Engine> window_model() {
@@ -162,16 +187,14 @@ class PrefixCacheBlocks : public ::testing::Test {
   }
   // Rows of positions [0, n) of sequence `seq`, all layers.
   std::vector<float> rows(int32_t seq, int64_t n) {
-    std::vector<float> out(engine_->kv_cache().floats_of_rows(n, true));
+    std::vector<float> out(engine_->kv_cache().bytes_of_rows(n, true) / sizeof(float));
     engine_->kv_cache().read_rows(seq, 0, n, true, out.data());
     return out;
   }
   void evaluate(const std::vector<int32_t>& prompt, int32_t seq) {
     engine_->evaluate(prompt, 0, seq, false, logits_);
   }
-  uint64_t block_bytes() const {
-    return engine_->kv_cache().floats_of_rows(kBlock, true) * sizeof(float);
-  }
+  uint64_t block_bytes() const { return engine_->kv_cache().bytes_of_rows(kBlock, true); }
   std::unique_ptr<Engine> engine_;
   std::vector<float> logits_;
 };

@@ -2,6 +2,7 @@
 // attention on the CPU.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/few_query_attention.h"
@@ -69,7 +70,8 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
   for (int64_t run_start = 0; run_start < T;) {
     int64_t run_end = run_start + 1;
     while (run_end < T && op.seq_ids[run_end] == op.seq_ids[run_start]) ++run_end;
-    const float* cache = op.cache.data + int64_t(op.seq_ids[run_start]) * op.cache.n_ctx * row;
+    const void* cache = static_cast<const std::byte*>(op.cache.data) +
+                        int64_t(op.seq_ids[run_start]) * op.cache.n_ctx * op.cache.row_bytes();
     // A chunk's queries stay few: 256 at most (a token's heads at least).
     constexpr int64_t kMaxQueries = 256;
     const int64_t chunk = std::clamp<int64_t>(kMaxQueries / H, 1, run_end - run_start);
@@ -83,10 +85,20 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
           std::copy_n(op.q + (t * H + h) * q_stride + nope, rope, qrow + lora);
         }
       }
-      cpu::attend({.x = queries, .x_stride = row, .n_tokens = last - first, .heads = H,
-                   .last_key = op.positions + first, .keys = cache, .key_stride = row, .cols = row,
-                   .n_out = lora, .scale = op.scale, .out = o_lat + first * lora,
-                   .out_token_stride = lora, .out_head_stride = T * lora},
+      cpu::attend({.x = queries,
+                   .x_stride = row,
+                   .n_tokens = last - first,
+                   .heads = H,
+                   .last_key = op.positions + first,
+                   .keys = cache,
+                   .key_stride = row,
+                   .cols = row,
+                   .n_out = lora,
+                   .scale = op.scale,
+                   .out = o_lat + first * lora,
+                   .out_token_stride = lora,
+                   .out_head_stride = T * lora,
+                   .cache_type = op.cache.type},
                   pool_);
     }
     run_start = run_end;
@@ -133,7 +145,8 @@ void CpuBackend::attention(const AttentionOp& op) {
     int64_t run_end = run_start + 1;
     while (run_end < op.n_tokens && op.seq_ids[run_end] == op.seq_ids[run_start]) ++run_end;
     TANDEM_CHECK(op.seq_ids[run_start] >= 0 && op.seq_ids[run_start] < c.n_seq);
-    const float* rows = c.data + int64_t(op.seq_ids[run_start]) * c.n_ctx * row;
+    const std::byte* rows = static_cast<const std::byte*>(c.data) +
+                            int64_t(op.seq_ids[run_start]) * c.n_ctx * c.row_bytes();
     // A call's queries stay few (its parts' buffers grow with them): 1024 at most.
     const int64_t chunk = std::clamp<int64_t>(1024 / H, 1, run_end - run_start);
     for (int64_t first = run_start; first < run_end; first += chunk) {
@@ -153,12 +166,13 @@ void CpuBackend::attention(const AttentionOp& op) {
               .out_head_stride = op.v_head_dim,
               .kv_groups = kv,
               .key_group_offset = op.head_dim,
-              .values = rows + c.k_dims,
+              .values = rows + c.k_dims * c.value_bytes(),
               .value_stride = row,
               .value_group_offset = op.v_head_dim,
               .first_key = first_keys + first,
               .ring = c.ring ? c.n_ctx : 0,
-              .sinks = op.sinks},
+              .sinks = op.sinks,
+              .cache_type = c.type},
              pool_);
     }
     run_start = run_end;

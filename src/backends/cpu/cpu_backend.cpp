@@ -9,6 +9,7 @@
 #include "backends/cpu/matmul.h"
 #include "core/aligned_buffer.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "quant/quant.h"
 
 namespace tandem::cpu {
@@ -146,13 +147,22 @@ void CpuBackend::kv_store(const KvStoreOp& op) {
   // Latent rows are stored whole; key/value rows from their two halves.
   const int64_t first_part = op.values ? c.k_dims : row;
   TANDEM_CHECK((op.values != nullptr) == (c.k_dims > 0));
+  TANDEM_CHECK(can_cache(c.type));
+  // F32 values copied, BF16 ones rounded to nearest even.
+  auto store = [&](void* dst, int64_t at, const float* src, int64_t n) {
+    if (c.type == DType::F32) {
+      std::memcpy(static_cast<float*>(dst) + at, src, size_t(n) * sizeof(float));
+    } else {
+      uint16_t* d = static_cast<uint16_t*>(dst) + at;
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+    }
+  };
   for (int64_t t = 0; t < op.n_tokens; ++t) {
     TANDEM_CHECK(op.seq_ids[t] >= 0 && op.seq_ids[t] < c.n_seq);
     TANDEM_CHECK(op.positions[t] >= 0 && (c.ring || op.positions[t] < c.n_ctx));
-    float* dst = c.data + (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(op.positions[t])) * row;
-    std::memcpy(dst, op.rows + t * first_part, size_t(first_part) * sizeof(float));
-    if (op.values)
-      std::memcpy(dst + c.k_dims, op.values + t * c.v_dims, size_t(c.v_dims) * sizeof(float));
+    const int64_t at = (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(op.positions[t])) * row;
+    store(c.data, at, op.rows + t * first_part, first_part);
+    if (op.values) store(c.data, at + c.k_dims, op.values + t * c.v_dims, c.v_dims);
   }
 }
 

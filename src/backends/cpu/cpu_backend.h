@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void wait_for(std::shared_ptr<Event> event) override;
   size_t free_bytes() const override;
   bool can_multiply(DType type) const override;
+  bool can_cache(DType type) const override { return type == DType::F32 || type == DType::BF16; }
 
   void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) override;
   void matmul(const MatmulOp& op) override;

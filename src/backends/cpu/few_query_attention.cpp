@@ -6,6 +6,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "core/error.h"
+#include "core/half.h"
 
 namespace tandem::cpu {
 namespace {
@@ -20,6 +21,17 @@ void transpose_queries(const float* x, int64_t x_stride, int64_t n_queries, int6
   out.assign(size_t((n_queries + 15) / 16 * cols * 16), 0.0f);
   for (int64_t q = 0; q < n_queries; ++q)
     for (int64_t c = 0; c < cols; ++c) out[size_t(((q / 16) * cols + c) * 16 + q % 16)] = x[q * x_stride + c];
+}
+
+// The same rounded to bf16, for key_scores_16_bf16: group g's columns 2i and 2i + 1 of query q at
+// out[(g * cols + 32 i) + 2 q] and the next (cols even).
+void transpose_queries_bf16(const float* x, int64_t x_stride, int64_t n_queries, int64_t cols,
+                            std::vector<uint16_t>& out) {
+  out.assign(size_t((n_queries + 15) / 16 * cols * 16), 0);
+  for (int64_t q = 0; q < n_queries; ++q)
+    for (int64_t c = 0; c < cols; ++c)
+      out[size_t((q / 16) * cols * 16 + (c / 2) * 32 + (q % 16) * 2 + c % 2)] =
+          f32_to_bf16(x[q * x_stride + c]);
 }
 
 void run_key_scores(const KernelTable& table, const KeyScoresArgs& a, ThreadPool& pool) {
@@ -80,11 +92,18 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
                a.heads % groups == 0 && a.ring >= 0);
   TANDEM_CHECK(a.values ? a.n_out <= a.value_stride : a.n_out <= a.cols);
   TANDEM_CHECK((groups - 1) * a.key_group_offset + a.cols <= a.key_stride && a.cols <= a.x_stride);
+  const bool bf16 = a.cache_type == DType::BF16;
+  TANDEM_CHECK(a.cache_type == DType::F32 || (bf16 && a.cols % 2 == 0));
   if (a.n_tokens == 0 || a.heads == 0) return;
   const int64_t H = a.heads, per_group = H / groups;
   const int64_t vector_groups = (per_group + 15) / 16, n_slices = (a.n_out + 63) / 64;
-  const float* value_rows = a.values ? a.values : a.keys;
+  const void* value_rows = a.values ? a.values : a.keys;
   const int64_t value_stride = a.values ? a.value_stride : a.key_stride;
+  // Value `at` of rows held as cache_type.
+  auto f32_at = [](const void* rows, int64_t at) { return static_cast<const float*>(rows) + at; };
+  auto bf16_at = [](const void* rows, int64_t at) {
+    return static_cast<const uint16_t*>(rows) + at;
+  };
   auto first_key = [&](int64_t t) -> int64_t { return a.first_key ? a.first_key[t] : 0; };
   // Parts per token, and where each token's parts start in the list.
   thread_local std::vector<int64_t> first_part_storage;
@@ -106,23 +125,44 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
     return Part{.max = base, .sum = base + H, .acc = base + 2 * H};
   };
 
+  // Every token's queries transposed once (per kv group; bf16 for a bf16 cache), before its
+  // parts: a token at 4096 keys has eight, and transposing in each cost 5% of its attention.
+  const size_t group_floats = size_t(vector_groups * a.cols * 16);
+  const size_t token_floats = size_t(groups) * group_floats;
+  thread_local std::vector<float> transposed_storage;
+  thread_local std::vector<uint16_t> transposed16_storage;
+  std::vector<float>& transposed = transposed_storage;  // named here: workers see the caller's
+  std::vector<uint16_t>& transposed16 = transposed16_storage;
+  if (bf16)
+    transposed16.resize(size_t(a.n_tokens) * token_floats);
+  else
+    transposed.resize(size_t(a.n_tokens) * token_floats);
+  pool.parallel_for(a.n_tokens * groups, [&](int64_t task, int) {
+    const int64_t t = task / groups, g = task % groups;
+    const float* x = a.x + (t * H + g * per_group) * a.x_stride;
+    const size_t at = size_t(t) * token_floats + size_t(g) * group_floats;
+    thread_local std::vector<float> one_group;
+    thread_local std::vector<uint16_t> one_group16;
+    if (bf16) {
+      transpose_queries_bf16(x, a.x_stride, per_group, a.cols, one_group16);
+      std::copy(one_group16.begin(), one_group16.end(), transposed16.begin() + at);
+    } else {
+      transpose_queries(x, a.x_stride, per_group, a.cols, one_group);
+      std::copy(one_group.begin(), one_group.end(), transposed.begin() + at);
+    }
+  });
+
   pool.parallel_for(n_parts, [&](int64_t i, int) {
     const int64_t t = std::upper_bound(first_part.begin(), first_part.end(), i) - first_part.begin() - 1;
     const int64_t keys = a.last_key[t] - first_key(t) + 1, part_size = part_keys(keys);
     const int64_t part_first = first_key(t) + (i - first_part[size_t(t)]) * part_size;
     const int64_t part_end = std::min(part_first + part_size, a.last_key[t] + int64_t(1));
-    // Each thread's own scratch: the token's queries transposed (per kv group), a block's scores
-    // and weighted sums, and how much the sums before it shrink.
-    thread_local std::vector<float> transposed, scores, block_acc, old_scale;
-    const size_t group_floats = size_t(vector_groups * a.cols * 16);
-    transposed.resize(size_t(groups) * group_floats);
-    thread_local std::vector<float> one_group;
-    for (int64_t g = 0; g < groups; ++g) {
-      transpose_queries(a.x + (t * H + g * per_group) * a.x_stride, a.x_stride, per_group, a.cols,
-                        one_group);
-      std::copy(one_group.begin(), one_group.end(), transposed.begin() + g * group_floats);
-    }
+    // Each thread's own scratch: a block's scores (and their bf16 weights, a zero after an odd
+    // count) and weighted sums, and how much the sums before it shrink.
+    thread_local std::vector<float> scores, block_acc, old_scale;
+    thread_local std::vector<uint16_t> weights16;
     scores.resize(size_t(H * kAttendBlock));
+    if (bf16) weights16.resize(size_t(H * (kAttendBlock + 1)));
     block_acc.resize(size_t(H * a.n_out));
     old_scale.resize(size_t(H));
     const Part out = part(i);
@@ -132,13 +172,19 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
       if (a.ring) n_keys = std::min(n_keys, a.ring - row);  // a block's rows are consecutive
       const bool first_block = first == part_first;
       for (int64_t g = 0; g < groups; ++g) {
-        const float* key_rows = a.keys + row * a.key_stride + g * a.key_group_offset;
+        const int64_t key_at = row * a.key_stride + g * a.key_group_offset;
         for (int64_t v = 0; v < vector_groups; ++v) {
           const int64_t head = g * per_group + 16 * v;
-          table.key_scores_16(transposed.data() + g * group_floats + v * a.cols * 16,
-                              int(std::min<int64_t>(16, per_group - 16 * v)), key_rows,
-                              a.key_stride, n_keys, a.cols, scores.data() + head * kAttendBlock,
-                              kAttendBlock);
+          const size_t x_at =
+              size_t(t) * token_floats + size_t(g) * group_floats + size_t(v * a.cols * 16);
+          const int n_queries = int(std::min<int64_t>(16, per_group - 16 * v));
+          float* head_scores = scores.data() + head * kAttendBlock;
+          if (bf16)
+            table.key_scores_16_bf16(transposed16.data() + x_at, n_queries, bf16_at(a.keys, key_at),
+                                     a.key_stride, n_keys, a.cols, head_scores, kAttendBlock);
+          else
+            table.key_scores_16(transposed.data() + x_at, n_queries, f32_at(a.keys, key_at),
+                                a.key_stride, n_keys, a.cols, head_scores, kAttendBlock);
         }
       }
       // Exponentials against the largest score so far; what the earlier blocks summed is scaled
@@ -150,20 +196,33 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
         old_scale[h] = first_block ? 0.0f : std::exp(out.max[h] - top);
         out.sum[h] = first_block ? sum : out.sum[h] * old_scale[h] + sum;
         out.max[h] = top;
+        if (bf16) {  // the weights as the bf16 sums take them (the sum above is of the F32 ones)
+          uint16_t* w = weights16.data() + h * (kAttendBlock + 1);
+          for (int64_t j = 0; j < n_keys; ++j)
+            w[j] = f32_to_bf16(scores[size_t(h * kAttendBlock + j)]);
+          w[n_keys] = 0;
+        }
       }
       for (int64_t g = 0; g < groups; ++g) {
-        const float* rows = value_rows + row * value_stride + g * a.value_group_offset;
+        const int64_t rows_at = row * value_stride + g * a.value_group_offset;
         for (int64_t slice = 0; slice < n_slices; ++slice)
           for (int64_t q0 = g * per_group; q0 < (g + 1) * per_group; q0 += 4) {
             const int n_q = int(std::min<int64_t>(4, (g + 1) * per_group - q0));
+            const int cols = int(std::min<int64_t>(64, a.n_out - 64 * slice));
             const float* p[4];
+            const uint16_t* p16[4];
             float* acc[4];
             for (int q = 0; q < n_q; ++q) {
               p[q] = scores.data() + (q0 + q) * kAttendBlock;
+              p16[q] = weights16.data() + (q0 + q) * (kAttendBlock + 1);
               acc[q] = (first_block ? out.acc : block_acc.data()) + (q0 + q) * a.n_out + 64 * slice;
             }
-            table.weighted_sums_64(p, n_q, rows + 64 * slice, value_stride, n_keys,
-                                   int(std::min<int64_t>(64, a.n_out - 64 * slice)), acc);
+            if (bf16)
+              table.weighted_sums_64_bf16(p16, n_q, bf16_at(value_rows, rows_at + 64 * slice),
+                                          value_stride, n_keys, cols, acc);
+            else
+              table.weighted_sums_64(p, n_q, f32_at(value_rows, rows_at + 64 * slice), value_stride,
+                                     n_keys, cols, acc);
           }
       }
       if (!first_block)
@@ -217,6 +276,42 @@ void weighted_sums_64_portable(const float* const* p, int n_queries, const float
       for (int c = 0; c < cols; ++c) out[q][c] += w * row[c];
     }
   }
+}
+
+// GCC 12.2 at -O3 vectorizes this loop wrongly (a score of -0.75 for 0.30 with 24 columns; -O2,
+// or -O3 without the loop vectorizer, compute it right): the vectorizer is off for it.
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-vectorize")))
+#endif
+void key_scores_16_bf16_portable(const uint16_t* x_p, int n_queries, const uint16_t* keys,
+                                 int64_t key_stride, int64_t n_keys, int64_t cols, float* scores,
+                                 int64_t score_stride) {
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const uint16_t* key = keys + j * key_stride;
+    for (int q = 0; q < n_queries; ++q) {
+      float acc = 0;
+      for (int64_t c = 0; c < cols; c += 2) {
+        const uint16_t* x = x_p + c * 16 + 2 * q;
+        acc += bf16_to_f32(x[1]) * bf16_to_f32(key[c + 1]);  // exact products: 8-bit significands
+        acc += bf16_to_f32(x[0]) * bf16_to_f32(key[c]);
+      }
+      scores[q * score_stride + j] = acc;
+    }
+  }
+}
+
+void weighted_sums_64_bf16_portable(const uint16_t* const* p, int n_queries, const uint16_t* rows,
+                                    int64_t row_stride, int64_t keys, int cols, float* const* out) {
+  for (int q = 0; q < n_queries; ++q)
+    for (int c = 0; c < cols; ++c) {
+      float acc = 0;
+      for (int64_t j = 0; j < keys; j += 2) {
+        if (j + 1 < keys)
+          acc += bf16_to_f32(p[q][j + 1]) * bf16_to_f32(rows[(j + 1) * row_stride + c]);
+        acc += bf16_to_f32(p[q][j]) * bf16_to_f32(rows[j * row_stride + c]);
+      }
+      out[q][c] = acc;
+    }
 }
 
 float softmax_block_portable(float* s, int64_t n, float scale, float* top) {

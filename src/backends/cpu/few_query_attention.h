@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "backends/cpu/cpu_features.h"
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace tandem::cpu {
@@ -66,7 +67,7 @@ struct AttendArgs {
   int64_t n_tokens = 0;
   int64_t heads = 0;
   const int32_t* last_key = nullptr;  // [n_tokens]: the last key each token attends to
-  const float* keys = nullptr;        // [.., key_stride]: columns 0 .. cols-1 scored
+  const void* keys = nullptr;         // [.., key_stride] of cache_type: columns 0 .. cols-1 scored
   int64_t key_stride = 0;
   int64_t cols = 0;
   int64_t n_out = 0;  // columns of each summed row (of the key rows themselves: at most cols)
@@ -79,7 +80,7 @@ struct AttendArgs {
   // [g * value_group_offset, + n_out) of the value rows. MLA: one group, its keys summed.
   int64_t kv_groups = 1;
   int64_t key_group_offset = 0;
-  const float* values = nullptr;  // [.., value_stride] rows summed, or null: the key rows
+  const void* values = nullptr;  // [.., value_stride] rows summed, or null: the key rows
   int64_t value_stride = 0, value_group_offset = 0;
   // [n_tokens]: the first key each token attends to (a sliding window), or null: key 0.
   const int32_t* first_key = nullptr;
@@ -87,6 +88,10 @@ struct AttendArgs {
   int64_t ring = 0;
   // [heads]: one more logit per head in the softmax's denominator (attention sinks), or null.
   const float* sinks = nullptr;
+  // F32, or BF16: keys and values as a BF16 KV cache holds them (strides in values, not bytes);
+  // scores and sums then take kernels.h's bf16 kernels (queries and weights rounded to bf16;
+  // cols even).
+  DType cache_type = DType::F32;
 };
 
 // One parallel job each, with the kernels of best_cpu_isa().

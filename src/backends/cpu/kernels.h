@@ -79,6 +79,18 @@ using KeyScores16Fn = void (*)(const float* x_t, int n_queries, const float* key
                                int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);
 using WeightedSums64Fn = void (*)(const float* const* p, int n_queries, const float* rows,
                                   int64_t row_stride, int64_t keys, int cols, float* const* out);
+// The same two over a BF16 cache (--cache-type-k/v bf16), with vdpbf16ps's arithmetic: the
+// queries and the weights rounded to bf16 too, products of pairs added to an F32 sum, the odd
+// member of a pair first. key_scores: x_p holds 16 queries in pairs of columns (query q's columns
+// 2i and 2i + 1 at x_p[32 i + 2 q] and x_p[32 i + 2 q + 1]; cols even), s += x·k over column pairs
+// in order. weighted_sums: keys in pairs (j, j + 1) from key 0, out += p[j + 1] · row[j + 1] then
+// p[j] · row[j]; an odd last key alone (p[q] may hold a zero after it: never read).
+using KeyScores16Bf16Fn = void (*)(const uint16_t* x_p, int n_queries, const uint16_t* keys,
+                                   int64_t key_stride, int64_t n_keys, int64_t cols, float* scores,
+                                   int64_t score_stride);
+using WeightedSums64Bf16Fn = void (*)(const uint16_t* const* p, int n_queries, const uint16_t* rows,
+                                      int64_t row_stride, int64_t keys, int cols,
+                                      float* const* out);
 // One block of a query's scores turned into softmax terms: s[j] *= scale, *top = the larger of
 // *top and every s[j], then s[j] = exp(s[j] - *top); returns Σ_j s[j] (n >= 1).
 using SoftmaxBlockFn = float (*)(float* s, int64_t n, float scale, float* top);
@@ -104,9 +116,11 @@ struct KernelTable {
   // The same for the Int8 token-lanes path (gemm_q8.h's tiles); nullptr: a task's groups are taken
   // apart for the plain 8-bit kernel.
   LanesRowsFn group_lanes8[kDTypeSlots] = {};
-  // Every level has these four.
+  // Every level has these six.
   KeyScores16Fn key_scores_16 = nullptr;
   WeightedSums64Fn weighted_sums_64 = nullptr;
+  KeyScores16Bf16Fn key_scores_16_bf16 = nullptr;
+  WeightedSums64Bf16Fn weighted_sums_64_bf16 = nullptr;
   SoftmaxBlockFn softmax_block = nullptr;
   SiluMulFn silu_mul = nullptr;
 };
@@ -140,6 +154,11 @@ void key_scores_16_portable(const float* x_t, int n_queries, const float* keys, 
 void weighted_sums_64_portable(const float* const* p, int n_queries, const float* rows,
                                int64_t row_stride, int64_t keys, int cols, float* const* out);
 float softmax_block_portable(float* s, int64_t n, float scale, float* top);
+void key_scores_16_bf16_portable(const uint16_t* x_p, int n_queries, const uint16_t* keys,
+                                 int64_t key_stride, int64_t n_keys, int64_t cols, float* scores,
+                                 int64_t score_stride);
+void weighted_sums_64_bf16_portable(const uint16_t* const* p, int n_queries, const uint16_t* rows,
+                                    int64_t row_stride, int64_t keys, int cols, float* const* out);
 // activations.cpp and its _avx512 file.
 void silu_mul_portable(float* gate, const float* up, int64_t n);
 void fill_avx512_activations(KernelTable& table);

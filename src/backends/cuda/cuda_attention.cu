@@ -59,7 +59,7 @@ __global__ void kv_store_kernel(KvStoreOp op) {
   const int64_t pos = op.positions[t];
   if (op.seq_ids[t] < 0 || op.seq_ids[t] >= c.n_seq || pos < 0 || (!c.ring && pos >= c.n_ctx))
     __trap();
-  float* dst = c.data + (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(pos)) * row;
+  float* dst = c.f32() + (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(pos)) * row;
   // Latent rows whole; key/value rows from their two halves.
   const int64_t first = op.values ? c.k_dims : row;
   const float* src = op.rows + t * first;
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kGqaWarps * 32) gqa_attention_kernel(Attention
   const int64_t g = h / (op.n_heads / op.n_kv_heads), hd = op.head_dim, vd = op.v_head_dim;
   const KvLayerView& c = op.cache;
   const int64_t row = c.row(), pos = op.positions[t];
-  const float* rows = c.data + int64_t(op.seq_ids[t]) * c.n_ctx * row;
+  const float* rows = c.f32() + int64_t(op.seq_ids[t]) * c.n_ctx * row;
   float q[kGqaMaxPerLane], acc[kGqaMaxPerLane];
 #pragma unroll
   for (int i = 0; i < kGqaMaxPerLane; ++i) {
@@ -198,7 +198,7 @@ __device__ __forceinline__ void attend(const MlaArgs& a, int64_t t, int n_heads,
                                        HeadState<kColumns> (&state)[kGroup]) {
   const int64_t lora = a.cache.kv_lora_rank, row = lora + a.cache.rope_dims;
   const int tid = threadIdx.x;
-  const float* cache = a.cache.data + int64_t(a.seq_ids[t]) * a.cache.n_ctx * row;
+  const float* cache = a.cache.f32() + int64_t(a.seq_ids[t]) * a.cache.n_ctx * row;
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
     state[g].max = -INFINITY, state[g].sum = 0.0f;

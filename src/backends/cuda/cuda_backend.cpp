@@ -484,6 +484,9 @@ void CudaBackend::rope(const RopeOp& op) {
 }
 
 void CudaBackend::kv_store(const KvStoreOp& op) {
+  if (!can_cache(op.cache.type))
+    fail("{}: the CUDA backend keeps its KV cache in F32 (--cache-type-k/v bf16 is CPU-only)",
+         name_);
   if (op.n_tokens == 0) return;
   activate();
   cuda::kv_store(op, stream_);

@@ -55,6 +55,7 @@ class SimBackend final : public Backend {
   void wait_for(std::shared_ptr<Event> event) override;
   size_t free_bytes() const override;
   bool can_multiply(DType type) const override;
+  bool can_cache(DType type) const override { return type == DType::F32 || type == DType::BF16; }
 
   bool can_capture() const override { return true; }
   void begin_capture() override;
