@@ -75,8 +75,12 @@ void add_load_options(CLI::App* cmd, EngineOptions& options) {
                 "model's size; ~1 minute per 10 GB, with progress; one run at a time), or in "
                 "$XDG_CACHE_HOME/tandem or ~/.cache/tandem where that folder is not writable or "
                 "full, and reused while the model's size and header match the ones it recorded. "
-                "Without AVX-512 it says so and runs the file as it is. (A copy in memory only, "
-                "without the file, is not built yet.)");
+                "Without AVX-512 it says so and runs the file as it is.");
+  cmd->add_flag("--repack-in-memory", options.repack_in_memory,
+                "make the same copy in RAM at every load instead, no file written (for a model "
+                "whose folder and cache cannot hold a second copy): costs the repack each run "
+                "(~1 minute per 10 GB) and the copy's size in RAM beside the model's pages in the "
+                "page cache");
 }
 
 void add_device_options(CLI::App* cmd, EngineOptions& options) {

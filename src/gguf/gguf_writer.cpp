@@ -47,6 +47,11 @@ GgufWriter::GgufWriter(std::vector<uint8_t>* out, uint64_t alignment)
   check_alignment(path_, alignment_);
 }
 
+GgufWriter::GgufWriter(std::span<uint8_t> out, std::string name, uint64_t alignment)
+    : path_(std::move(name)), buffer_(out), alignment_(alignment) {
+  check_alignment(path_, alignment_);
+}
+
 GgufWriter::~GgufWriter() {
   if (file_) {
     std::fclose(file_);
@@ -109,6 +114,10 @@ void GgufWriter::emit(const void* data, size_t n) {
   if (memory_) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     memory_->insert(memory_->end(), p, p + n);
+  } else if (buffer_.data()) {
+    if (n > buffer_.size() - pos_)
+      fail("{}: the image outgrew its buffer of {} bytes", path_, buffer_.size());
+    std::memcpy(buffer_.data() + pos_, data, n);
   } else if (std::fwrite(data, 1, n, file_) != n) {
     write_failed(errno);
   }

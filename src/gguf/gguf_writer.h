@@ -30,6 +30,9 @@ class GgufWriter {
   explicit GgufWriter(std::string path, uint64_t alignment = kDefaultAlignment);
   // Appends the image to `out` instead (tests, fuzz seeds); `out` must outlive the writer.
   explicit GgufWriter(std::vector<uint8_t>* out, uint64_t alignment = kDefaultAlignment);
+  // Writes the image into `out` from its start (--repack-in-memory: a buffer on 2 MiB pages);
+  // an image that outgrows it is an error naming `name`.
+  GgufWriter(std::span<uint8_t> out, std::string name, uint64_t alignment = kDefaultAlignment);
   // Without a successful finish() the file is removed, so an interrupted or failed conversion
   // never leaves a file that looks like a complete model.
   ~GgufWriter();
@@ -76,6 +79,7 @@ class GgufWriter {
   std::string path_;
   std::FILE* file_ = nullptr;
   std::vector<uint8_t>* memory_ = nullptr;
+  std::span<uint8_t> buffer_;  // the fixed-size target, when not a file or a vector
   uint64_t alignment_;
   bool alignment_in_metadata_ = false;
   bool header_written_ = false;

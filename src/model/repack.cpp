@@ -132,7 +132,10 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool) {
     fail("{}: already repacked ({} is set); repack the original file instead", in.name(),
          kRepackedKey);
 
-  gguf::GgufWriter out(options.output_path, in.alignment());
+  gguf::GgufWriter out =
+      options.memory.empty()
+          ? gguf::GgufWriter(options.output_path, in.alignment())
+          : gguf::GgufWriter(options.memory, options.output_path, in.alignment());
   for (const auto& [key, value] : in.metadata())
     if (copied_key(key)) out.add_metadata(key, value);
   out.add_metadata(std::string(kRepackedKey),
@@ -243,6 +246,26 @@ RepackedCopy repacked_copy(const gguf::GgufFile& model, int n_threads, bool show
       "`tandem repack {} OUT.gguf` and run OUT.gguf",
       model_path, fmt::join(refused, "; "),
       short_of_space ? "free some space" : "make the model's folder writable", model_path);
+}
+
+RepackedCopy repacked_in_memory(const gguf::GgufFile& model, int n_threads, bool show_progress) {
+  if (model.find(kRepackedKey)) return {};
+  // Room for the copy: Q4_K matrices grow by 2.8%, the header by a few keys. Pages are committed
+  // as the image is written, so what is left over costs address space only.
+  const uint64_t room =
+      model.total_file_bytes() + model.total_file_bytes() / 20 + (uint64_t(64) << 20);
+  RepackedCopy copy{.path = model.name() + " (repacked in memory)",
+                    .memory = std::make_unique<AlignedBuffer>(size_t(room)),
+                    .made = true};
+  ThreadPool pool(n_threads);
+  copy.summary = repack_model({.input_path = model.name(),
+                               .output_path = copy.path,
+                               .show_progress = show_progress,
+                               .memory = {copy.memory->data(), copy.memory->size()}},
+                              pool);
+  copy.file = std::make_unique<gguf::GgufFile>(gguf::GgufFile::parse_memory(
+      {copy.memory->data(), size_t(copy.summary.file_bytes)}, copy.path));
+  return copy;
 }
 
 }  // namespace tandem

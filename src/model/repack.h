@@ -8,9 +8,11 @@
 // their format. Done once, offline, so that loading stays a plain mmap.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
+#include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
 
@@ -18,8 +20,10 @@ namespace tandem {
 
 struct RepackOptions {
   std::string input_path;   // a GGUF (or the first part of a split one)
-  std::string output_path;  // one GGUF file
+  std::string output_path;  // one GGUF file, or the name of the image in `memory`
   bool show_progress = true;
+  // When not empty: the copy is written here (from its start) instead of to a file.
+  std::span<uint8_t> memory;
 };
 
 struct RepackSummary {
@@ -49,11 +53,17 @@ RepackSummary repack_model(const RepackOptions& options, ThreadPool& pool);
 // can be written.
 struct RepackedCopy {
   std::string path;
+  std::unique_ptr<AlignedBuffer> memory;  // the image of an in-memory copy (outlives `file`)
   std::unique_ptr<gguf::GgufFile> file;  // the copy, opened (null: the model is repacked already)
   bool made = false;                     // written by this call (on `n_threads` threads)
   RepackSummary summary;                 // when made
 };
 RepackedCopy repacked_copy(const gguf::GgufFile& model, int n_threads, bool show_progress);
+// `--repack-in-memory`: the same copy made in RAM (on 2 MiB pages) at every load, no file
+// written: the repack's time each run and the copy's size in memory (the model's own pages stay
+// in the page cache, which the kernel may drop), for a model whose folder and cache cannot hold
+// a second copy. `memory` holds the image `file` reads: keep it as long as the file.
+RepackedCopy repacked_in_memory(const gguf::GgufFile& model, int n_threads, bool show_progress);
 // What a file records of the model it was repacked from (empty for any other file).
 std::string repacked_source(const gguf::GgufFile& file);
 

@@ -108,8 +108,9 @@ Engine::Engine(const EngineOptions& options) {
 }
 
 // --repack: the model's repacked copy (model/repack.h) in place of the file, made first if need
-// be. Each rank keeps its own machine's copy (the ranks compared the models themselves already).
-void Engine::use_repacked_copy() {
+// be; --repack-in-memory: made in RAM at every load. Each rank keeps its own machine's copy (the
+// ranks compared the models themselves already).
+void Engine::use_repacked_copy(bool in_memory) {
   const std::string model_path = file_->name();
   if (cpu::best_cpu_isa() != cpu::CpuIsa::Avx512) {
     if (rank() == 0)
@@ -119,9 +120,17 @@ void Engine::use_repacked_copy() {
                    model_path.c_str());
     return;
   }
-  RepackedCopy copy = repacked_copy(*file_, n_threads_, /*show_progress=*/rank() == 0);
+  RepackedCopy copy = in_memory
+                          ? repacked_in_memory(*file_, n_threads_, /*show_progress=*/rank() == 0)
+                          : repacked_copy(*file_, n_threads_, /*show_progress=*/rank() == 0);
   if (!copy.file) return;  // repacked already
-  if (copy.made)
+  if (in_memory)
+    std::fprintf(stderr,
+                 "tandem: --repack-in-memory: repacked %s in RAM (%d of %d tensors interleaved, "
+                 "%s) in %.1f s\n",
+                 model_path.c_str(), copy.summary.n_interleaved, copy.summary.n_tensors,
+                 format_bytes(copy.summary.file_bytes).c_str(), copy.summary.seconds);
+  else if (copy.made)
     std::fprintf(stderr,
                  "tandem: --repack: wrote %s (%d of %d tensors interleaved, %s) in %.1f s; later "
                  "runs load it directly\n",
@@ -131,6 +140,7 @@ void Engine::use_repacked_copy() {
     std::fprintf(stderr, "tandem: --repack: loading %s, the repacked copy of %s\n",
                  copy.path.c_str(), model_path.c_str());
   file_ = std::move(copy.file);  // the file it checked, whatever replaces that path meanwhile
+  repacked_memory_ = std::move(copy.memory);
 }
 
 void Engine::load(const EngineOptions& options, Spread spread,
@@ -143,7 +153,11 @@ void Engine::load(const EngineOptions& options, Spread spread,
   const ModelInfo file_info = read_model_info(*file_);  // refuses an unknown architecture
 
   n_threads_ = options.n_threads > 0 ? options.n_threads : physical_core_count();
-  if (options.repack) use_repacked_copy();
+  if (options.repack && options.repack_in_memory)
+    fail(
+        "--repack and --repack-in-memory: choose one (a copy in a file, reused, or in RAM, made "
+        "at every load)");
+  if (options.repack || options.repack_in_memory) use_repacked_copy(options.repack_in_memory);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : int64_t(file_info.n_ctx_train);
   DevicePlan devices;
   // "auto" on a machine without GPUs is a CPU run, without planning.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.h"
 #include "core/backend.h"
 #include "core/transport.h"
 #include "gguf/gguf_file.h"
@@ -41,6 +42,7 @@ struct EngineOptions {
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
   bool mlock = false;           // lock the model file in RAM so it is never paged out
   bool repack = false;          // load the model's repacked copy (model/repack.h), made if need be
+  bool repack_in_memory = false;  // the same copy made in RAM at every load, no file written
   bool pin_threads = true;      // each CPU thread on its own physical core (thread_pool.h)
   // The KV cache's keys and values: F32, or BF16 (half the memory; the CPU backend only;
   // KvLayerView). One type for both (an MLA cache row is key and value at once): the engine
@@ -171,7 +173,7 @@ class Engine {
 
  private:
   // The constructor's work once the transport is open.
-  void use_repacked_copy();
+  void use_repacked_copy(bool in_memory);
   void load(const EngineOptions& options, Spread spread,
             std::chrono::steady_clock::time_point start);
   // Rank 0: tells the following ranks what comes next (engine.cpp's FollowerOp).
@@ -204,6 +206,7 @@ class Engine {
   Spread spread_ = Spread::Pipeline;      // over ranks: how the model is divided
   RankPlan rank_plan_;                    // over ranks: which rank runs each part
   Transport::Traffic announced_traffic_;  // rank 0: what announce() has sent
+  std::unique_ptr<AlignedBuffer> repacked_memory_;  // --repack-in-memory: the image file_ reads
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<Backend>> backends_;  // [0] = cpu

@@ -164,6 +164,28 @@ TEST_F(CliTest, RepackFlagMakesTheCopyOnceAndReusesItWhileTheModelIsUnchanged) {
       << changed.output;
 }
 
+// --repack-in-memory: the same copy made in RAM, nothing written beside the model, the same
+// tokens as the copy on disk.
+TEST_F(CliTest, RepackInMemoryRunsTheCopyWithoutWritingAFile) {
+  const std::filesystem::path model = dir_ / "model.gguf";
+  std::filesystem::copy_file(test::fixture("small-v3-Q4_K_M.gguf"), model);
+  const std::string prompt = "run --temp 0 -n 8 -p 'Hello there' ";
+  const Result in_memory = run(prompt + "--repack-in-memory " + model.string());
+  ASSERT_EQ(in_memory.exit_code, 0) << in_memory.output;
+  if (in_memory.output.find("this CPU has no AVX-512") != std::string::npos)
+    GTEST_SKIP() << "no AVX-512 here: --repack-in-memory makes no copy";
+  EXPECT_NE(in_memory.output.find("--repack-in-memory: repacked " + model.string() + " in RAM"),
+            std::string::npos)
+      << in_memory.output;
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_), {}), 1);  // the model only
+  const std::filesystem::path copy = dir_ / "copy.gguf";
+  ASSERT_EQ(run("repack --no-progress " + model.string() + " " + copy.string()).exit_code, 0);
+  EXPECT_EQ(generated_text(in_memory.output), generated_text(run(prompt + copy.string()).output));
+  const Result both = run(prompt + "--repack --repack-in-memory " + model.string());
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.output.find("choose one"), std::string::npos) << both.output;
+}
+
 TEST_F(CliTest, CorruptFileIsAOneLineErrorNamingTheFile) {
   const std::string path = (dir_ / "bad.gguf").string();
   std::ofstream(path) << "GGUF\x03garbage";
