@@ -145,6 +145,11 @@ void Engine::use_repacked_copy(bool in_memory) {
 
 void Engine::load(const EngineOptions& options, Spread spread,
                   std::chrono::steady_clock::time_point start) {
+  if (options.cache_type_v != options.cache_type_k)
+    fail(
+        "--cache-type-k {} and --cache-type-v {}: tandem keeps keys and values in one type (an "
+        "MLA cache row is both); give both the same",
+        dtype_info(options.cache_type_k).name, dtype_info(options.cache_type_v).name);
   file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(options.model_path));
   if (transport_)
     check_same_on_every_rank(*transport_, file_->header_fingerprint(),
@@ -254,6 +259,19 @@ void Engine::load(const EngineOptions& options, Spread spread,
     if (transport_->n_ranks() > 1 && has_gpu && !cuda::nccl_loaded())
       std::fprintf(stderr, "tandem: rank %d: %s\n", rank(), cuda::describe_nccl().c_str());
   }
+  // Before the weights load: every device that keeps a layer's cache, or a copy of it for its
+  // share of the heads, must take the cache's type.
+  for (size_t il = 0; il < devices.layers.size(); ++il) {
+    std::vector<const Backend*> holders = {devices.layers[il]};
+    if (il < devices.heads.size())
+      for (const AttentionShare& share : devices.heads[il]) holders.push_back(share.device);
+    for (const Backend* d : holders)
+      if (d && !d->can_cache(options.cache_type_k))
+        fail(
+            "a {} KV cache runs on the CPU only, and layer {}'s attention is on {}: use "
+            "--cache-type-k f32 --cache-type-v f32, or --devices cpu",
+            dtype_info(options.cache_type_k).name, il, d->name());
+  }
   model_ = load_model(*file_, devices);
   model_->set_graphs_enabled(options.graphs);
   model_->set_precision(options.precision);
@@ -268,6 +286,10 @@ void Engine::load(const EngineOptions& options, Spread spread,
       break;
     }
   }
+  if (options.mlock && repacked_memory_)
+    std::fprintf(stderr,
+                 "tandem: warning: --mlock locks files; the --repack-in-memory copy is not "
+                 "locked and may be paged out under memory pressure\n");
   if (options.mlock) {
     // As llama.cpp: a lock that fails is a warning, the run goes on from the page cache.
     if (std::string error = file_->lock_in_memory(/*show_progress=*/true); !error.empty())
@@ -299,12 +321,7 @@ void Engine::load(const EngineOptions& options, Spread spread,
   const ModelInfo& info = model_->info();
 
   const std::span<const KvLayerShape> kv_layers = info.kv;
-  const DType cache_type = options.cache_type_k;
-  if (options.cache_type_v != cache_type)
-    fail(
-        "--cache-type-k {} and --cache-type-v {}: tandem keeps keys and values in one type (an "
-        "MLA cache row is both); give both the same",
-        dtype_info(options.cache_type_k).name, dtype_info(options.cache_type_v).name);
+  const DType cache_type = options.cache_type_k;  // and _v: load() checked they match
   // (Over several ranks: when a layer of this rank keeps its cache in RAM; the ranks then take
   // the smallest context any of them chose.)
   const bool cache_in_ram = std::ranges::any_of(
@@ -333,12 +350,6 @@ void Engine::load(const EngineOptions& options, Spread spread,
   if (transport_) {  // every rank keeps the same context: the smallest any of them chose
     n_ctx = std::ranges::min(gather_from_every_rank(*transport_, n_ctx, "the context length"));
   }
-  for (size_t il = 0; il < devices.layers.size(); ++il)
-    if (const Backend* d = devices.layers[il]; d && !d->can_cache(cache_type))
-      fail(
-          "a {} KV cache runs on the CPU only, and layer {}'s attention is on {}: use "
-          "--cache-type-k f32 --cache-type-v f32, or --devices cpu",
-          dtype_info(cache_type).name, il, d->name());
   cache_ = std::make_unique<KvCache>(devices.layers, kv_layers, n_ctx, options.n_seq,
                                      kMaxStepTokens, cache_type);
   const uint64_t per_token =

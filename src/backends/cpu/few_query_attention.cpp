@@ -210,11 +210,11 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
             const int n_q = int(std::min<int64_t>(4, (g + 1) * per_group - q0));
             const int cols = int(std::min<int64_t>(64, a.n_out - 64 * slice));
             const float* p[4];
-            const uint16_t* p16[4];
+            const uint16_t* p16[4] = {};
             float* acc[4];
             for (int q = 0; q < n_q; ++q) {
               p[q] = scores.data() + (q0 + q) * kAttendBlock;
-              p16[q] = weights16.data() + (q0 + q) * (kAttendBlock + 1);
+              if (bf16) p16[q] = weights16.data() + (q0 + q) * (kAttendBlock + 1);
               acc[q] = (first_block ? out.acc : block_acc.data()) + (q0 + q) * a.n_out + 64 * slice;
             }
             if (bf16)
