@@ -15,6 +15,7 @@
 #include "backends/cpu/few_query_attention.h"
 #include "backends/cpu/kernels.h"
 #include "core/half.h"
+#include "cpu/sum_bound.h"
 
 namespace tandem::cpu {
 namespace {
@@ -27,15 +28,6 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float low, float 
 }
 
 constexpr uint16_t kNanBf16 = 0x7fc0;
-
-// |float sum - exact| <= n * eps * Σ|terms|: adding n exact products (bf16 x bf16 fits a float)
-// in order.
-template <class Term>
-void expect_near_sum(double got, int64_t n, Term term, const std::string& where) {
-  double exact = 0, abs_terms = 0;
-  for (int64_t i = 0; i < n; ++i) exact += term(i), abs_terms += std::abs(term(i));
-  EXPECT_LE(std::abs(got - exact), double(n + 1) * 1.2e-7 * abs_terms + 1e-30) << where;
-}
 
 TEST(Bf16Attention, KeyScoresMatchDoubleSumsOfTheBf16Products) {
   std::mt19937 rng(3);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
+#include "cpu/sum_bound.h"
 
 namespace tandem::cpu {
 namespace {
@@ -21,15 +22,6 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float low, float h
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
   return v;
-}
-
-// |float sum - exact| <= n * eps * Σ|terms|: the bound of adding n products in order; the exact
-// sum of term(0) .. term(n - 1) in double.
-template <class Term>
-void expect_near_sum(double got, int64_t n, Term term, const std::string& where) {
-  double exact = 0, abs_terms = 0;
-  for (int64_t i = 0; i < n; ++i) exact += term(i), abs_terms += std::abs(term(i));
-  EXPECT_LE(std::abs(got - exact), double(n + 1) * 1.2e-7 * abs_terms + 1e-30) << where;
 }
 
 TEST(FewQueryAttention, KeyScoresMatchDoubleSums) {
