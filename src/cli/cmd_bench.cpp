@@ -248,7 +248,7 @@ void register_bench(CLI::App& app) {
     const ModelInfo& info = engine.info();
     uint64_t cache_per_token = 0;
     const int64_t rows = o->generate > 0 ? depth + (o->generate - 1) / 2 : 0;
-    const uint64_t value_bytes = engine.kv_cache().type() == DType::BF16 ? 2 : 4;
+    const uint64_t value_bytes = dtype_info(engine.kv_cache().type()).block_bytes;
     for (uint32_t il = 0; il < info.kv.size(); ++il) {
       const int64_t window = info.kv[il].window;
       cache_per_token += uint64_t(info.kv[il].row_floats()) * value_bytes *

@@ -20,7 +20,7 @@ int64_t KvCache::rows_per_sequence(const KvLayerShape& layer, int64_t n_ctx,
 namespace {
 uint64_t value_bytes(DType type) {
   TANDEM_CHECK(type == DType::F32 || type == DType::BF16);
-  return type == DType::BF16 ? 2 : 4;
+  return dtype_info(type).block_bytes;
 }
 }  // namespace
 
