@@ -31,6 +31,7 @@ struct Shape {
   int64_t cols;
   const char* what;
 };
+constexpr Shape kExpertUp = {1408, 2048, "expert_up"};
 
 // Random bytes with every scale field (and every F16/BF16 element) set to a moderate value, so
 // no NaN, infinity or subnormal changes the timing. The values do not matter for speed.
@@ -172,8 +173,7 @@ void bm_matmul(benchmark::State& state, DType type, ActPrecision precision, Shap
 // token. Below kLanesMinTokens this is the row-dot path, from it on the token-lanes path;
 // the per-token cost on either side is what sets that threshold (kLanesMinTokens in matmul.h).
 void bm_tokens(benchmark::State& state, DType type, ActPrecision precision, int64_t n_tokens,
-               int n_threads) {
-  const Shape shape = {1408, 2048, "expert_up"};
+               int n_threads, Shape shape) {
   const uint8_t* weights = weights_for(type, shape).buffer.data();  // its first copy only
   ThreadPool& pool = pool_of(n_threads);
   std::vector<float> x(size_t(shape.cols * n_tokens)), y(size_t(shape.rows * n_tokens));
@@ -239,12 +239,26 @@ void register_all() {
         const std::string name = "tokens/" + std::string(dtype_name(type)) +
                                  (precision == ActPrecision::Int16 ? "/int16" : "/int8") +
                                  "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:1";
-        benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, n_tokens, 1)
+        benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, n_tokens, 1,
+                                     kExpertUp)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
     }
   }
+  // One token against 256 rows that stay in L2: the decode kernels' own rate (what sets decode
+  // wherever memory is faster than they are), the interleaved formats beside their base formats.
+  for (DType type :
+       {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16, DType::Q5_0, DType::Q5_0_R16})
+    for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
+      const std::string name = "l2/" + std::string(dtype_name(type)) +
+                               (precision == ActPrecision::Int16 ? "/int16" : "/int8") +
+                               "/256x2048/n:1/threads:1";
+      benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, 1, 1,
+                                   Shape{256, 2048, "l2"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
   // Prompt chunks on the interleaved formats of `tandem repack` against their base formats.
   for (DType type : {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16})
     for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8})
@@ -252,7 +266,8 @@ void register_all() {
         const std::string name = "prompt/" + std::string(dtype_name(type)) +
                                  (precision == ActPrecision::Int16 ? "/int16" : "/int8") +
                                  "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:2";
-        benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, n_tokens, 2)
+        benchmark::RegisterBenchmark(name.c_str(), bm_tokens, type, precision, n_tokens, 2,
+                                     kExpertUp)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

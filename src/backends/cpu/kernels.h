@@ -110,6 +110,8 @@ struct KernelTable {
   // Int16 only, indexed by the base format of an interleaved one (Q8_0 for Q8_0_R16); nullptr
   // where the level has none: matmul then takes each group apart into plain rows.
   GroupDotFn group_dots[kDTypeSlots] = {};
+  // The same at Int8, against the plain format's 8-bit activations (its FormatKernel's act).
+  GroupDotFn group_dots8[kDTypeSlots] = {};
   // Int16 only, indexed like group_dots: the token-lanes path reading interleaved groups (rows a
   // multiple of 16); nullptr: groups are taken apart for the plain lanes path.
   LanesRowsFn group_lanes[kDTypeSlots] = {};
@@ -146,8 +148,9 @@ void fill_portable_lanes_kernels(KernelTable& table);
 void fill_avx512_lanes_kernels(KernelTable& table);
 void fill_portable_lanes8_kernels(KernelTable& table);
 void fill_avx512_lanes8_kernels(KernelTable& table);
-// Interleaved-format kernels (dot_r16_avx512.cpp).
+// Interleaved-format kernels (dot_r16_avx512.cpp, dot_r16_q8_avx512.cpp).
 void fill_avx512_group_kernels(KernelTable& table);
+void fill_avx512_group8_kernels(KernelTable& table);
 // few_query_attention.h's kernels (few_query_attention.cpp and its _avx512 file).
 void key_scores_16_portable(const float* x_t, int n_queries, const float* keys, int64_t key_stride,
                             int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);

@@ -32,6 +32,7 @@ KernelTable build_table(CpuIsa isa) {
     fill_avx512_kernels(table);
     fill_avx512_q16_kernels(table);
     fill_avx512_group_kernels(table);
+    fill_avx512_group8_kernels(table);
     fill_avx512_few_query_attention(table);
     fill_avx512_activations(table);
   }
@@ -138,16 +139,17 @@ bool takes_lanes(const MatmulArgs& args, ActPrecision precision) {
 }
 
 // The precision a matmul runs at: as asked, except that an Int8 matmul of an interleaved format
-// by row dots runs the 16-bit kernels that read whole groups where the level has them: there are
-// no 8-bit ones, and taking each group apart for 8-bit row dots costs more than the 8 bits save
-// (decode at half the speed). On the token-lanes path the groups of a task's rows are taken apart
+// by row dots runs the 16-bit kernels that read whole groups where the level has them but no
+// 8-bit ones: taking each group apart for 8-bit row dots costs more than the 8 bits save (decode
+// at half the speed). On the token-lanes path the groups of a task's rows are taken apart
 // once for all its tokens (run_interleaved_rows), so the 8-bit kernels keep their lead there
 // (matmul_bench "prompt/": 18.5 us a token at 16 bits, 11 at 8).
 ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
   const size_t base = size_t(dtype_info(args.weight_type).base);
   if (args.precision == ActPrecision::Int8 && base != size_t(args.weight_type) &&
       (table.group_dots[base] || table.group_lanes[base]) &&
-      !(table.lanes8[base] && takes_lanes(args, ActPrecision::Int8)))
+      !(table.lanes8[base] && takes_lanes(args, ActPrecision::Int8)) &&
+      !(table.group_dots8[base] && !takes_lanes(args, ActPrecision::Int8)))
     return ActPrecision::Int16;
   return args.precision;
 }
@@ -271,15 +273,15 @@ ReadyMatmul make_ready(const KernelTable& table, const FormatKernel& kernel,
       ready.tiles = tiles;
     }
   }
-  // Interleaved formats: the kernels that read groups whole where the level has them (16-bit row
-  // dots, which precision_of sends an Int8 matmul by row dots to, and token lanes at either
-  // precision); elsewhere the groups are taken apart into plain rows.
+  // Interleaved formats: the kernels that read groups whole where the level has them (row dots
+  // and token lanes at either precision; precision_of sends an Int8 matmul by row dots with only
+  // 16-bit ones to those); elsewhere the groups are taken apart into plain rows.
   if (act != ActKind::F32 && row_type != args.weight_type) {
     const bool int8 = precision_of(table, args) == ActPrecision::Int8;
     if (ready.lanes)
       ready.group_lanes = (int8 ? table.group_lanes8 : table.group_lanes)[size_t(row_type)];
-    else if (!int8)
-      ready.group_dot = table.group_dots[size_t(row_type)];
+    else
+      ready.group_dot = (int8 ? table.group_dots8 : table.group_dots)[size_t(row_type)];
   }
   return ready;
 }
