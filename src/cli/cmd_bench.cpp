@@ -330,7 +330,10 @@ void register_bench(CLI::App& app) {
     }
     // The placement the engine runs, with its devices' rates as measured here; a CPU-only run
     // was not planned, so the planner places it on this hardware.
-    const plan::Workload workload{.n_ctx = o->engine.n_ctx, .n_parallel = 1, .prefill_batch = o->prompt};
+    const plan::Workload workload{.n_ctx = o->engine.n_ctx,
+                                  .n_parallel = 1,
+                                  .prefill_batch = o->prompt,
+                                  .cache_type = o->engine.cache_type_k};
     plan::Placement placement;
     if (const plan::Placement* ran = engine.placement(); ran && ran->devices.size() == hardware.gpus.size() + 1) {
       placement = *ran;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "gguf/gguf_file.h"
@@ -41,6 +42,7 @@ struct PlanOptions {
   int32_t cpu_cores = 0;
   int32_t threads = 0;
   int64_t n_ctx = 4096, n_parallel = 1, prefill_batch = 512;
+  DType cache_type_k = DType::F32, cache_type_v = DType::F32;
   std::string rules_path, profile_path, rules_out;
   std::string link, ram_reserve;
   int32_t nodes = 1;
@@ -85,10 +87,10 @@ Counts counts_on(const Placement& p, const ModelInventory& inv, int32_t d) {
 void print_text(const Placement& p, const ModelInventory& inv, const Workload& wl,
                 const Hardware& hw, bool explain, bool cluster, int32_t machines_needed) {
   fmt::print(
-      "plan for {} {}: {} of weights in {} groups; context {} x {} sequence{}, prefill "
-      "batch {}\n",
+      "plan for {} {}: {} of weights in {} groups; context {} x {} sequence{} ({} KV cache), "
+      "prefill batch {}\n",
       inv.name, inv.quant_mix, format_bytes(inv.total_weight_bytes()), inv.groups.size(), wl.n_ctx,
-      wl.n_parallel, wl.n_parallel == 1 ? "" : "s", wl.prefill_batch);
+      wl.n_parallel, wl.n_parallel == 1 ? "" : "s", dtype_name(wl.cache_type), wl.prefill_batch);
   if (hw.n_nodes > 1)
     fmt::print(
         "{} machines, their GPUs and hosts named nodeN:cuda:M and nodeN:cpu beyond the first's "
@@ -168,8 +170,10 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                   {"weight_bytes", inv.total_weight_bytes()},
                   {"groups", inv.groups.size()},
                   {"layers", inv.n_layers}};
-  out["workload"] = {
-      {"n_ctx", wl.n_ctx}, {"n_parallel", wl.n_parallel}, {"prefill_batch", wl.prefill_batch}};
+  out["workload"] = {{"n_ctx", wl.n_ctx},
+                     {"n_parallel", wl.n_parallel},
+                     {"prefill_batch", wl.prefill_batch},
+                     {"cache_type", std::string(dtype_name(wl.cache_type))}};
   out["machine"] = {{"gpu_link", link_name(hw.gpu_link)},
                     {"link_source", hw.link_source},
                     {"ram_bytes", hw.ram_bytes},
@@ -256,6 +260,11 @@ void run_plan(const PlanOptions& o) {
          fmt::join(inventory_preset_names(), ", "));
   if (o.n_ctx <= 0 || o.n_parallel <= 0 || o.prefill_batch <= 0)
     fail("--ctx, --parallel and --batch must be positive");
+  if (o.cache_type_k != o.cache_type_v)
+    fail(
+        "--cache-type-k {} and --cache-type-v {}: tandem keeps keys and values in one type; give "
+        "both the same",
+        dtype_name(o.cache_type_k), dtype_name(o.cache_type_v));
   const ModelInventory inv = o.preset.empty() ? inventory_from_file(gguf::GgufFile::open(o.model))
                                               : inventory_from_preset(o.preset, o.quant);
   const bool cluster = !o.cluster_path.empty();
@@ -278,7 +287,10 @@ void run_plan(const PlanOptions& o) {
   const Rules rules = o.rules_path.empty() ? Rules{} : load_rules(o.rules_path);
   std::optional<RoutingProfile> profile;
   if (!o.profile_path.empty()) profile = load_routing_profile(o.profile_path);
-  const Workload wl{.n_ctx = o.n_ctx, .n_parallel = o.n_parallel, .prefill_batch = o.prefill_batch};
+  const Workload wl{.n_ctx = o.n_ctx,
+                    .n_parallel = o.n_parallel,
+                    .prefill_batch = o.prefill_batch,
+                    .cache_type = o.cache_type_k};
   if (!o.node_link.empty()) set_node_link(hw, o.node_link);
   const Hardware one_machine = hw;
   if (o.nodes > 1) repeat_nodes(hw, o.nodes);
@@ -339,6 +351,7 @@ void register_plan(CLI::App& app) {
   cmd->add_option("-c,--ctx", o->n_ctx, "context per sequence")->capture_default_str();
   cmd->add_option("--parallel", o->n_parallel, "sequences served at once")->capture_default_str();
   cmd->add_option("-b,--batch", o->prefill_batch, "tokens per prefill step")->capture_default_str();
+  add_cache_type_options(cmd, o->cache_type_k, o->cache_type_v);
   cmd->add_option("--rules", o->rules_path, "YAML rule file pinning weight groups to devices");
   cmd->add_option("--profile", o->profile_path, "routing profile (from `tandem profile`)");
   cmd->add_option("--rules-out", o->rules_out, "write the plan as a rule file");

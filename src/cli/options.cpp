@@ -25,6 +25,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions& options) {
 }
 
 void add_cache_type_options(CLI::App* cmd, EngineOptions& options) {
+  add_cache_type_options(cmd, options.cache_type_k, options.cache_type_v);
+}
+
+void add_cache_type_options(CLI::App* cmd, DType& keys, DType& values) {
   auto add = [&](const char* names, DType& type, const char* what) {
     cmd->add_option_function<std::string>(
            names,
@@ -38,8 +42,8 @@ void add_cache_type_options(CLI::App* cmd, EngineOptions& options) {
         ->check(CLI::IsMember({"f32", "bf16"}))
         ->default_str("f32");
   };
-  add("--cache-type-k", options.cache_type_k, "keys");
-  add("--cache-type-v", options.cache_type_v, "values");
+  add("--cache-type-k", keys, "keys");
+  add("--cache-type-v", values, "values");
 }
 
 void add_precision_option(CLI::App* cmd, EngineOptions& options) {

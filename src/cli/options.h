@@ -14,8 +14,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& options);
 void add_thread_options(CLI::App* cmd, EngineOptions& options);
 // --mlock and --repack (part of add_engine_options).
 void add_load_options(CLI::App* cmd, EngineOptions& options);
-// --cache-type-k and --cache-type-v (part of add_engine_options).
+// --cache-type-k and --cache-type-v (part of add_engine_options; `tandem plan` gives its own).
 void add_cache_type_options(CLI::App* cmd, EngineOptions& options);
+void add_cache_type_options(CLI::App* cmd, DType& keys, DType& values);
 // --devices and --rules (part of add_engine_options).
 void add_device_options(CLI::App* cmd, EngineOptions& options);
 // --spread and --rank-timeout: commands that run over several ranks (mpirun).

@@ -55,9 +55,9 @@ const Architecture& architecture_of(const gguf::GgufFile& file) {
 
 }  // namespace
 
-uint64_t ModelInfo::kv_bytes_per_token() const {
+uint64_t ModelInfo::kv_bytes_per_token(DType cache_type) const {
   uint64_t bytes = 0;
-  for (uint32_t il = 0; il < kv.size(); ++il) bytes += kv_bytes_per_token(il);
+  for (uint32_t il = 0; il < kv.size(); ++il) bytes += kv_bytes_per_token(il, cache_type);
   return bytes;
 }
 

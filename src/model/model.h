@@ -60,11 +60,11 @@ struct ModelInfo {
   } head_split;
 
   bool is_moe_layer(uint32_t layer) const { return layer >= n_leading_dense && n_expert > 0; }
-  // KV cache bytes one token takes over every layer: F32 rows; a window layer's ring counts in
-  // full as long as the context is shorter than its window.
-  uint64_t kv_bytes_per_token() const;
-  uint64_t kv_bytes_per_token(uint32_t layer) const {
-    return uint64_t(kv[layer].row_floats()) * sizeof(float);
+  // KV cache bytes one token takes over every layer, in rows of `cache_type` values (F32 or
+  // BF16); a window layer's ring counts in full as long as the context is shorter than its window.
+  uint64_t kv_bytes_per_token(DType cache_type) const;
+  uint64_t kv_bytes_per_token(uint32_t layer, DType cache_type) const {
+    return row_bytes(cache_type, uint64_t(kv[layer].row_floats()));
   }
 };
 

@@ -297,12 +297,14 @@ std::vector<std::string> ModelShape::describe() const {
   for (const KvLayerShape& kv : i.kv) windows += kv.window > 0;
   const KvLayerShape& first = i.kv.front();
   lines.push_back(fmt::format(
-      "KV cache: {} values per token per layer ({}){}, {} per token in F32 over every layer",
+      "KV cache: {} values per token per layer ({}){}, {} per token in F32 over every layer ({} "
+      "in BF16)",
       first.row_floats(),
       first.latent_dims ? fmt::format("latent {} + rope {}", first.latent_dims, first.rope_dims)
                         : fmt::format("keys {} + values {}", first.k_dims, first.v_dims),
       windows ? fmt::format("; {} sliding-window layers keep only their window", windows) : "",
-      format_bytes(i.kv_bytes_per_token())));
+      format_bytes(i.kv_bytes_per_token(DType::F32)),
+      format_bytes(i.kv_bytes_per_token(DType::BF16))));
   return lines;
 }
 

@@ -121,6 +121,7 @@ struct StepShape {
   double kv_sequences =
       1;  // the sequences they belong to (a window layer reads its window of each)
   int64_t logit_rows = 1;     // rows the output head computes
+  DType cache_type = DType::F32;  // the KV cache's values
 };
 
 // P(X = c) for X ~ Binomial(n, q), c = 0..n, with negligible tails dropped: (c, probability).
@@ -257,7 +258,7 @@ class StepModel {
       const double keys = window > 0 ? std::min(s.context, window) : s.context;
       const double rows_read =
           window > 0 ? std::min(s.kv_tokens_read, window * s.kv_sequences) : s.kv_tokens_read;
-      head_part.bytes += double(hp.kv_bytes_per_token(l)) * rows_read;
+      head_part.bytes += double(hp.kv_bytes_per_token(l, s.cache_type)) * rows_read;
       head_part.flops += hp.attention_flops_per_key * keys * double(s.batch);
       attn.ops = params_.attention_ops - (heads ? params_.head_ops : 0);
       const double head_fraction = heads ? hp.head_split.head_fraction : 0.0;
@@ -780,7 +781,8 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
                                           .context = context,
                                           .kv_tokens_read = context * double(n_seq),
                                           .kv_sequences = double(n_seq),
-                                          .logit_rows = n_seq});
+                                          .logit_rows = n_seq,
+                                          .cache_type = workload.cache_type});
   // Prefill: one sequence's batch; its tokens share the KV rows they read, and only the last
   // token's logits are needed.
   const int64_t batch = std::max<int64_t>(workload.prefill_batch, 1);
@@ -788,7 +790,8 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
                                                  .context = context,
                                                  .kv_tokens_read = context + double(batch),
                                                  .kv_sequences = 1,
-                                                 .logit_rows = 1});
+                                                 .logit_rows = 1,
+                                                 .cache_type = workload.cache_type});
   decode.decode_tokens_per_s = double(n_seq) / std::max(total(decode), 1e-12);
   // Over machines in a pipeline, the server splits the sequences into a group per stage, each
   // with a step in flight: a cycle gives every sequence a token and lasts a group's step through
@@ -801,7 +804,8 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
                                                  .context = context,
                                                  .kv_tokens_read = context * double(b),
                                                  .kv_sequences = double(b),
-                                                 .logit_rows = b},
+                                                 .logit_rows = b,
+                                                 .cache_type = workload.cache_type},
                                                 &node_s);
     const double cycle =
         std::max(total(group), double(groups) * *std::max_element(node_s.begin(), node_s.end()));

@@ -239,12 +239,12 @@ uint64_t ModelInventory::work_buffer_bytes(int64_t n_tokens) const {
   return uint64_t(std::max<int64_t>(n_tokens, 0)) * per_token;
 }
 
-uint64_t ModelInventory::kv_layer_bytes(uint32_t layer, int64_t n_ctx) const {
+uint64_t ModelInventory::kv_layer_bytes(uint32_t layer, int64_t n_ctx, DType cache_type) const {
   const KvLayerShape& shape = info.kv[layer];
   // A window layer holds its window and one step (runtime/kv_cache.h: 512 tokens).
   constexpr int64_t kStepTokens = 512;
   const int64_t rows = shape.window > 0 ? std::min(n_ctx, shape.window + kStepTokens) : n_ctx;
-  return uint64_t(std::max<int64_t>(rows, 0) * shape.row_floats()) * sizeof(float);
+  return uint64_t(std::max<int64_t>(rows, 0)) * row_bytes(cache_type, uint64_t(shape.row_floats()));
 }
 
 double host_kernel_cost_per_byte(DType type) {

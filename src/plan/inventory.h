@@ -50,9 +50,10 @@ struct ModelInventory {
   // Tensors no group holds because inference never reads them (MTP layers, unknown names).
   uint64_t skipped_bytes = 0;
 
-  // KV cache bytes of layer l for `n_ctx` positions of one sequence: F32 rows as the architecture
-  // shapes them (latent or keys and values); a sliding-window layer keeps its ring only.
-  uint64_t kv_layer_bytes(uint32_t layer, int64_t n_ctx) const;
+  // KV cache bytes of layer l for `n_ctx` positions of one sequence: rows of `cache_type` values
+  // as the architecture shapes them (latent or keys and values); a sliding-window layer keeps
+  // its ring only.
+  uint64_t kv_layer_bytes(uint32_t layer, int64_t n_ctx, DType cache_type) const;
 
   uint64_t total_weight_bytes() const;
   // Bytes every decode token reads: everything but the routed experts, plus the experts a token

@@ -16,6 +16,7 @@ struct Workload {
   int64_t n_ctx = 4096;     // context per sequence
   int64_t n_parallel = 1;   // sequences served at once
   int64_t prefill_batch = 512;  // tokens per prefill step
+  DType cache_type = DType::F32;  // the KV cache's values (--cache-type-k/v): F32 or BF16
 };
 
 // How often each routed expert was chosen: counts[layer][expert] (layers that are not MoE have

@@ -76,7 +76,7 @@ Planner::Planner(const ModelInventory& inv, const Hardware& hw, const Workload& 
       top_.push_back(i);
   }
   for (uint32_t l = 0; l < inv.n_layers; ++l)
-    kv_per_layer_.push_back(inv.kv_layer_bytes(l, wl.n_ctx) *
+    kv_per_layer_.push_back(inv.kv_layer_bytes(l, wl.n_ctx, wl.cache_type) *
                             uint64_t(std::max<int64_t>(wl.n_parallel, 1)));
   buffer_ = inv.work_buffer_bytes(std::max(wl.prefill_batch, wl.n_parallel));
   for (uint32_t l = 0; l < inv.n_layers; ++l)

@@ -115,7 +115,7 @@ plan::Placement placement_on_machine(const plan::Placement& p, int32_t machine) 
 
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
-                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads,
+                          int n_threads, const plan::Workload& workload, bool pin_threads,
                           int32_t n_machines, int32_t machine,
                           const std::function<void(plan::Hardware&)>& agree,
                           const plan::Hardware* cluster) {
@@ -198,8 +198,8 @@ DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
     plan::check_routing_profile(*profile, inventory);
   }
   DeviceSetup setup;
-  setup.placement = plan::plan_placement(inventory, hardware, {.n_ctx = n_ctx, .n_parallel = n_seq, .prefill_batch = 512},
-                                         rules, profile ? &*profile : nullptr);
+  setup.placement =
+      plan::plan_placement(inventory, hardware, workload, rules, profile ? &*profile : nullptr);
   if (!setup.placement.fits) {
     std::string problems;
     for (const std::string& p : setup.placement.problems) problems += (problems.empty() ? "" : "; ") + p;

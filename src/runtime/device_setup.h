@@ -55,7 +55,7 @@ struct DeviceSetup {
 // memory than its device has.
 DeviceSetup setup_devices(const gguf::GgufFile& file, std::string_view devices,
                           const std::string& rules_path, const std::string& profile_path,
-                          int n_threads, int64_t n_ctx, int64_t n_seq, bool pin_threads = false,
+                          int n_threads, const plan::Workload& workload, bool pin_threads = false,
                           int32_t n_machines = 1, int32_t machine = 0,
                           const std::function<void(plan::Hardware&)>& agree = {},
                           const plan::Hardware* cluster = nullptr);

@@ -200,8 +200,12 @@ void Engine::load(const EngineOptions& options, Spread spread,
         cluster ? fmt::format("the {} machines of {}", n_ranks(), options.cluster)
                 : fmt::format("{} machines like this one", n_ranks());
     DeviceSetup setup =
-        setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_, n_ctx,
-                      options.n_seq, options.pin_threads, plan_ranks ? n_ranks() : 1, rank(), agree,
+        setup_devices(*file_, device_spec, options.rules, options.profile, n_threads_,
+                      {.n_ctx = n_ctx,
+                       .n_parallel = options.n_seq,
+                       .prefill_batch = 512,
+                       .cache_type = options.cache_type_k},
+                      options.pin_threads, plan_ranks ? n_ranks() : 1, rank(), agree,
                       cluster ? &*cluster : nullptr);
     backends_ = std::move(setup.backends);
     devices = setup.plan;

@@ -41,7 +41,7 @@ void expect_same_groups(const ModelInventory& a, const ModelInventory& b) {
     EXPECT_EQ(a.groups[i].bytes, b.groups[i].bytes) << a.groups[i].label();
   }
   EXPECT_EQ(a.total_weight_bytes(), b.total_weight_bytes());
-  EXPECT_EQ(a.kv_layer_bytes(0, 1000), b.kv_layer_bytes(0, 1000));
+  EXPECT_EQ(a.kv_layer_bytes(0, 1000, DType::F32), b.kv_layer_bytes(0, 1000, DType::F32));
 }
 
 class TempDir {
@@ -71,7 +71,7 @@ TEST(InventoryFromFile, small_v3_has_one_group_per_expert_and_labels_in_order) {
   const ModelInventory inv = inventory_from_file(file);
   EXPECT_EQ(inv.quant_mix, "Q4_K_M");
   EXPECT_EQ(inv.n_layers, 4u);
-  EXPECT_EQ(inv.kv_layer_bytes(0, 1), (128u + 32u) * 4u);
+  EXPECT_EQ(inv.kv_layer_bytes(0, 1, DType::F32), (128u + 32u) * 4u);
 
   std::map<int32_t, int> experts_per_layer;
   for (const InventoryGroup& g : inv.groups)
@@ -205,7 +205,7 @@ TEST(InventoryFromPreset, totals_match_published_file_sizes) {
 TEST(InventoryFromPreset, v3_has_the_published_shape) {
   const ModelInventory inv = inventory_from_preset("deepseek-v3", "Q4_K_M");
   EXPECT_EQ(inv.n_layers, 61u);
-  EXPECT_EQ(inv.kv_layer_bytes(60, 10), (512u + 64u) * 4u * 10u);
+  EXPECT_EQ(inv.kv_layer_bytes(60, 10, DType::F32), (512u + 64u) * 4u * 10u);
   int experts = 0, dense = 0;
   for (const InventoryGroup& g : inv.groups) {
     experts += g.kind == WeightGroup::RoutedExperts;

@@ -168,6 +168,21 @@ TEST(Planner, without_gpus_everything_is_in_ram) {
   EXPECT_EQ(count_on(p, 0), inv.groups.size());
 }
 
+// A BF16 cache (--cache-type-k/v bf16) is planned at its own size: half the F32 cache's bytes,
+// and decode predicted no slower (the cost model takes the larger of a part's reads and its
+// arithmetic: on the CPU, attention this deep is predicted arithmetic-bound either way).
+TEST(Planner, a_bf16_kv_cache_reserves_half_the_f32_bytes) {
+  const ModelInventory inv = inventory_from_preset("deepseek-coder-v2-lite", "Q4_K_M");
+  const Hardware hw = machine({}, 64);
+  const Workload f32{.n_ctx = 32768}, bf16{.n_ctx = 32768, .cache_type = DType::BF16};
+  const Placement a = plan(inv, hw, {}, nullptr, f32), b = plan(inv, hw, {}, nullptr, bf16);
+  ASSERT_TRUE(a.fits && b.fits);
+  EXPECT_EQ(inv.kv_layer_bytes(3, 100, DType::BF16) * 2, inv.kv_layer_bytes(3, 100, DType::F32));
+  EXPECT_GT(a.devices[0].kv_bytes, 0u);
+  EXPECT_EQ(b.devices[0].kv_bytes * 2, a.devices[0].kv_bytes);
+  EXPECT_GE(b.predicted.decode_tokens_per_s, a.predicted.decode_tokens_per_s);
+}
+
 // The layer split puts a model that fits one GPU on that GPU alone; the planner uses the second
 // only for a plan the cost model predicts faster (on the tiny model, expert parallel over both:
 // its gather costs about what reading half the experts on each saves).

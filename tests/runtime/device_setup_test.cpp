@@ -184,8 +184,8 @@ TEST(DeviceSetup, AClusterFilesMachineIsPlannedWithTheMemoryOfTheDevicesStanding
   const gguf::GgufFile file = gguf::GgufFile::open(test::fixture("micro-v3-F32.gguf").string());
   const plan::Hardware cluster =
       plan::parse_cluster("machines:\n  - gpus: [1GiB]\n  - gpus: [2x 1GiB]\n", "cluster.yaml", 1);
-  const DeviceSetup setup =
-      setup_devices(file, "sim:2x64MiB", "", "", 1, 256, 1, false, 2, 1, {}, &cluster);
+  const DeviceSetup setup = setup_devices(
+      file, "sim:2x64MiB", "", "", 1, {.n_ctx = 256, .n_parallel = 1}, false, 2, 1, {}, &cluster);
   std::vector<std::pair<std::string, uint64_t>> gpus;
   for (const plan::DeviceUsage& usage : setup.placement.devices)
     if (usage.spec.kind != plan::DeviceKind::Cpu)
@@ -199,7 +199,8 @@ TEST(DeviceSetup, AClusterFilesMachineIsPlannedWithTheMemoryOfTheDevicesStanding
   EXPECT_EQ(setup.backends.size(), 3u);  // the host and this rank's two sim devices
 
   try {
-    setup_devices(file, "sim:64MiB", "", "", 1, 256, 1, false, 2, 1, {}, &cluster);
+    setup_devices(file, "sim:64MiB", "", "", 1, {.n_ctx = 256, .n_parallel = 1}, false, 2, 1, {},
+                  &cluster);
     FAIL() << "a rank with one device ran machine 1's two GPUs";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gives machine 1 (rank 1) 2 GPUs, and this rank has 1 "
