@@ -4,7 +4,8 @@
 // projection). Reports the cache bytes read per second: the cache is 2.25 KiB a token a layer,
 // so at long context attention reads as much as a layer's weights. cache:1 runs the same over a
 // BF16 cache (--cache-type-k/v bf16; half the bytes, vdpbf16ps): compare the two at one length
-// for the speed-up, bytes_per_second counting each cache's own bytes.
+// for the speed-up, bytes_per_second counting each cache's own bytes. layers:27 cycles through 27
+// caches as a decode step over lite's 27 layers does, so that they come from DRAM, not L3.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -21,6 +22,7 @@ void BM_MlaAttentionDecode(benchmark::State& state) {
   const int64_t n_keys = state.range(0), heads = 16, nope = 128, rope = 64, lora = 512, v_head = 128;
   const int threads = int(state.range(1));
   const bool bf16 = state.range(2) != 0;
+  const int64_t layers = state.range(3);
   CpuBackend cpu(threads);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1, 1);
@@ -29,56 +31,62 @@ void BM_MlaAttentionDecode(benchmark::State& state) {
     for (float& x : v) x = dist(rng);
     return v;
   };
-  std::vector<float> cache = random(size_t(n_keys * (lora + rope)));
-  std::vector<uint16_t> cache16(cache.size());
-  for (size_t i = 0; i < cache.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
+  const size_t cache_values = size_t(n_keys * (lora + rope));
+  std::vector<float> cache = random(cache_values * size_t(layers));
+  std::vector<uint16_t> cache16(bf16 ? cache.size() : 0);
+  for (size_t i = 0; i < cache16.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
   std::vector<float> k_b = random(size_t(heads * lora * nope)), v_b = random(size_t(heads * v_head * lora));
   std::vector<float> q = random(size_t(heads * (nope + rope))), out(size_t(heads * v_head));
   const int32_t position = int32_t(n_keys - 1), seq = 0;
-  const MlaAttentionOp op{
-      .q = q.data(),
-      .k_b = {.type = DType::F32,
-              .data = k_b.data(),
-              .cols = nope,
-              .rows = lora,
-              .n_mats = heads,
-              .row_bytes = uint64_t(nope) * 4},
-      .v_b = {.type = DType::F32,
-              .data = v_b.data(),
-              .cols = lora,
-              .rows = v_head,
-              .n_mats = heads,
-              .row_bytes = uint64_t(lora) * 4},
-      .cache = {.data = bf16 ? static_cast<void*>(cache16.data()) : cache.data(),
-                .n_seq = 1,
-                .n_ctx = n_keys,
-                .kv_lora_rank = lora,
-                .rope_dims = rope,
-                .type = bf16 ? DType::BF16 : DType::F32},
-      .positions = &position,
-      .seq_ids = &seq,
-      .n_tokens = 1,
-      .n_heads = heads,
-      .nope_dims = nope,
-      .v_head_dims = v_head,
-      .scale = 0.07f,
-      .output = out.data()};
+  MlaAttentionOp op{.q = q.data(),
+                    .k_b = {.type = DType::F32,
+                            .data = k_b.data(),
+                            .cols = nope,
+                            .rows = lora,
+                            .n_mats = heads,
+                            .row_bytes = uint64_t(nope) * 4},
+                    .v_b = {.type = DType::F32,
+                            .data = v_b.data(),
+                            .cols = lora,
+                            .rows = v_head,
+                            .n_mats = heads,
+                            .row_bytes = uint64_t(lora) * 4},
+                    .cache = {.data = bf16 ? static_cast<void*>(cache16.data()) : cache.data(),
+                              .n_seq = 1,
+                              .n_ctx = n_keys,
+                              .kv_lora_rank = lora,
+                              .rope_dims = rope,
+                              .type = bf16 ? DType::BF16 : DType::F32},
+                    .positions = &position,
+                    .seq_ids = &seq,
+                    .n_tokens = 1,
+                    .n_heads = heads,
+                    .nope_dims = nope,
+                    .v_head_dims = v_head,
+                    .scale = 0.07f,
+                    .output = out.data()};
+  int64_t layer = 0;
   for (auto _ : state) {
+    op.cache.data = bf16 ? static_cast<void*>(cache16.data() + size_t(layer) * cache_values)
+                         : static_cast<void*>(cache.data() + size_t(layer) * cache_values);
+    layer = layer + 1 == layers ? 0 : layer + 1;
     cpu.mla_attention(op);
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * n_keys * (lora + rope) * (bf16 ? 2 : 4));
 }
 BENCHMARK(BM_MlaAttentionDecode)
-    ->ArgNames({"keys", "threads", "cache"})
-    ->Args({512, 2, 0})
-    ->Args({4096, 1, 0})
-    ->Args({4096, 2, 0})
-    ->Args({16384, 2, 0})
-    ->Args({512, 2, 1})
-    ->Args({4096, 1, 1})
-    ->Args({4096, 2, 1})
-    ->Args({16384, 2, 1})
+    ->ArgNames({"keys", "threads", "cache", "layers"})
+    ->Args({512, 2, 0, 1})
+    ->Args({4096, 1, 0, 1})
+    ->Args({4096, 2, 0, 1})
+    ->Args({4096, 2, 0, 27})
+    ->Args({16384, 2, 0, 1})
+    ->Args({512, 2, 1, 1})
+    ->Args({4096, 1, 1, 1})
+    ->Args({4096, 2, 1, 1})
+    ->Args({4096, 2, 1, 27})
+    ->Args({16384, 2, 1, 1})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -262,7 +262,7 @@ void register_all() {
   // Prompt chunks on the interleaved formats of `tandem repack` against their base formats.
   for (DType type : {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16})
     for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8})
-      for (int64_t n_tokens : {64, 512}) {
+      for (int64_t n_tokens : {48, 64, 512}) {
         const std::string name = "prompt/" + std::string(dtype_name(type)) +
                                  (precision == ActPrecision::Int16 ? "/int16" : "/int8") +
                                  "/1408x2048/n:" + std::to_string(n_tokens) + "/threads:2";

@@ -48,6 +48,32 @@ void sums(const float* const* p, const float* rows, int64_t row_stride, int64_t 
   if constexpr (kQueries > 3) store(3, a30, a31, a32, a33);
 }
 
+// The next block of keys requested a cache line at a time while the current block is computed: a
+// decode step's cache comes from DRAM (a layer's rows are read once a token), and sixteen rows
+// 1-2 KiB apart, each read a few bytes a step, are more streams than the hardware prefetchers
+// follow (attention_bench, 4096 keys over 27 layers' caches).
+class NextKeysPrefetch {
+ public:
+  // `rows` rows of `row_bytes` bytes, `stride` bytes apart, from `first_row`.
+  NextKeysPrefetch(const void* first_row, int64_t stride, int64_t row_bytes, int64_t rows)
+      : row_(static_cast<const char*>(first_row)),
+        stride_(stride),
+        row_bytes_(row_bytes),
+        rows_left_(rows) {}
+  // One more line of the block (nothing once all of it is requested).
+  void step() {
+    if (rows_left_ <= 0) return;
+    _mm_prefetch(row_ + offset_, _MM_HINT_T0);
+    offset_ += 64;
+    if (offset_ >= row_bytes_) offset_ = 0, row_ += stride_, --rows_left_;
+  }
+
+ private:
+  const char* row_;
+  int64_t stride_, row_bytes_, rows_left_;
+  int64_t offset_ = 0;
+};
+
 // Up to 16 queries (transposed: column c's 16 floats at x_t + 16c) against n_keys keys: sixteen
 // keys at a time in sixteen accumulators whose lanes are the queries (eight left this CPU's two
 // FMA pipes waiting on their latency: 4096 keys 0.96 -> 0.72 ms a layer on 2 threads), then
@@ -67,7 +93,10 @@ void key_scores_16_avx512(const float* x_t, int n_queries, const float* keys, in
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
     const float* l = k + 8 * s;
+    // A row is cols * 4 bytes: 16 rows take cols lines, one a column.
+    NextKeysPrefetch next(k + 16 * s, s * 4, cols * 4, std::min<int64_t>(16, n_keys - j - 16));
     for (int64_t c = 0; c < cols; ++c) {
+      next.step();
       const __m512 x = _mm512_loadu_ps(x_t + 16 * c);
       a0 = _mm512_fmadd_ps(_mm512_set1_ps(k[c]), x, a0);
       a1 = _mm512_fmadd_ps(_mm512_set1_ps(k[s + c]), x, a1);
@@ -175,9 +204,13 @@ void key_scores_16_bf16_avx512(const uint16_t* x_p, int n_queries, const uint16_
       b6 = dp_pair(b6, x, l + 6 * s + c);
       b7 = dp_pair(b7, x, l + 7 * s + c);
     };
+    // A row is cols * 2 bytes: 16 rows take cols / 2 lines, one per two columns.
+    NextKeysPrefetch next(k + 16 * s, s * 2, cols * 2, std::min<int64_t>(16, n_keys - j - 16));
     int64_t c = 0;
     for (; c + 4 <= cols; c += 4) {
+      next.step();
       pair_step(c);
+      next.step();
       pair_step(c + 2);
     }
     if (c < cols) pair_step(c);
