@@ -248,8 +248,8 @@ void register_all() {
   }
   // One token against 256 rows that stay in L2: the decode kernels' own rate (what sets decode
   // wherever memory is faster than they are), the interleaved formats beside their base formats.
-  for (DType type :
-       {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16, DType::Q5_0, DType::Q5_0_R16})
+  for (DType type : {DType::Q4_K, DType::Q4_K_R16, DType::Q8_0, DType::Q8_0_R16, DType::Q5_0,
+                     DType::Q5_0_R16, DType::Q6_K})
     for (ActPrecision precision : {ActPrecision::Int16, ActPrecision::Int8}) {
       const std::string name = "l2/" + std::string(dtype_name(type)) +
                                (precision == ActPrecision::Int16 ? "/int16" : "/int8") +

@@ -250,6 +250,11 @@ struct MoeReduceOp {
   const float* weights;         // [n_tokens, top_k]
   int64_t n_tokens, top_k, dim;
   float* output;                // [n_tokens, dim]
+  // Fused residual add (a layer's FFN ending in one op): when set, after `output` is written,
+  // residual += output, then residual += shared when that is set. The same bits as moe_reduce,
+  // add(residual, output) and add(residual, shared) one after the other, on every backend.
+  float* residual = nullptr;      // [n_tokens, dim]
+  const float* shared = nullptr;  // [n_tokens, dim]
 };
 
 // Which of a layer's experts this device computes in this step, when some experts have copies

@@ -189,14 +189,12 @@ void Transformer::ffn(uint32_t il, LayerStep& s) {
                    .n_tokens = T,
                    .top_k = 1,
                    .dim = embd,
-                   .output = s.out});
-    be.add(s.x, s.out, T * embd);
+                   .output = s.out,
+                   .residual = s.x});
     return;
   }
   float* shared = info_.n_expert_shared > 0 ? s.ws.get(W::kShared, T * embd) : nullptr;
-  routed_experts(l, s.h, T, s.batch.kernels, s.out, shared);
-  be.add(s.x, s.out, T * embd);
-  if (shared) be.add(s.x, shared, T * embd);
+  routed_experts(l, s.h, T, s.batch.kernels, s.out, shared, s.x);
 }
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
@@ -308,7 +306,7 @@ MoeOp Transformer::shard_op(const FfnLayer& l, const ExpertShard& shard, const f
 // zeroed buffers, and the layer's device adds them up (x + 0 is exact) and sums the slots in
 // routing order: the result does not depend on how the experts are spread.
 void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
-                                 float* out, float* shared_out) {
+                                 float* out, float* shared_out, float* residual) {
   using W = Workspace;
   Backend& be = *l.device;
   Workspace& ws = workspace(be);
@@ -448,8 +446,14 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
     have_slots = true;
   }
   be.add_parts(slots, parts, slot_floats);
-  be.moe_reduce(
-      {.slots = slots, .weights = weights, .n_tokens = T, .top_k = k, .dim = embd, .output = out});
+  be.moe_reduce({.slots = slots,
+                 .weights = weights,
+                 .n_tokens = T,
+                 .top_k = k,
+                 .dim = embd,
+                 .output = out,
+                 .residual = residual,
+                 .shared = shared_out});
 }
 
 }  // namespace tandem

@@ -195,9 +195,10 @@ class Transformer : public Model {
                   std::unique_ptr<PendingTransfer>* logits_later = nullptr);
   // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
   // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
-  // model has them) to `shared_out`.
+  // model has them) to `shared_out`, and both are added to `residual` by the op that sums the
+  // slots (MoeReduceOp's fused residual add).
   void routed_experts(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
-                      float* out, float* shared_out);
+                      float* out, float* shared_out, float* residual);
   void route(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
              int32_t* ids, float* weights, uint64_t* counts);
   // After routing on the host: starts reading the chosen experts not read before, and guesses

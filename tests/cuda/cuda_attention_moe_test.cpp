@@ -740,6 +740,45 @@ TEST_F(CudaBackendTest, MoeReduceIsExact) {
   }
 }
 
+// The fused residual add (MoeReduceOp::residual, ::shared; core/backend.h): the GPU's one kernel
+// gives the CPU's bits, which are those of moe_reduce, add, add (tests/cpu/fused_ops_test.cpp).
+TEST_F(CudaBackendTest, MoeReduceFusedResidualAddIsExact) {
+  uint32_t seed = 6100;
+  for (int64_t n_tokens : {1, 40}) {
+    for (bool with_shared : {false, true}) {
+      const int64_t top_k = 6, dim = 256;
+      const size_t n = size_t(n_tokens * dim);
+      const std::vector<float> slots = gaussian(size_t(n_tokens * top_k * dim), ++seed);
+      const std::vector<float> weights = gaussian(size_t(n_tokens * top_k), ++seed);
+      const std::vector<float> shared = gaussian(n, ++seed), x0 = gaussian(n, ++seed);
+      const auto slots_dev = to_device(gpu(), slots), weights_dev = to_device(gpu(), weights);
+      const auto shared_dev = to_device(gpu(), shared);
+      auto x_dev = to_device(gpu(), x0);
+      const auto out_dev = poisoned(gpu(), n);
+      std::vector<float> out_cpu(n, poison_value()), x_cpu = x0;
+      gpu().moe_reduce({.slots = slots_dev.data(),
+                        .weights = weights_dev.data(),
+                        .n_tokens = n_tokens,
+                        .top_k = top_k,
+                        .dim = dim,
+                        .output = out_dev.data(),
+                        .residual = x_dev.data(),
+                        .shared = with_shared ? shared_dev.data() : nullptr});
+      cpu_.moe_reduce({.slots = slots.data(),
+                       .weights = weights.data(),
+                       .n_tokens = n_tokens,
+                       .top_k = top_k,
+                       .dim = dim,
+                       .output = out_cpu.data(),
+                       .residual = x_cpu.data(),
+                       .shared = with_shared ? shared.data() : nullptr});
+      EXPECT_TRUE(same_bits(to_host(gpu(), out_dev), out_cpu)) << "n_tokens=" << n_tokens;
+      EXPECT_TRUE(same_bits(to_host(gpu(), x_dev), x_cpu))
+          << "n_tokens=" << n_tokens << (with_shared ? " shared" : "");
+    }
+  }
+}
+
 // Copies of experts: the GPU's pick (one thread runs core/replica_choice.h's rule) gives each
 // shard the CPU's step index, on one-token and prompt-sized routings, with and without a busy
 // layer device.

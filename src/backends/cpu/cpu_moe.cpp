@@ -106,6 +106,9 @@ void CpuBackend::moe_reduce(const MoeReduceOp& op) {
       for (int64_t d = 0; d < D; ++d) out[d] += w * slot[d];
     }
   }
+  // The fused residual add: the unfused sequence, as defined.
+  if (op.residual) add(op.residual, op.output, op.n_tokens * D);
+  if (op.residual && op.shared) add(op.residual, op.shared, op.n_tokens * D);
 }
 
 void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_tokens,

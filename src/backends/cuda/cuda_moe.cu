@@ -143,6 +143,11 @@ __global__ void reduce_kernel(MoeReduceOp op) {
       sum = __fadd_rn(
           sum, __fmul_rn(op.weights[t * op.top_k + k], op.slots[(t * op.top_k + k) * op.dim + d]));
     op.output[i] = sum;
+    if (op.residual) {  // the fused residual add, in the unfused order (rounded adds, no fma)
+      float x = __fadd_rn(op.residual[i], sum);
+      if (op.shared) x = __fadd_rn(x, op.shared[i]);
+      op.residual[i] = x;
+    }
   }
 }
 
