@@ -277,6 +277,12 @@ void run_plan(const PlanOptions& o) {
     hw.host.bandwidth_source = "given";
   }
   if (o.cpu_cores > 0) set_cpu_cores(hw, o.cpu_cores);
+  // As `run` refuses it (engine.cpp): a plan it would not run is no answer.
+  if (o.cache_type_k != DType::F32 && !hw.gpus.empty())
+    fail(
+        "--cache-type-k/v {}: the CUDA backend keeps its KV cache in F32, and a plan with GPUs "
+        "puts attention on them; plan with f32, or without --gpu (a BF16 cache is CPU-only)",
+        dtype_name(o.cache_type_k));
   if (!o.link.empty()) {
     hw.gpu_link = parse_link(o.link);
     hw.link_source = "given";

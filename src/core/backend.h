@@ -253,6 +253,7 @@ struct MoeReduceOp {
   // Fused residual add (a layer's FFN ending in one op): when set, after `output` is written,
   // residual += output, then residual += shared when that is set. The same bits as moe_reduce,
   // add(residual, output) and add(residual, shared) one after the other, on every backend.
+  // `shared` without `residual` is refused.
   float* residual = nullptr;      // [n_tokens, dim]
   const float* shared = nullptr;  // [n_tokens, dim]
 };

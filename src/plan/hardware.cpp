@@ -281,8 +281,9 @@ struct HostRates {
 // model and thread count were measured before, otherwise measured now (~2 s) and written back (a
 // cache that cannot be written costs the measurement next time, nothing more).
 // Cached rates measured another way are measured again: 2 = buffers on huge pages, as the
-// weights have been since their mapping asks for them; 3 = with the interleaved kernel's rate.
-constexpr int kRatesMethod = 3;
+// weights have been since their mapping asks for them; 3 = with the interleaved kernel's rate;
+// 4 = the kernels at 8-bit activations, the FFNs' default (the interleaved formats' 8-bit ones).
+constexpr int kRatesMethod = 4;
 
 HostRates host_rates(const std::string& cpu_model, int threads) {
   const auto path = bandwidth_cache_path();

@@ -50,8 +50,14 @@ double measure_decode_kernel_bytes_per_s(int32_t threads, uint64_t available_ram
   ThreadPool pool(threads);
   auto pass = [&] {
     for (size_t m = 0; m < n_matrices; ++m)
-      cpu::matmul({.weight_type = type, .weights = weights.data() + m * matrix, .rows = kRows,
-                   .cols = kCols, .input = x.data(), .n_tokens = 1, .output = y.data()},
+      cpu::matmul({.weight_type = type,
+                   .weights = weights.data() + m * matrix,
+                   .rows = kRows,
+                   .cols = kCols,
+                   .input = x.data(),
+                   .n_tokens = 1,
+                   .output = y.data(),
+                   .precision = cpu::ActPrecision::Int8},  // the FFNs' default (ffn-int8)
                   pool);
   };
   pass();  // pages touched, kernels chosen

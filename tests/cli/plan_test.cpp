@@ -25,6 +25,26 @@ TEST(Plan, FittingPresetExitsZeroWithTheJsonFields) {
   EXPECT_TRUE(json["problems"].empty());
 }
 
+// A BF16 KV cache is planned at its own size on a CPU-only machine, and refused with GPUs (the
+// CUDA backend's cache is F32: `run` would refuse the plan).
+TEST(Plan, ABf16CacheHalvesTheKvCacheAndIsRefusedWithGpus) {
+  const std::string base = "plan --preset deepseek-coder-v2-lite --ram 64GiB --ctx 32768 --json";
+  const CliResult f32 = run_tandem(base);
+  const CliResult bf16 = run_tandem(base + " --cache-type-k bf16 --cache-type-v bf16");
+  ASSERT_EQ(f32.exit_code, 0) << f32.output;
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  const auto a = nlohmann::json::parse(f32.output), b = nlohmann::json::parse(bf16.output);
+  EXPECT_EQ(b["workload"]["cache_type"], "BF16") << b["workload"];
+  EXPECT_EQ(2 * b["devices"][0]["kv_bytes"].get<uint64_t>(),
+            a["devices"][0]["kv_bytes"].get<uint64_t>());
+  const CliResult gpu = run_tandem(base + " --gpu 24GiB --cache-type-k bf16 --cache-type-v bf16");
+  EXPECT_NE(gpu.exit_code, 0);
+  EXPECT_NE(gpu.output.find("KV cache in F32"), std::string::npos) << gpu.output;
+  const CliResult mixed = run_tandem(base + " --cache-type-k bf16");
+  EXPECT_NE(mixed.exit_code, 0);
+  EXPECT_NE(mixed.output.find("give both the same"), std::string::npos) << mixed.output;
+}
+
 TEST(Plan, ModelThatDoesNotFitExitsThreeAndSaysWhatWould) {
   const CliResult r = run_tandem("plan --preset deepseek-coder-v2 --gpu 24GiB --gpu 24GiB --ram 64GiB");
   EXPECT_EQ(r.exit_code, 3) << r.output;

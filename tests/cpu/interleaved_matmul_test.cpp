@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/kernels.h"
 #include "backends/cpu/matmul.h"
 #include "core/error.h"
 #include "quant/interleave.h"
@@ -106,6 +107,13 @@ bool uses_row_dots(KernelChoice kernels, int64_t n_tokens, ActPrecision precisio
 }
 
 TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
+  // The AVX-512 level reads whole groups at both precisions (a group taken apart for the plain
+  // kernels would give the plain format's bits and pass the checks below unnoticed).
+  if (cpu_supports(CpuIsa::Avx512))
+    for (DType base : {DType::Q8_0, DType::Q5_0, DType::Q4_K}) {
+      EXPECT_NE(kernel_table(CpuIsa::Avx512).group_dots[size_t(base)], nullptr);
+      EXPECT_NE(kernel_table(CpuIsa::Avx512).group_dots8[size_t(base)], nullptr);
+    }
   ThreadPool pool(3);
   const int64_t rows = 48;
   int group_kernel_cases = 0;

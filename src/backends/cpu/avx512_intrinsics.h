@@ -39,6 +39,11 @@ inline __m256i unpack_nibbles_32(const uint8_t* qs) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
 }
 
+// Sixteen f16 values as floats.
+inline __m512 half_to_float(const uint16_t* p) {
+  return _mm512_cvtph_ps(load256(p));
+}
+
 // Four bytes (two int16 weights, or four 8-bit ones) broadcast to every 32-bit lane: the weight
 // operand of the token-lanes kernels' vpdpwssd / vpdpbusd.
 inline __m512i broadcast_4_bytes(const void* p) {

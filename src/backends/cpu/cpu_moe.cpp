@@ -96,6 +96,7 @@ void CpuBackend::moe(const MoeOp& op) {
 }
 
 void CpuBackend::moe_reduce(const MoeReduceOp& op) {
+  TANDEM_CHECK(!op.shared || op.residual);
   const int64_t K = op.top_k, D = op.dim;
   for (int64_t t = 0; t < op.n_tokens; ++t) {
     float* out = op.output + t * D;

@@ -4,9 +4,9 @@
 // one token, as dot_r16_avx512.cpp's 16-bit kernels do.
 //
 // Why: decode of a repacked file ran those 16-bit kernels even where the precision policy takes
-// the FFNs at 8 bits, and on this 2-core machine they set its pace whenever memory is faster than
-// they are (about 25 GB/s a core). One vpdpbusd adds four columns' products for 16 rows, where
-// vpdpwssd adds two, and the weights stay bytes (no widening to int16).
+// the FFNs at 8 bits. One vpdpbusd adds four columns' products for 16 rows, where vpdpwssd adds
+// two, and the weights stay bytes (no widening to int16): matmul_bench l2/ (one token, 256 rows
+// in L2, one thread) Q4_K_R16 9.6 -> 8.2 us, Q8_0_R16 8.5 -> 6.4, Q5_0_R16 14.2 -> 11.3.
 //
 // The pair layout puts a row's two bytes of a chunk side by side, so a 32-bit lane of four
 // columns of one row is gathered in registers: for Q8_0 by vpermb over two chunks; for the
@@ -30,22 +30,30 @@
 namespace tandem::cpu {
 namespace {
 
-inline __m512 half_to_float(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
 // Sixteen bytes (one per row) widened to int32 lanes.
 inline __m512i bytes_to_int32(const uint8_t* p) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtepu8_epi32(load128(p));
 }
 
-// The row that lane L of a nibble gather holds (see the file comment), and its inverse: the lane
-// row r is in. Lane L reads qword L / 2 of its half; a qword holds rows 4i .. 4i + 3.
+// The row that lane L of a nibble gather holds (see the file comment): lane L is in qword L / 2
+// of the vector, which holds the chunk's qword (L / 2) % 4, rows 4 ((L / 2) % 4) .. + 3; the low
+// half takes the first two of them, the high half the last two.
 constexpr int kNibbleLaneRow[16] = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15};
+// Its inverse: the lane row r is in.
+constexpr int kLaneOfRow[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+
+constexpr bool inverse_of_each_other() {
+  for (int lane = 0; lane < 16; ++lane)
+    if (kLaneOfRow[kNibbleLaneRow[lane]] != lane) return false;
+  return true;
+}
+static_assert(inverse_of_each_other());
 
 inline __m512i rows_in_order(__m512i lanes) {
-  const __m512i lane_of_row =
-      _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i lane_of_row = _mm512_setr_epi32(
+      kLaneOfRow[0], kLaneOfRow[1], kLaneOfRow[2], kLaneOfRow[3], kLaneOfRow[4], kLaneOfRow[5],
+      kLaneOfRow[6], kLaneOfRow[7], kLaneOfRow[8], kLaneOfRow[9], kLaneOfRow[10], kLaneOfRow[11],
+      kLaneOfRow[12], kLaneOfRow[13], kLaneOfRow[14], kLaneOfRow[15]);
   return _mm512_permutexvar_epi32(lane_of_row, lanes);
 }
 
@@ -89,17 +97,16 @@ constexpr ByteVector kNibbleOffsets = nibble_offsets();
 constexpr ByteVector kFifthBitOffsets = fifth_bit_offsets();
 constexpr ByteVector kRowsOfTwoChunks = rows_of_two_chunks();
 
-// Chunk `chunk`'s 16 rows x columns 4c .. 4c + 3 as unsigned bytes, rows in kNibbleLaneRow order.
+// A chunk's 16 rows x its four columns (4c .. 4c + 3 of chunk c) as unsigned bytes, rows in
+// kNibbleLaneRow order.
 inline __m512i gather_nibbles(const uint8_t* chunk, __m512i offsets, __m512i low4) {
-  const __m512i both =
-      _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)));
+  const __m512i both = _mm512_broadcast_i64x4(load256(chunk));
   return _mm512_and_si512(_mm512_multishift_epi64_epi8(offsets, both), low4);
 }
 
+// Four activations broadcast to every lane: vpdpbusd's signed operand.
 inline __m512i quad(const int8_t* x) {
-  int32_t bits;
-  std::memcpy(&bits, x, sizeof(bits));
-  return _mm512_set1_epi32(bits);
+  return broadcast_4_bytes(x);
 }
 
 // Q8_0_R16: per 32-column block, vpermb takes row r's bytes of chunks c and c + 1 (columns 2c ..

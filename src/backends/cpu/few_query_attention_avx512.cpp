@@ -60,12 +60,18 @@ class NextKeysPrefetch {
         stride_(stride),
         row_bytes_(row_bytes),
         rows_left_(rows) {}
-  // One more line of the block (nothing once all of it is requested).
+  // One more line of the block (nothing once all of it is requested). A row that starts
+  // mid-line or ends short of one shares its first or last line with a neighbour: that line may
+  // go unrequested, which only costs its wait.
   void step() {
     if (rows_left_ <= 0) return;
     _mm_prefetch(row_ + offset_, _MM_HINT_T0);
     offset_ += 64;
-    if (offset_ >= row_bytes_) offset_ = 0, row_ += stride_, --rows_left_;
+    if (offset_ >= row_bytes_) {
+      offset_ = 0;
+      row_ += stride_;
+      --rows_left_;
+    }
   }
 
  private:

@@ -139,11 +139,10 @@ bool takes_lanes(const MatmulArgs& args, ActPrecision precision) {
 }
 
 // The precision a matmul runs at: as asked, except that an Int8 matmul of an interleaved format
-// by row dots runs the 16-bit kernels that read whole groups where the level has them but no
-// 8-bit ones: taking each group apart for 8-bit row dots costs more than the 8 bits save (decode
-// at half the speed). On the token-lanes path the groups of a task's rows are taken apart
-// once for all its tokens (run_interleaved_rows), so the 8-bit kernels keep their lead there
-// (matmul_bench "prompt/": 18.5 us a token at 16 bits, 11 at 8).
+// whose path (row dots or token lanes) has 16-bit kernels reading whole groups but no 8-bit ones
+// runs the 16-bit ones: taking each group apart for 8-bit kernels cost more than the 8 bits save
+// (decode at half the speed). Every level that has group kernels has both precisions for the
+// three interleaved formats today; this keeps a format added with 16-bit ones only fast.
 ActPrecision precision_of(const KernelTable& table, const MatmulArgs& args) {
   const size_t base = size_t(dtype_info(args.weight_type).base);
   if (args.precision == ActPrecision::Int8 && base != size_t(args.weight_type) &&

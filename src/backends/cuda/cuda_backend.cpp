@@ -620,6 +620,7 @@ void CudaBackend::moe(const MoeOp& op) {
 }
 
 void CudaBackend::moe_reduce(const MoeReduceOp& op) {
+  TANDEM_CHECK(!op.shared || op.residual);
   if (op.n_tokens == 0) return;
   activate();
   cuda::moe_reduce(op, stream_);
