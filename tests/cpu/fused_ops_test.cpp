@@ -5,20 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "test_weights.h"
 
 namespace tandem {
 namespace {
 
+// Magnitudes that differ from seed to seed, so that the adds round.
 std::vector<float> gaussian(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng) * (1.0f + float(seed % 5) * 100.0f);  // magnitudes that round
-  return v;
+  return test::gaussian(n, seed, 1.0f + float(seed % 5) * 100.0f);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
