@@ -541,7 +541,8 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
                   .input = last,
                   .output = out_logits,
                   .n_tokens = R,
-                  .kernels = batch.kernels});
+                  .kernels = batch.kernels,
+                  .activations = head_activations()});
     if (capturing) {  // read by forward() after the replay
       head->copy_to_host_async(workspace(*head).host(Workspace::kHostLogits, logit_bytes),
                                out_logits, logit_bytes);

@@ -283,6 +283,12 @@ class Transformer : public Model {
   // Of every MoeOp and dense FFN, and of the attention projections where GqaConfig allows it
   // (set_precision).
   ActivationBits ffn_activations_ = ActivationBits::Eight;
+  // The output head's: the FFNs' bits for a Q6_K head (llama.cpp's Q6_K x Q8_K product; every
+  // fixture with a Q6_K head stays within llama.cpp's own distance so), 16 for the others (a
+  // Q8_0 head at 8 bits moves qwen3moe-small-Q8_0 past it). docs/correctness.md#precision.
+  ActivationBits head_activations() const {
+    return output_.type == DType::Q6_K ? ffn_activations_ : ActivationBits::Sixteen;
+  }
   std::vector<GraphEntry> graphs_;
   std::vector<Backend*> step_devices_;  // the devices prepare_step() gives inputs to
   // Host buffers of a run over several ranks: the bytes crossing ranks, and a MoE layer's input,
