@@ -169,6 +169,38 @@ void bm_matmul(benchmark::State& state, DType type, ActPrecision precision, Shap
       double(weights.matrix_bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
+// A decode step's expert products as the MoE op issues them: the gate and up matrices of six
+// experts (twelve matrices, one token) in one matmul_many, from DRAM. Set beside matmul/ on one
+// matrix of the same shape, it shows what sharing out a dozen matrices costs the threads.
+void bm_experts(benchmark::State& state, DType type, ActPrecision precision, int n_threads) {
+  constexpr int kMatrices = 12;
+  const Weights& weights = weights_for(type, kExpertUp);
+  ThreadPool& pool = pool_of(n_threads);
+  std::vector<float> x(size_t(kExpertUp.cols)), y(size_t(kExpertUp.rows) * kMatrices);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
+  std::vector<MatmulArgs> args(kMatrices);
+  int copy = 0;
+  for (auto _ : state) {
+    for (int m = 0; m < kMatrices; ++m) {
+      args[size_t(m)] = {.weight_type = type,
+                         .weights = weights.buffer.data() + size_t(copy) * weights.matrix_bytes,
+                         .rows = kExpertUp.rows,
+                         .cols = kExpertUp.cols,
+                         .input = x.data(),
+                         .n_tokens = 1,
+                         .output = y.data() + size_t(m) * size_t(kExpertUp.rows),
+                         .precision = precision};
+      copy = copy + 1 == weights.copies ? 0 : copy + 1;
+    }
+    matmul_many(args, pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      double(weights.matrix_bytes) * kMatrices * double(state.iterations()) / 1e9,
+      benchmark::Counter::kIsRate);
+}
+
 // One expert matrix (cache-resident after the first pass) against n tokens: microseconds per
 // token. Below kLanesMinTokens this is the row-dot path, from it on the token-lanes path;
 // the per-token cost on either side is what sets that threshold (kLanesMinTokens in matmul.h).
@@ -231,6 +263,14 @@ void register_all() {
                                  n_threads)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  for (DType type : {DType::Q4_K, DType::Q4_K_R16})
+    for (int n_threads : {1, 2}) {
+      const std::string name = "experts/" + std::string(dtype_name(type)) +
+                               "/int8/12x1408x2048/threads:" + std::to_string(n_threads);
+      benchmark::RegisterBenchmark(name.c_str(), bm_experts, type, ActPrecision::Int8, n_threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
   // Per-token cost by token count: row dots below kLanesMinTokens, token lanes from there on.
   for (DType type : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::IQ4_XS, DType::TQ1_0, DType::TQ2_0,
                      DType::IQ2_XXS}) {
