@@ -24,8 +24,10 @@ CpuIsa detect() {
   if (!avx2) return CpuIsa::Portable;
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16") &&
-                      __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("bmi2");
+                      __builtin_cpu_supports("avx512vnni") &&
+                      __builtin_cpu_supports("avx512bf16") &&
+                      __builtin_cpu_supports("avx512vbmi") &&
+                      __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("bmi2");
   return avx512 ? CpuIsa::Avx512 : CpuIsa::Avx2;
 }
 
