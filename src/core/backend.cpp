@@ -33,6 +33,33 @@ void Backend::add_parts(float* y, std::span<const float* const> parts, int64_t n
   for (const float* part : parts) add(y, part, n);
 }
 
+void Backend::store_latent(const LatentStoreOp& op) {
+  const int64_t row = op.cache.row();
+  TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
+               op.cache.rope_dims == op.rope.rope_dims);
+  rms_norm({.input = op.rows,
+            .weight = op.norm_weight,
+            .output = op.rows,
+            .n_rows = op.n_tokens,
+            .dim = op.norm_dims,
+            .input_stride = row,
+            .output_stride = row,
+            .eps = op.eps});
+  rope({.data = op.rows,
+        .positions = op.positions,
+        .n_tokens = op.n_tokens,
+        .n_heads = 1,
+        .head_stride = row,
+        .token_stride = row,
+        .offset = op.norm_dims,
+        .params = op.rope});
+  kv_store({.rows = op.rows,
+            .cache = op.cache,
+            .positions = op.positions,
+            .seq_ids = op.seq_ids,
+            .n_tokens = op.n_tokens});
+}
+
 // Backends without graphs: the executor asks can_capture() first, so reaching these is a bug.
 void Backend::begin_capture() { fail("{}: this device cannot capture a step as a graph", name()); }
 std::unique_ptr<Graph> Backend::end_capture() {

@@ -173,6 +173,22 @@ struct KvStoreOp {
   const float* values = nullptr;  // [n_tokens, v_dims] for key/value caches
 };
 
+// A token's latent row made ready and stored (MLA, after the kv_a product): defined as the
+// sequence rms_norm of its first norm_dims (norm_weight, eps), rope of the rope dims after them
+// (one head), kv_store, in place on `rows` and bit for bit. Backends without a fused form run
+// that sequence (Backend::store_latent); the CUDA backend does it in one launch.
+struct LatentStoreOp {
+  float* rows;  // [n_tokens, cache.row()]: kv_lora_rank = norm_dims, then rope.rope_dims
+  const float* norm_weight;  // [norm_dims]
+  int64_t norm_dims;
+  float eps;
+  RopeParams rope;
+  KvLayerView cache;         // a latent cache (no key/value split)
+  const int32_t* positions;  // [n_tokens]
+  const int32_t* seq_ids;    // [n_tokens]
+  int64_t n_tokens;
+};
+
 // Grouped-query attention over a key/value cache. For each token t and head h, with kv head
 // g = h / (n_heads / n_kv_heads):
 //   z_j = (q[t, h] · key_j[g]) * scale over the cached positions j of the token's sequence with
@@ -401,6 +417,8 @@ class Backend {
   virtual void rms_norm(const RmsNormOp& op) = 0;
   virtual void rope(const RopeOp& op) = 0;
   virtual void kv_store(const KvStoreOp& op) = 0;
+  // rms_norm, rope and kv_store as LatentStoreOp defines them; the default runs them in turn.
+  virtual void store_latent(const LatentStoreOp& op);
   virtual void mla_attention(const MlaAttentionOp& op) = 0;
   virtual void attention(const AttentionOp& op) = 0;
   virtual void moe_route(const MoeRouteOp& op) = 0;

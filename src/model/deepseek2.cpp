@@ -155,17 +155,9 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
   } else {
     be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T, .kernels = batch.kernels});
   }
-  // The compressed latent (normalized) and the shared rope key of each token.
+  // The compressed latent (normalized) and the shared rope key of each token, stored.
   be.matmul(
       {.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
-  be.rms_norm({.input = kv,
-               .weight = l.kv_a_norm,
-               .output = kv,
-               .n_rows = T,
-               .dim = lora,
-               .input_stride = kv_row,
-               .output_stride = kv_row,
-               .eps = eps});
   be.rope({.data = q,
            .positions = in.positions,
            .n_tokens = T,
@@ -174,19 +166,15 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
            .token_stride = heads * q_row,
            .offset = nope,
            .params = rope_});
-  be.rope({.data = kv,
-           .positions = in.positions,
-           .n_tokens = T,
-           .n_heads = 1,
-           .head_stride = kv_row,
-           .token_stride = kv_row,
-           .offset = lora,
-           .params = rope_});
-  be.kv_store({.rows = kv,
-               .cache = s.cache,
-               .positions = in.positions,
-               .seq_ids = in.seq_ids,
-               .n_tokens = T});
+  be.store_latent({.rows = kv,
+                   .norm_weight = l.kv_a_norm,
+                   .norm_dims = lora,
+                   .eps = eps,
+                   .rope = rope_,
+                   .cache = s.cache,
+                   .positions = in.positions,
+                   .seq_ids = in.seq_ids,
+                   .n_tokens = T});
   be.mla_attention({.q = q,
                     .k_b = l.k_b,
                     .v_b = l.v_b,
@@ -320,12 +308,15 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
   }
   float* kv = ws.get(W::kLatent, T * kv_row);
   be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
-  be.rms_norm({.input = kv, .weight = l.kv_a_norm, .output = kv, .n_rows = T, .dim = lora,
-               .input_stride = kv_row, .output_stride = kv_row, .eps = eps});
-  be.rope({.data = kv, .positions = ws.inputs.positions, .n_tokens = T, .n_heads = 1,
-           .head_stride = kv_row, .token_stride = kv_row, .offset = lora, .params = rope_});
-  be.kv_store({.rows = kv, .cache = cache, .positions = ws.inputs.positions,
-               .seq_ids = ws.inputs.seq_ids, .n_tokens = T});
+  be.store_latent({.rows = kv,
+                   .norm_weight = l.kv_a_norm,
+                   .norm_dims = lora,
+                   .eps = eps,
+                   .rope = rope_,
+                   .cache = cache,
+                   .positions = ws.inputs.positions,
+                   .seq_ids = ws.inputs.seq_ids,
+                   .n_tokens = T});
 
   // Each share: its heads' queries, attention and part of the output projection. The other
   // devices' shares are started first (their devices work while this one does its own).

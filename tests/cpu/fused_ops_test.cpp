@@ -1,7 +1,8 @@
 // core/backend.h's fused ops give the bits of the sequences they replace (issue 27: GPUs launch
 // them as one kernel; the CPU runs the sequence, and these tests pin down that definition): a
 // MoE layer's slot sum with the residual add and the shared experts' add (MoeReduceOp::residual,
-// ::shared) against moe_reduce, add, add.
+// ::shared) against moe_reduce, add, add; an MLA latent made ready and stored (LatentStoreOp)
+// against rms_norm, rope, kv_store.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -64,6 +65,78 @@ TEST(FusedOps, MoeReduceWithTheResidualAndSharedAddsIsTheSequence) {
           cpu.add(x_other.data(), out_seq.data(), n_tokens * dim);
           EXPECT_FALSE(same_bits(x_other, x_seq)) << where;
         }
+      }
+    }
+  }
+}
+
+TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
+  cpu::CpuBackend cpu(2);
+  uint32_t seed = 90;
+  const int64_t lora = 96, rope_dims = 32, row = lora + rope_dims, n_seq = 2, n_ctx = 8;
+  const std::vector<int32_t> positions = {0, 1, 2, 5}, seq_ids = {1, 1, 1, 0};
+  const int64_t n_tokens = int64_t(positions.size());
+  RopeParams yarn{.rope_dims = rope_dims,
+                  .freq_base = 10000.0f,
+                  .freq_scale = 0.25f,
+                  .ext_factor = 1.0f,
+                  .original_ctx = 4096};
+  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn}) {
+    const std::vector<float> rows0 = gaussian(size_t(n_tokens * row), ++seed);
+    const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
+    const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
+    auto view_of = [&](std::vector<float>& cache) {
+      return KvLayerView{.data = cache.data(),
+                         .n_seq = n_seq,
+                         .n_ctx = n_ctx,
+                         .kv_lora_rank = lora,
+                         .rope_dims = rope_dims};
+    };
+
+    std::vector<float> rows_seq = rows0, cache_seq = cache0;
+    cpu.rms_norm({.input = rows_seq.data(),
+                  .weight = norm_weight.data(),
+                  .output = rows_seq.data(),
+                  .n_rows = n_tokens,
+                  .dim = lora,
+                  .input_stride = row,
+                  .output_stride = row,
+                  .eps = 1e-6f});
+    cpu.rope({.data = rows_seq.data(),
+              .positions = positions.data(),
+              .n_tokens = n_tokens,
+              .n_heads = 1,
+              .head_stride = row,
+              .token_stride = row,
+              .offset = lora,
+              .params = rope});
+    cpu.kv_store({.rows = rows_seq.data(),
+                  .cache = view_of(cache_seq),
+                  .positions = positions.data(),
+                  .seq_ids = seq_ids.data(),
+                  .n_tokens = n_tokens});
+
+    std::vector<float> rows_fused = rows0, cache_fused = cache0;
+    cpu.store_latent({.rows = rows_fused.data(),
+                      .norm_weight = norm_weight.data(),
+                      .norm_dims = lora,
+                      .eps = 1e-6f,
+                      .rope = rope,
+                      .cache = view_of(cache_fused),
+                      .positions = positions.data(),
+                      .seq_ids = seq_ids.data(),
+                      .n_tokens = n_tokens});
+    EXPECT_TRUE(same_bits(rows_fused, rows_seq)) << "ext_factor " << rope.ext_factor;
+    EXPECT_TRUE(same_bits(cache_fused, cache_seq)) << "ext_factor " << rope.ext_factor;
+    // Not a test that cannot fail: both parts of the row were changed before the store.
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* stored =
+          cache_fused.data() + (int64_t(seq_ids[size_t(t)]) * n_ctx + positions[size_t(t)]) * row;
+      EXPECT_NE(std::memcmp(stored, rows0.data() + t * row, size_t(lora) * sizeof(float)), 0);
+      if (positions[size_t(t)] > 0) {
+        EXPECT_NE(std::memcmp(stored + lora, rows0.data() + t * row + lora,
+                              size_t(rope_dims) * sizeof(float)),
+                  0);
       }
     }
   }

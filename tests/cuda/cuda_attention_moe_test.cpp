@@ -779,6 +779,59 @@ TEST_F(CudaBackendTest, MoeReduceFusedResidualAddIsExact) {
   }
 }
 
+// The fused latent store (norm, rope and store in one launch) gives the CPU's sequence's bits,
+// in the rows and in the cache, for a prompt chunk and a decode token, plain rope and YaRN.
+TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
+  uint32_t seed = 6200;
+  const int64_t lora = 512, rope_dims = 64, row = lora + rope_dims, n_seq = 2, n_ctx = 16;
+  const RopeParams yarn{.rope_dims = rope_dims,
+                        .freq_base = 10000.0f,
+                        .freq_scale = 0.025f,
+                        .ext_factor = 1.0f,
+                        .original_ctx = 4096};
+  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn}) {
+    for (const std::vector<int32_t>& positions :
+         {std::vector<int32_t>{3, 4, 5, 6, 9}, std::vector<int32_t>{11}}) {
+      const int64_t n_tokens = int64_t(positions.size());
+      const std::vector<int32_t> seq_ids(positions.size(), 1);
+      const std::vector<float> rows = gaussian(size_t(n_tokens * row), ++seed);
+      const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
+      const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
+      auto rows_dev = to_device(gpu(), rows), cache_dev = to_device(gpu(), cache0);
+      const auto weight_dev = to_device(gpu(), norm_weight);
+      const auto positions_dev = to_device(gpu(), positions), seq_dev = to_device(gpu(), seq_ids);
+      const KvLayerView shape{
+          .n_seq = n_seq, .n_ctx = n_ctx, .kv_lora_rank = lora, .rope_dims = rope_dims};
+      KvLayerView on_gpu = shape, on_cpu = shape;
+      on_gpu.data = cache_dev.data();
+      std::vector<float> rows_cpu = rows, cache_cpu = cache0;
+      on_cpu.data = cache_cpu.data();
+      gpu().store_latent({.rows = rows_dev.data(),
+                          .norm_weight = weight_dev.data(),
+                          .norm_dims = lora,
+                          .eps = 1e-6f,
+                          .rope = rope,
+                          .cache = on_gpu,
+                          .positions = positions_dev.data(),
+                          .seq_ids = seq_dev.data(),
+                          .n_tokens = n_tokens});
+      cpu_.store_latent({.rows = rows_cpu.data(),
+                         .norm_weight = norm_weight.data(),
+                         .norm_dims = lora,
+                         .eps = 1e-6f,
+                         .rope = rope,
+                         .cache = on_cpu,
+                         .positions = positions.data(),
+                         .seq_ids = seq_ids.data(),
+                         .n_tokens = n_tokens});
+      const std::string where =
+          "n_tokens=" + std::to_string(n_tokens) + " ext_factor=" + std::to_string(rope.ext_factor);
+      EXPECT_TRUE(same_bits(to_host(gpu(), rows_dev), rows_cpu)) << where;
+      EXPECT_TRUE(same_bits(to_host(gpu(), cache_dev), cache_cpu)) << where;
+    }
+  }
+}
+
 // Copies of experts: the GPU's pick (one thread runs core/replica_choice.h's rule) gives each
 // shard the CPU's step index, on one-token and prompt-sized routings, with and without a busy
 // layer device.

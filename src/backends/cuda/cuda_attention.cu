@@ -13,6 +13,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/row_steps.cuh"
 #include "backends/rope_angles.h"
 
 namespace tandem::cuda {
@@ -38,28 +39,25 @@ __global__ void rope_kernel(RopeOp op, float low, float high) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = idx % half, h = (idx / half) % op.n_heads, t = idx / (half * op.n_heads);
-    float c, s;
-    rope_cos_sin(op.params, low, high, float(op.positions[t]), i, &c, &s);
-    // Pair i: dims (2i, 2i + 1), or (i, i + half) in the NeoX layout.
-    float* x = op.data + t * op.token_stride + h * op.head_stride + op.offset;
-    const int64_t first = op.params.neox ? i : 2 * i,
-                  second = op.params.neox ? i + half : 2 * i + 1;
-    const float x0 = x[first], x1 = x[second];
-    x[first] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    x[second] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    rope_pair(op.params, low, high, float(op.positions[t]), i,
+              op.data + t * op.token_stride + h * op.head_stride + op.offset);
   }
+}
+
+// The cache row of token t's (sequence, position). The host checked positions and sequences
+// before the step (Engine::evaluate_batch); a bad one here is a bug in tandem, and stops the
+// device rather than writing elsewhere (CPU: TANDEM_CHECK).
+__device__ float* cache_row(const KvLayerView& c, const int32_t* positions, const int32_t* seq_ids,
+                            int64_t t) {
+  const int64_t pos = positions[t];
+  if (seq_ids[t] < 0 || seq_ids[t] >= c.n_seq || pos < 0 || (!c.ring && pos >= c.n_ctx)) __trap();
+  return c.f32() + (int64_t(seq_ids[t]) * c.n_ctx + c.slot(pos)) * c.row();
 }
 
 __global__ void kv_store_kernel(KvStoreOp op) {
   const KvLayerView& c = op.cache;
   const int64_t t = blockIdx.x, row = c.row();
-  // The host checked positions and sequences before the step (Engine::evaluate_batch); a bad one
-  // here is a bug in tandem, and stops the device rather than writing elsewhere (CPU:
-  // TANDEM_CHECK).
-  const int64_t pos = op.positions[t];
-  if (op.seq_ids[t] < 0 || op.seq_ids[t] >= c.n_seq || pos < 0 || (!c.ring && pos >= c.n_ctx))
-    __trap();
-  float* dst = c.f32() + (int64_t(op.seq_ids[t]) * c.n_ctx + c.slot(pos)) * row;
+  float* dst = cache_row(c, op.positions, op.seq_ids, t);
   // Latent rows whole; key/value rows from their two halves.
   const int64_t first = op.values ? c.k_dims : row;
   const float* src = op.rows + t * first;
@@ -67,6 +65,23 @@ __global__ void kv_store_kernel(KvStoreOp op) {
   if (op.values)
     for (int64_t i = threadIdx.x; i < c.v_dims; i += blockDim.x)
       dst[c.k_dims + i] = op.values[t * c.v_dims + i];
+}
+
+// LatentStoreOp in one launch, a block of kNormThreads per token: rms_norm_kernel's steps on the
+// latent dims, rope_kernel's on the rope dims after them, then kv_store_kernel's copy, each
+// through the same device functions so the bits are the sequence's.
+__global__ void __launch_bounds__(kNormThreads)
+    latent_store_kernel(LatentStoreOp op, float low, float high) {
+  const int64_t t = blockIdx.x, row = op.cache.row();
+  float* x = op.rows + t * row;
+  const float scale = block_rms_scale(x, op.norm_dims, op.eps);  // its barrier: every read done
+  for (int64_t i = threadIdx.x; i < op.norm_dims; i += kNormThreads)
+    x[i] = __fmul_rn(__fmul_rn(x[i], scale), op.norm_weight[i]);
+  for (int64_t i = threadIdx.x; i < op.rope.rope_dims / 2; i += kNormThreads)
+    rope_pair(op.rope, low, high, float(op.positions[t]), i, x + op.norm_dims);
+  __syncthreads();  // the row whole before it is copied
+  float* dst = cache_row(op.cache, op.positions, op.seq_ids, t);
+  for (int64_t i = threadIdx.x; i < row; i += kNormThreads) dst[i] = x[i];
 }
 
 constexpr int kGqaWarps = 4;       // (token, head) pairs per block
@@ -402,6 +417,12 @@ void rope(const RopeOp& op, cudaStream_t stream) {
 void kv_store(const KvStoreOp& op, cudaStream_t stream) {
   kv_store_kernel<<<unsigned(op.n_tokens), 256, 0, stream>>>(op);
   TANDEM_CUDA_CHECK_LAUNCH(kv_store_kernel);
+}
+
+void store_latent(const LatentStoreOp& op, cudaStream_t stream) {
+  const YarnRamp ramp = yarn_ramp(op.rope);
+  latent_store_kernel<<<unsigned(op.n_tokens), kNormThreads, 0, stream>>>(op, ramp.low, ramp.high);
+  TANDEM_CUDA_CHECK_LAUNCH(latent_store_kernel);
 }
 
 void gqa_attention(const AttentionOp& op, cudaStream_t stream) {

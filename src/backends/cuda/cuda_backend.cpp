@@ -492,6 +492,17 @@ void CudaBackend::kv_store(const KvStoreOp& op) {
   cuda::kv_store(op, stream_);
 }
 
+void CudaBackend::store_latent(const LatentStoreOp& op) {
+  if (!can_cache(op.cache.type))
+    fail("{}: the CUDA backend keeps its KV cache in F32 (--cache-type-k/v bf16 is CPU-only)",
+         name_);
+  TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
+               op.cache.rope_dims == op.rope.rope_dims);
+  if (op.n_tokens == 0) return;
+  activate();
+  cuda::store_latent(op, stream_);
+}
+
 // k_b absorbed into the query per head, attention over the latent cache, v_b per head: the two
 // projections are matmuls over the heads with strided inputs and outputs.
 void CudaBackend::mla_attention(const MlaAttentionOp& op) {

@@ -6,36 +6,23 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/row_steps.cuh"
 #include "quant/block_decode.h"
 
 namespace tandem::cuda {
 namespace {
-
-constexpr int kNormThreads = 256;
 
 unsigned blocks_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
 }
 
-// One block per row. The sum of squares in double, as the CPU: each thread's share in order, a
-// shuffle tree in each warp, then the warps' sums in order (one barrier; the H200 profile had
-// the eight-barrier tree at 6 us a launch for a 2048-wide row), and y = x * scale * w with the
-// CPU's two roundings.
+// One block per row: y = x * scale * w with the CPU's two roundings (block_rms_scale).
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormOp op) {
-  constexpr int kWarps = kNormThreads / 32;
-  __shared__ double warp_sums[kWarps];
   const int64_t r = blockIdx.x;
   const float* x = op.input + r * op.input_stride;
   float* y = op.output + r * op.output_stride;
-  double sum = 0;
-  for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads) sum += double(x[i]) * double(x[i]);
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  double total = 0;
-  for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
-  const float scale = float(1.0 / sqrt(total / double(op.dim) + double(op.eps)));
+  const float scale = block_rms_scale(x, op.dim, op.eps);
   for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads)
     y[i] = __fmul_rn(__fmul_rn(x[i], scale), op.weight[i]);
 }

@@ -118,6 +118,8 @@ void pick_replicas(const ReplicaPickOp& op, cudaStream_t stream);
 // for a sliding-window layer.
 void rope(const RopeOp& op, cudaStream_t stream);
 void kv_store(const KvStoreOp& op, cudaStream_t stream);
+// LatentStoreOp (RMSNorm, rope and store of MLA latent rows) in one launch.
+void store_latent(const LatentStoreOp& op, cudaStream_t stream);
 // Grouped-query attention (AttentionOp): one warp per (token, head) walks the token's keys in
 // order with a running maximum and sum (the sink, when there is one, starts them), so a token's
 // result is summed in one order whatever shares its step.

@@ -1,0 +1,44 @@
+#pragma once
+// Steps on one row shared by the CUDA kernels that run them alone (rms_norm_kernel, rope_kernel)
+// and the fused kernels that run them inside a longer launch (latent_store_kernel), so that a
+// fused op gives the bits of the sequence it replaces. Device code: included by .cu files only.
+#include <cstdint>
+
+#include "backends/rope_angles.h"
+#include "core/backend.h"
+
+namespace tandem::cuda {
+
+constexpr int kNormThreads = 256;
+
+// 1 / sqrt(mean(x[0, dim)^2) + eps) for a block of kNormThreads threads, every thread getting it.
+// The sum of squares in double, as the CPU: each thread's share in order, a shuffle tree in each
+// warp, then the warps' sums in order (one barrier; the H200 profile had the eight-barrier tree
+// at 6 us a launch for a 2048-wide row). Call it once per block: its shared sums are not reset.
+__device__ inline float block_rms_scale(const float* x, int64_t dim, float eps) {
+  constexpr int kWarps = kNormThreads / 32;
+  __shared__ double warp_sums[kWarps];
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) sum += double(x[i]) * double(x[i]);
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  return float(1.0 / sqrt(total / double(dim) + double(eps)));
+}
+
+// Rotates pair i of a head's rotated dims (`x` their first) at `position`; low and high from
+// yarn_ramp(p). Pair i is dims (2i, 2i + 1), or (i, i + half) in the NeoX layout.
+__device__ inline void rope_pair(const RopeParams& p, float low, float high, float position,
+                                 int64_t i, float* x) {
+  const int64_t half = p.rope_dims / 2;
+  float c, s;
+  rope_cos_sin(p, low, high, position, i, &c, &s);
+  const int64_t first = p.neox ? i : 2 * i, second = p.neox ? i + half : 2 * i + 1;
+  const float x0 = x[first], x1 = x[second];
+  x[first] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  x[second] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+}  // namespace tandem::cuda
