@@ -81,7 +81,8 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                   .freq_scale = 0.25f,
                   .ext_factor = 1.0f,
                   .original_ctx = 4096};
-  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn}) {
+  const RopeParams neox{.rope_dims = rope_dims, .neox = true};
+  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn, neox}) {
     const std::vector<float> rows0 = gaussian(size_t(n_tokens * row), ++seed);
     const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
     const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);

@@ -780,7 +780,8 @@ TEST_F(CudaBackendTest, MoeReduceFusedResidualAddIsExact) {
 }
 
 // The fused latent store (norm, rope and store in one launch) gives the CPU's sequence's bits,
-// in the rows and in the cache, for a prompt chunk and a decode token, plain rope and YaRN.
+// in the rows and in the cache: a prompt chunk beside another sequence's token, a decode token
+// past the end of a ring cache; plain rope, YaRN and NeoX.
 TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
   uint32_t seed = 6200;
   const int64_t lora = 512, rope_dims = 64, row = lora + rope_dims, n_seq = 2, n_ctx = 16;
@@ -789,19 +790,28 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
                         .freq_scale = 0.025f,
                         .ext_factor = 1.0f,
                         .original_ctx = 4096};
-  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn}) {
-    for (const std::vector<int32_t>& positions :
-         {std::vector<int32_t>{3, 4, 5, 6, 9}, std::vector<int32_t>{11}}) {
+  const RopeParams neox{.rope_dims = rope_dims, .neox = true};
+  struct Step {
+    std::vector<int32_t> positions, seq_ids;
+    bool ring;
+  };
+  const Step steps[] = {{{3, 4, 5, 6, 9}, {1, 1, 1, 1, 0}, false}, {{21}, {1}, true}};
+  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn, neox}) {
+    for (const Step& step : steps) {
+      const std::vector<int32_t>& positions = step.positions;
+      const std::vector<int32_t>& seq_ids = step.seq_ids;
       const int64_t n_tokens = int64_t(positions.size());
-      const std::vector<int32_t> seq_ids(positions.size(), 1);
       const std::vector<float> rows = gaussian(size_t(n_tokens * row), ++seed);
       const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
       const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
       auto rows_dev = to_device(gpu(), rows), cache_dev = to_device(gpu(), cache0);
       const auto weight_dev = to_device(gpu(), norm_weight);
       const auto positions_dev = to_device(gpu(), positions), seq_dev = to_device(gpu(), seq_ids);
-      const KvLayerView shape{
-          .n_seq = n_seq, .n_ctx = n_ctx, .kv_lora_rank = lora, .rope_dims = rope_dims};
+      const KvLayerView shape{.n_seq = n_seq,
+                              .n_ctx = n_ctx,
+                              .kv_lora_rank = lora,
+                              .rope_dims = rope_dims,
+                              .ring = step.ring};
       KvLayerView on_gpu = shape, on_cpu = shape;
       on_gpu.data = cache_dev.data();
       std::vector<float> rows_cpu = rows, cache_cpu = cache0;
@@ -824,8 +834,9 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
                          .positions = positions.data(),
                          .seq_ids = seq_ids.data(),
                          .n_tokens = n_tokens});
-      const std::string where =
-          "n_tokens=" + std::to_string(n_tokens) + " ext_factor=" + std::to_string(rope.ext_factor);
+      const std::string where = "n_tokens=" + std::to_string(n_tokens) +
+                                " ext_factor=" + std::to_string(rope.ext_factor) +
+                                (rope.neox ? " neox" : "");
       EXPECT_TRUE(same_bits(to_host(gpu(), rows_dev), rows_cpu)) << where;
       EXPECT_TRUE(same_bits(to_host(gpu(), cache_dev), cache_cpu)) << where;
     }

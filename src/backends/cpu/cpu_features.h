@@ -10,8 +10,9 @@ namespace tandem::cpu {
 
 // Ordered: each level implies the ones before it.
 //   Avx2:   AVX2 + FMA + F16C
-//   Avx512: Avx2 + AVX-512 F, BW, VL, DQ, VNNI, BF16, VBMI, and BMI2 (Zen 4 and later, Sapphire
-//           Rapids and later; Cooper Lake, without VBMI, and Ice Lake, without BF16, take Avx2)
+//   Avx512: Avx2 + AVX-512 F, BW, VL, DQ, VNNI, BF16, VBMI, BITALG, and BMI2 (Zen 4 and later,
+//           Sapphire Rapids and later; Cooper Lake, without VBMI, and Ice Lake, without BF16,
+//           take Avx2)
 enum class CpuIsa { Portable, Avx2, Avx512 };
 
 std::string_view cpu_isa_name(CpuIsa isa);  // "portable", "avx2", "avx512"

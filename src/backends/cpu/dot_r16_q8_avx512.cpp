@@ -13,7 +13,8 @@
 // nibble formats by vpmultishiftqb over one chunk broadcast to both halves, which picks each
 // row's four nibbles (columns 4c .. 4c + 3) out of its two bytes. A qword holds four rows, so
 // that gathers rows {0, 1, 4, 5, ...} in the low half and {2, 3, 6, 7, ...} in the high half:
-// kNibbleLaneRow below; each block's integer sums are put back in row order before the scales.
+// kNibbleLaneRow below. Q5_0's block sums are put back in row order before their scales;
+// Q4_K's stay in lane order, its scales brought to that order instead, until the end.
 //
 // The integer sums are exact (the bounds at each kernel) and are the plain kernels' sums; the
 // float steps are per row instead of over eight lanes, so results differ from the plain format's
@@ -29,11 +30,6 @@
 
 namespace tandem::cpu {
 namespace {
-
-// Sixteen bytes (one per row) widened to int32 lanes.
-inline __m512i bytes_to_int32(const uint8_t* p) {
-  return _mm512_cvtepu8_epi32(load128(p));
-}
 
 // The row that lane L of a nibble gather holds (see the file comment): lane L is in qword L / 2
 // of the vector, which holds the chunk's qword (L / 2) % 4, rows 4 ((L / 2) % 4) .. + 3; the low
@@ -184,7 +180,7 @@ constexpr ByteVector kLaneRowBytes = lane_row_bytes();
 // and the result is put in row order once. The mins are a vpmaddwd over two sub-blocks at a time
 // (mins 0..63 against Σ_32 x, |Σ_32 x| <= 4096: both int16), not a vpmulld each: this core issues
 // about two 512-bit operations a cycle, and vpmultishiftqb and vpdpbusd share one pipe, so every
-// operation a sub-block spares shows (l2/Q4_K_R16/int8 in matmul_bench, same run: 8.0 -> 7.4 us).
+// operation a sub-block spares shows (l2/Q4_K_R16/int8 in matmul_bench, same run: 8.42 -> 7.90 us).
 void group_dot_q4_k_q8(const void* w, const void* a, int64_t cols, float* out) {
   const auto* blocks = static_cast<const BlockQ4_K_R16*>(w);
   const auto* x = static_cast<const BlockQ8_K*>(a);
