@@ -63,8 +63,8 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Drops the clean cached pages of the file at `path` from the page cache
-// (POSIX_FADV_DONTNEED), as if it had never been read: what a cold start sees. Pages that a
+// Drops the cached pages of the file at `path` from the page cache (written back first, then
+// POSIX_FADV_DONTNEED), as if it had never been read: what a cold start sees. Pages that a
 // process still maps stay. Returns the bytes of the file still cached afterwards.
 size_t evict_from_page_cache(const std::string& path);
 
