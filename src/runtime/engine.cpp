@@ -311,14 +311,18 @@ void Engine::load(const EngineOptions& options, Spread spread,
       std::fprintf(stderr, "tandem: %s of the model in the page cache mapped up front, %s of it on "
                    "2 MiB pages\n", format_bytes(mapped).c_str(), format_bytes(huge).c_str());
     // The page cache keeps a file's pages in the sizes it first read them in. Cached in 4 KiB
-    // pieces (read before tandem asked for large pages, or broken up by memory pressure), the
-    // weights cost a page-table entry per 4 KiB: measured 11 instead of 16-18 tokens/s on the
-    // lite model on a VM. Re-reading the file fixes it; say how.
-    if (mapped >= (size_t(1) << 30) && huge > 0 && huge < mapped / 2)
-      std::fprintf(stderr, "tandem: note: only %s of the %s of this model in the page cache is on 2 MiB "
-                   "pages; decode can be up to 1.5x slower. To re-read it in large pages: stop tandem, "
-                   "run `dd if=%s iflag=nocache count=0` (drops it from the cache), then start again\n",
-                   format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
+    // pieces (written by a download, read before tandem asked for large pages, or broken up by
+    // memory pressure), the weights cost a page-table entry per 4 KiB: measured 11 instead of
+    // 16-18 tokens/s on the lite model on a VM with none on 2 MiB pages, and such pages stream
+    // 15-20% slower (docs/performance.md). Re-reading the file fixes it; say how.
+    if (mapped >= (size_t(1) << 30) && huge > 0 && huge < mapped / 10 * 9)
+      std::fprintf(
+          stderr,
+          "tandem: note: only %s of the %s of this model in the page cache is on 2 MiB "
+          "pages; the rest streams 15-20%% slower (decode up to 1.5x slower with none). To "
+          "re-read it in large pages: stop tandem, run `dd if=%s iflag=nocache count=0` "
+          "(drops it from the cache), then start again\n",
+          format_bytes(huge).c_str(), format_bytes(mapped).c_str(), file_->name().c_str());
   }
   model_->finish_loading(/*show_progress=*/true);  // GPUs fill while the disk reads ahead for the CPU
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
