@@ -157,8 +157,6 @@ size_t MappedFile::huge_mapped_bytes() const {
 size_t evict_from_page_cache(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
-  // Only clean pages can go: a file just written is first written back (no-op for the others).
-  ::fdatasync(fd);
   const int err = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
   if (err != 0) fail("{}: cannot drop it from the page cache: {}", path, std::strerror(err));

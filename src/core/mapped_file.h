@@ -63,15 +63,15 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Drops the cached pages of the file at `path` from the page cache (written back first, then
-// POSIX_FADV_DONTNEED), as if it had never been read: what a cold start sees. Pages that a
+// Drops the clean cached pages of the file at `path` from the page cache
+// (POSIX_FADV_DONTNEED), as if it had never been read: what a cold start sees. Pages that a
 // process still maps stay. Returns the bytes of the file still cached afterwards.
 size_t evict_from_page_cache(const std::string& path);
 
-// The same for a file just written, best effort (a file system that cannot drop pages keeps
-// them; nothing fails): its first mapping then reads it back in 2 MiB pages instead of mapping
-// the small pieces write() cached, 4 KiB at a time (docs/performance.md: 15-20% slower to
-// stream on a VM).
+// The same for a file just written (written back first, so its pages are clean), best effort (a
+// file system that cannot drop pages keeps them; nothing fails): its first mapping then reads it
+// back in 2 MiB pages instead of mapping the small pieces write() cached, 4 KiB at a time
+// (docs/performance.md: 15-20% slower to stream on a VM).
 void drop_written_pages(const std::string& path);
 
 }  // namespace tandem
