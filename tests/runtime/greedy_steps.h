@@ -15,12 +15,13 @@ inline const std::vector<int32_t> kPromptTokens = {0,  671, 645,  1193, 291, 107
                                                    80, 285, 1876, 597,  395};
 
 // All the logits, prompt rows then one row per step. `around_step(false)` runs before each
-// decode step and `around_step(true)` after it (a test's bookkeeping per step).
+// decode step and `around_step(true)` after it (a test's bookkeeping per step). `n_ctx`: the
+// cache's length (what attention kernels size their key splits by).
 inline std::vector<float> prompt_then_greedy(
     Deepseek2Model& model, std::span<Backend* const> layer_devices, int n_decode,
-    const std::function<void(bool after)>& around_step = {}) {
+    const std::function<void(bool after)>& around_step = {}, int64_t n_ctx = 64) {
   const auto& hp = model.hparams();
-  KvCache cache(layer_devices, model.info().kv, 64, 1, 64);
+  KvCache cache(layer_devices, model.info().kv, n_ctx, 1, 64);
   std::vector<int32_t> tokens = kPromptTokens, positions, seq(tokens.size(), 0), rows;
   for (size_t i = 0; i < tokens.size(); ++i)
     positions.push_back(int32_t(i)), rows.push_back(int32_t(i));

@@ -13,6 +13,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/row_steps.cuh"
 #include "backends/rope_angles.h"
 
@@ -378,7 +379,7 @@ template <int kColumns>
 void launch_mla(const MlaArgs& args, int64_t n_tokens, int64_t n_heads, int64_t n_groups,
                 int64_t max_splits, size_t shared, cudaStream_t stream) {
   static bool opted_in = false;  // shared memory past 48 KiB is asked for once (kv_lora 1024)
-  if (shared > (size_t(48) << 10) && !opted_in) {
+  if (shared > (size_t(48) << 10) && !opted_in && !recording_launches()) {
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(
         mla_sequential_kernel<kColumns>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(
@@ -386,18 +387,15 @@ void launch_mla(const MlaArgs& args, int64_t n_tokens, int64_t n_heads, int64_t 
     opted_in = true;
   }
   if (args.partial) {
-    mla_split_kernel<kColumns>
-        <<<dim3(unsigned(n_tokens * n_groups), unsigned(max_splits)), kThreads, shared, stream>>>(
-            args, n_groups);
-    TANDEM_CUDA_CHECK_LAUNCH(mla_split_kernel);
-    mla_merge_kernel<kColumns>
-        <<<dim3(unsigned(n_tokens), unsigned(n_heads)), kThreads, 0, stream>>>(args);
-    TANDEM_CUDA_CHECK_LAUNCH(mla_merge_kernel);
+    launch("mla_split_kernel", mla_split_kernel<kColumns>,
+           dim3(unsigned(n_tokens * n_groups), unsigned(max_splits)), kThreads, shared, stream,
+           args, n_groups);
+    launch("mla_merge_kernel", mla_merge_kernel<kColumns>,
+           dim3(unsigned(n_tokens), unsigned(n_heads)), kThreads, 0, stream, args);
     return;
   }
-  mla_sequential_kernel<kColumns>
-      <<<unsigned(n_tokens * n_groups), kThreads, shared, stream>>>(args, n_groups);
-  TANDEM_CUDA_CHECK_LAUNCH(mla_sequential_kernel);
+  launch("mla_sequential_kernel", mla_sequential_kernel<kColumns>, unsigned(n_tokens * n_groups),
+         kThreads, shared, stream, args, n_groups);
 }
 
 unsigned blocks_for(int64_t n, int threads) {
@@ -410,19 +408,17 @@ unsigned blocks_for(int64_t n, int threads) {
 void rope(const RopeOp& op, cudaStream_t stream) {
   const YarnRamp ramp = yarn_ramp(op.params);
   const int64_t n = op.n_tokens * op.n_heads * (op.params.rope_dims / 2);
-  rope_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(op, ramp.low, ramp.high);
-  TANDEM_CUDA_CHECK_LAUNCH(rope_kernel);
+  launch("rope_kernel", rope_kernel, blocks_for(n, 256), 256, 0, stream, op, ramp.low, ramp.high);
 }
 
 void kv_store(const KvStoreOp& op, cudaStream_t stream) {
-  kv_store_kernel<<<unsigned(op.n_tokens), 256, 0, stream>>>(op);
-  TANDEM_CUDA_CHECK_LAUNCH(kv_store_kernel);
+  launch("kv_store_kernel", kv_store_kernel, unsigned(op.n_tokens), 256, 0, stream, op);
 }
 
 void store_latent(const LatentStoreOp& op, cudaStream_t stream) {
   const YarnRamp ramp = yarn_ramp(op.rope);
-  latent_store_kernel<<<unsigned(op.n_tokens), kNormThreads, 0, stream>>>(op, ramp.low, ramp.high);
-  TANDEM_CUDA_CHECK_LAUNCH(latent_store_kernel);
+  launch("latent_store_kernel", latent_store_kernel, unsigned(op.n_tokens), kNormThreads, 0, stream,
+         op, ramp.low, ramp.high);
 }
 
 void gqa_attention(const AttentionOp& op, cudaStream_t stream) {
@@ -430,9 +426,8 @@ void gqa_attention(const AttentionOp& op, cudaStream_t stream) {
     cuda_failed(cudaErrorInvalidValue, "grouped-query attention with heads above 256 dims",
                 __FILE__, __LINE__);
   const int64_t pairs = op.n_tokens * op.n_heads;
-  gqa_attention_kernel<<<unsigned((pairs + kGqaWarps - 1) / kGqaWarps), kGqaWarps * 32, 0,
-                         stream>>>(op);
-  TANDEM_CUDA_CHECK_LAUNCH(gqa_attention_kernel);
+  launch("gqa_attention_kernel", gqa_attention_kernel,
+         unsigned((pairs + kGqaWarps - 1) / kGqaWarps), kGqaWarps * 32, 0, stream, op);
 }
 
 int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads) {

@@ -21,32 +21,13 @@ void cuda_failed(cudaError_t error, const char* call, const char* file, int line
 
 namespace {
 
-// From this many tokens on, ByTokenCount takes the tensor-core tiles: below it the rows kernel
-// reads each weight once per 8 tokens, above it a 64-token tile reads it once for all of them.
-// A first guess until a GPU measures the crossing (matmul_bench on the device).
-constexpr int64_t kTiledMinTokens = 16;
-
 // What a step may still need beyond the planner's buffers: kernels' scratch and the allocator's
 // rounding. free_bytes() keeps it out of what it offers.
 constexpr size_t kScratchReserveBytes = size_t(256) << 20;
 
-constexpr size_t kActQ8Bytes = 40;  // sizeof(blocks::ActQ8): one block of 32 activations
-
 constexpr size_t kStagingBytes = size_t(32) << 20;
 // Below this a synchronous copy goes straight from pageable memory (the driver stages it).
 constexpr size_t kDirectCopyBytes = size_t(4) << 20;
-
-bool tiled(KernelChoice kernels, int64_t n_tokens) {
-  switch (kernels) {
-    case KernelChoice::PerToken:
-      return false;
-    case KernelChoice::Tiled:
-      return true;
-    case KernelChoice::ByTokenCount:
-      return n_tokens >= kTiledMinTokens;
-  }
-  return false;
-}
 
 class CudaBuffer final : public DeviceBuffer {
  public:
@@ -154,6 +135,8 @@ CudaBackend::CudaBackend(int device) : device_(device), name_(fmt::format("cuda:
     cudaStreamDestroy(stream_);
     cuda_failed(error, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
   }
+  ops_ = std::make_unique<OpLaunches>(
+      stream_, [this](Scratch which, size_t bytes) { return scratch(which, bytes); });
 }
 
 // Nothing here may throw: after a sticky device error every call fails, and the backend must
@@ -213,7 +196,7 @@ std::shared_ptr<DeviceBuffer> CudaBackend::allocate_host(size_t bytes, const std
 }
 
 void* CudaBackend::scratch(Scratch which, size_t bytes) {
-  std::shared_ptr<DeviceBuffer>& buffer = scratch_[which];
+  std::shared_ptr<DeviceBuffer>& buffer = scratch_[size_t(which)];
   if (!buffer || buffer->size() < bytes) {
     if (capturing_)
       fail(
@@ -438,10 +421,10 @@ void CudaBackend::replay(Graph& graph) {
 
 // ---- ops ----
 
+// Each op: its checks, then its kernels (op_launches.cpp) on this device.
 void CudaBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
-  if (n == 0) return;
   activate();
-  cuda::get_rows(table, ids, n, output, stream_);
+  ops_->get_rows(table, ids, n, output);
 }
 
 void CudaBackend::check_columns(const WeightView& w, const char* what) const {
@@ -456,215 +439,100 @@ void CudaBackend::matmul(const MatmulOp& op) {
   if (op.n_tokens == 0) return;
   check_columns(op.weight, "a matrix");
   activate();
-  const MatmulLaunch m{.type = op.weight.type,
-                       .weights = op.weight.data,
-                       .rows = op.weight.rows,
-                       .cols = op.weight.cols,
-                       .row_bytes = op.weight.row_bytes,
-                       .mat_bytes = op.weight.matrix_bytes(),
-                       .input = op.input,
-                       .input_stride = op.weight.cols,
-                       .output = op.output,
-                       .output_stride = op.weight.rows,
-                       .n_tokens = op.n_tokens};
-  tiled(op.kernels, op.n_tokens) ? matmul_tiled(m, stream_) : matmul_rows(m, stream_);
-  if (op.bias) add_row_bias(op.output, op.bias, op.n_tokens, op.weight.rows, stream_);
+  ops_->matmul(op);
 }
 
 void CudaBackend::rms_norm(const RmsNormOp& op) {
-  if (op.n_rows == 0) return;
   activate();
-  cuda::rms_norm(op, stream_);
+  ops_->rms_norm(op);
 }
 
 void CudaBackend::rope(const RopeOp& op) {
-  if (op.n_tokens == 0) return;
   activate();
-  cuda::rope(op, stream_);
+  ops_->rope(op);
+}
+
+void CudaBackend::check_cache(const KvLayerView& cache) const {
+  if (!can_cache(cache.type))
+    fail("{}: the CUDA backend keeps its KV cache in F32 (--cache-type-k/v bf16 is CPU-only)",
+         name_);
 }
 
 void CudaBackend::kv_store(const KvStoreOp& op) {
-  if (!can_cache(op.cache.type))
-    fail("{}: the CUDA backend keeps its KV cache in F32 (--cache-type-k/v bf16 is CPU-only)",
-         name_);
-  if (op.n_tokens == 0) return;
+  check_cache(op.cache);
   activate();
-  cuda::kv_store(op, stream_);
+  ops_->kv_store(op);
 }
 
 void CudaBackend::store_latent(const LatentStoreOp& op) {
-  if (!can_cache(op.cache.type))
-    fail("{}: the CUDA backend keeps its KV cache in F32 (--cache-type-k/v bf16 is CPU-only)",
-         name_);
+  check_cache(op.cache);
   TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
                op.cache.rope_dims == op.rope.rope_dims);
-  if (op.n_tokens == 0) return;
   activate();
-  cuda::store_latent(op, stream_);
+  ops_->store_latent(op);
 }
 
-// k_b absorbed into the query per head, attention over the latent cache, v_b per head: the two
-// projections are matmuls over the heads with strided inputs and outputs.
 void CudaBackend::mla_attention(const MlaAttentionOp& op) {
-  const int64_t T = op.n_tokens, H = op.n_heads, lora = op.cache.kv_lora_rank;
-  if (T == 0) return;
+  if (op.n_tokens == 0) return;
   check_columns(op.k_b, "attn_k_b");
   check_columns(op.v_b, "attn_v_b");
   activate();
-  const int64_t q_stride = op.nope_dims + op.cache.rope_dims;
-  auto* q_lat = static_cast<float*>(scratch(kQueryLatent, size_t(T * H * lora) * sizeof(float)));
-  auto* o_lat = static_cast<float*>(scratch(kOutputLatent, size_t(T * H * lora) * sizeof(float)));
-  const bool use_tiles = tiled(op.kernels, T);
-  const MatmulLaunch absorb{.type = op.k_b.type,
-                            .weights = op.k_b.data,
-                            .rows = op.k_b.rows,
-                            .cols = op.k_b.cols,
-                            .row_bytes = op.k_b.row_bytes,
-                            .mat_bytes = op.k_b.matrix_bytes(),
-                            .input = op.q,
-                            .input_stride = H * q_stride,
-                            .input_mat_stride = q_stride,
-                            .output = q_lat,
-                            .output_stride = H * lora,
-                            .output_mat_stride = lora,
-                            .n_tokens = T,
-                            .n_mats = H};
-  use_tiles ? matmul_tiled(absorb, stream_) : matmul_rows(absorb, stream_);
-  const int64_t partial_floats = mla_partial_floats(op.cache, T, H);
-  auto* partial =
-      partial_floats
-          ? static_cast<float*>(scratch(kAttentionSplits, size_t(partial_floats) * sizeof(float)))
-          : nullptr;
-  mla_scores_softmax_sums(q_lat, op.q, q_stride, op.nope_dims, op.cache, op.positions, op.seq_ids,
-                          T, H, op.scale, o_lat, partial, stream_);
-  const MatmulLaunch expand{.type = op.v_b.type,
-                            .weights = op.v_b.data,
-                            .rows = op.v_b.rows,
-                            .cols = op.v_b.cols,
-                            .row_bytes = op.v_b.row_bytes,
-                            .mat_bytes = op.v_b.matrix_bytes(),
-                            .input = o_lat,
-                            .input_stride = H * lora,
-                            .input_mat_stride = lora,
-                            .output = op.output,
-                            .output_stride = H * op.v_head_dims,
-                            .output_mat_stride = op.v_head_dims,
-                            .n_tokens = T,
-                            .n_mats = H};
-  use_tiles ? matmul_tiled(expand, stream_) : matmul_rows(expand, stream_);
+  ops_->mla_attention(op);
 }
 
 void CudaBackend::attention(const AttentionOp& op) {
-  if (op.n_tokens == 0) return;
   activate();
-  cuda::gqa_attention(op, stream_);
+  ops_->attention(op);
 }
 
 void CudaBackend::moe_route(const MoeRouteOp& op) {
-  if (op.n_tokens == 0) return;
   activate();
-  cuda::moe_route(op, stream_);
+  ops_->moe_route(op);
 }
 
-// The slots of the experts held here, sorted by expert on the device (no host round trip), then
-// gate/up with SiLU and down over the sorted entries: one launch each for all the experts.
 void CudaBackend::moe(const MoeOp& op) {
-  const int64_t n_slots = op.n_tokens * op.top_k, held = op.gate.n_mats;
-  if (n_slots == 0) return;
+  if (op.n_tokens * op.top_k == 0) return;
   check_columns(op.gate, "an expert's gate");
   check_columns(op.down, "an expert's down projection");
-  activate();
-  const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
-  const bool use_tiles = tiled(op.kernels, op.step_tokens > 0 ? op.step_tokens : op.n_tokens);
-  auto ints = [&](Scratch which, int64_t n) {
-    return static_cast<int32_t*>(scratch(which, size_t(n) * sizeof(int32_t)));
-  };
-  auto floats = [&](Scratch which, int64_t n) {
-    return static_cast<float*>(scratch(which, size_t(n) * sizeof(float)));
-  };
-  ExpertSlots s{.order = ints(kOrder, n_slots), .expert_of = ints(kExpertOf, n_slots)};
-  int32_t* counters = ints(kCounters, 2);
-  s.n_active = counters;
-  s.n_tiles = counters + 1;
-  s.tile_first = ints(kTileFirst, max_tiles);
-  s.tile_count = ints(kTileCount, max_tiles);
-  s.max_slots = n_slots;
-  s.max_tiles = max_tiles;
-  s.top_k = op.top_k;
-  moe_sort(op.expert_ids, op.local_index, n_slots, held, const_cast<int32_t*>(s.order),
-           const_cast<int32_t*>(s.expert_of), counters, const_cast<int32_t*>(s.tile_first),
-           const_cast<int32_t*>(s.tile_count), counters + 1, max_tiles, stream_);
-  float* act = floats(kAct, n_slots * op.ffn_dims);
-  float* gate_out = use_tiles ? floats(kGate, n_slots * op.ffn_dims) : nullptr;
-  float* up_out = use_tiles ? floats(kUp, n_slots * op.ffn_dims) : nullptr;
   if (op.gate.type != op.up.type)
     fail(
         "{}: expert gate and up matrices stored in different formats ({} and {}) are not "
         "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them alike",
         name_, dtype_name(op.gate.type), dtype_name(op.up.type));
-  const ExpertBiases biases{
-      .gate = op.gate_bias, .up = op.up_bias, .down = op.down_bias, .activation = op.activation};
-  // Decode with 8-bit activations where the policy allows them and the format has the step
-  // (MoeOp::activations; quant/block_dot_q8.h): the inputs quantized once per product.
-  const bool eight = op.activations == ActivationBits::Eight && !use_tiles;
-  if (eight && matmul_supports_q8(op.gate.type) && op.dim % 32 == 0) {
-    auto* input_q8 = static_cast<blocks::ActQ8*>(
-        scratch(kInputQ8, size_t(op.n_tokens * (op.dim / 32)) * kActQ8Bytes));
-    quantize_q8(op.input, op.n_tokens * op.dim, input_q8, stream_);
-    expert_gate_up_q8(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim,
-                      op.gate.row_bytes, op.gate.matrix_bytes(), input_q8, s, act, biases, stream_);
-  } else {
-    expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim, op.gate.row_bytes,
-                   op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act, use_tiles, biases,
-                   stream_);
-  }
-  if (eight && matmul_supports_q8(op.down.type) && op.ffn_dims % 32 == 0) {
-    auto* act_q8 = static_cast<blocks::ActQ8*>(
-        scratch(kActQ8, size_t(n_slots * (op.ffn_dims / 32)) * kActQ8Bytes));
-    quantize_q8(act, n_slots * op.ffn_dims, act_q8, stream_);
-    expert_down_q8(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
-                   op.down.matrix_bytes(), act_q8, s, op.slots, biases, stream_);
-  } else {
-    expert_down(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
-                op.down.matrix_bytes(), act, s, op.slots, use_tiles, biases, stream_);
-  }
+  activate();
+  ops_->moe(op);
 }
 
 void CudaBackend::moe_reduce(const MoeReduceOp& op) {
   TANDEM_CHECK(!op.shared || op.residual);
-  if (op.n_tokens == 0) return;
   activate();
-  cuda::moe_reduce(op, stream_);
+  ops_->moe_reduce(op);
 }
 
 void CudaBackend::pick_replicas(const ReplicaPickOp& op) {
   activate();
-  cuda::pick_replicas(op, stream_);
+  ops_->pick_replicas(op);
 }
 
 void CudaBackend::add(float* y, const float* x, int64_t n) {
-  if (n == 0) return;
   activate();
-  cuda::add(y, x, n, stream_);
+  ops_->add(y, x, n);
 }
 
 void CudaBackend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
-  if (n == 0 || parts.empty()) return;
   activate();
-  cuda::add_parts(y, parts, n, stream_);
+  ops_->add_parts(y, parts, n);
 }
 
 void CudaBackend::zero(float* y, int64_t n) {
-  if (n == 0) return;
   activate();
-  cuda::fill(y, 0.0f, n, stream_);
+  ops_->zero(y, n);
 }
 
 void CudaBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                             int64_t n_rows, int64_t row_len) {
-  if (n_rows == 0 || row_len == 0) return;
   activate();
-  cuda::copy_rows(dst, dst_stride, src, src_stride, n_rows, row_len, stream_);
+  ops_->copy_rows(dst, dst_stride, src, src_stride, n_rows, row_len);
 }
 
 }  // namespace tandem::cuda

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/op_launches.h"
 #include "core/backend.h"
 
 namespace tandem::cuda {
@@ -82,28 +83,13 @@ class CudaBackend final : public Backend {
 
  private:
   struct HostTask;
-  // Kernels' own scratch, grown on demand and never inside a capture (the executor runs a
-  // step's shape once op by op before capturing it).
-  enum Scratch {
-    kQueryLatent,
-    kOutputLatent,
-    kAttentionSplits,
-    kOrder,
-    kExpertOf,
-    kCounters,
-    kTileFirst,
-    kTileCount,
-    kGate,
-    kUp,
-    kAct,
-    kInputQ8,
-    kActQ8,
-    kScratchCount
-  };
+  // Kernels' own scratch (op_launches.h), grown on demand and never inside a capture (the
+  // executor runs a step's shape once op by op before capturing it).
   void* scratch(Scratch which, size_t bytes);
   void activate() const;  // makes this device current for the calling thread
   void rethrow_task_error();
   void check_columns(const WeightView& w, const char* what) const;
+  void check_cache(const KvLayerView& cache) const;
   void check_not_capturing(const char* what) const;
   void synchronous_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 
@@ -112,7 +98,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;  // every op
   cudaStream_t side_ = nullptr;    // host tasks, forked from and joined back into stream_
   bool capturing_ = false;
-  std::shared_ptr<DeviceBuffer> scratch_[kScratchCount];
+  std::shared_ptr<DeviceBuffer> scratch_[size_t(Scratch::Count)];
+  std::unique_ptr<OpLaunches> ops_;  // every op's kernels, on stream_
   // Host tasks submitted since the last synchronize (freed there) or during a capture (owned by
   // the graph: its host nodes call them at every replay).
   std::vector<std::unique_ptr<HostTask>> pending_tasks_, captured_tasks_;

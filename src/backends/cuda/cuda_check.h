@@ -1,6 +1,7 @@
 #pragma once
 // CUDA errors as tandem::Error: every runtime call and every launch is checked, and a failure
-// names the call and the device's error string (a launch's own errors show at the next check).
+// names the call and the device's error string (a launch's own errors show at the next check;
+// launches go through launch.cuh).
 // Declared here without fmt so that the .cu files need no host-only headers.
 #include <cuda_runtime_api.h>
 
@@ -16,6 +17,3 @@ namespace tandem::cuda {
     if (tandem_cuda_error_ != cudaSuccess)                                        \
       ::tandem::cuda::cuda_failed(tandem_cuda_error_, #call, __FILE__, __LINE__); \
   } while (0)
-
-// After a kernel launch: configuration errors (too many threads, too much shared memory).
-#define TANDEM_CUDA_CHECK_LAUNCH(kernel) TANDEM_CUDA_CHECK(cudaGetLastError())

@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/moe_routing.h"
 #include "core/replica_choice.h"
 
@@ -180,28 +181,25 @@ void moe_route(const MoeRouteOp& op, cudaStream_t stream) {
     cuda_failed(cudaErrorInvalidValue, "routing with top_k above 16 or above 256 groups", __FILE__,
                 __LINE__);
   const size_t shared = size_t(kRouteWarps * (2 * p.n_expert + p.n_groups)) * sizeof(float);
-  route_kernel<<<unsigned((op.n_tokens + kRouteWarps - 1) / kRouteWarps), kRouteWarps * kWarp,
-                 shared, stream>>>(op, p);
-  TANDEM_CUDA_CHECK_LAUNCH(route_kernel);
+  launch("route_kernel", route_kernel, unsigned((op.n_tokens + kRouteWarps - 1) / kRouteWarps),
+         kRouteWarps * kWarp, shared, stream, op, p);
 }
 
 void moe_sort(const int32_t* expert_ids, const int32_t* local_index, int64_t n_slots, int64_t held,
               int32_t* order, int32_t* expert_of, int32_t* n_active, int32_t* tile_first,
               int32_t* tile_count, int32_t* n_tiles, int64_t max_tiles, cudaStream_t stream) {
-  sort_kernel<<<1, 256, size_t(held) * sizeof(int32_t), stream>>>(
-      expert_ids, local_index, n_slots, held, order, expert_of, n_active, tile_first, tile_count,
-      n_tiles, max_tiles);
-  TANDEM_CUDA_CHECK_LAUNCH(sort_kernel);
+  launch("sort_kernel", sort_kernel, 1, 256, size_t(held) * sizeof(int32_t), stream, expert_ids,
+         local_index, n_slots, held, order, expert_of, n_active, tile_first, tile_count, n_tiles,
+         max_tiles);
 }
 
 void pick_replicas(const ReplicaPickOp& op, cudaStream_t stream) {
-  pick_replicas_kernel<<<1, 256, size_t(op.n_expert) * sizeof(int32_t), stream>>>(op);
-  TANDEM_CUDA_CHECK_LAUNCH(pick_replicas_kernel);
+  launch("pick_replicas_kernel", pick_replicas_kernel, 1, 256,
+         size_t(op.n_expert) * sizeof(int32_t), stream, op);
 }
 
 void moe_reduce(const MoeReduceOp& op, cudaStream_t stream) {
-  reduce_kernel<<<blocks_for(op.n_tokens * op.dim, 256), 256, 0, stream>>>(op);
-  TANDEM_CUDA_CHECK_LAUNCH(reduce_kernel);
+  launch("reduce_kernel", reduce_kernel, blocks_for(op.n_tokens * op.dim, 256), 256, 0, stream, op);
 }
 
 }  // namespace tandem::cuda

@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/row_steps.cuh"
 #include "quant/block_decode.h"
 
@@ -91,13 +92,11 @@ __global__ void get_rows_kernel(const uint8_t* table, uint64_t row_bytes, int64_
 }  // namespace
 
 void rms_norm(const RmsNormOp& op, cudaStream_t stream) {
-  rms_norm_kernel<<<unsigned(op.n_rows), kNormThreads, 0, stream>>>(op);
-  TANDEM_CUDA_CHECK_LAUNCH(rms_norm_kernel);
+  launch("rms_norm_kernel", rms_norm_kernel, unsigned(op.n_rows), kNormThreads, 0, stream, op);
 }
 
 void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
-  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
-  TANDEM_CUDA_CHECK_LAUNCH(add_kernel);
+  launch("add_kernel", add_kernel, blocks_for(n, 256), 256, 0, stream, y, x, n);
 }
 
 void add_parts(float* y, std::span<const float* const> parts, int64_t n, cudaStream_t stream) {
@@ -105,38 +104,33 @@ void add_parts(float* y, std::span<const float* const> parts, int64_t n, cudaStr
     Parts some{};
     some.n = int(std::min<size_t>(Parts::kMax, parts.size() - first));
     for (int k = 0; k < some.n; ++k) some.p[k] = parts[first + size_t(k)];
-    add_parts_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, some, n);
-    TANDEM_CUDA_CHECK_LAUNCH(add_parts_kernel);
+    launch("add_parts_kernel", add_parts_kernel, blocks_for(n, 256), 256, 0, stream, y, some, n);
   }
 }
 
 void add_row_bias(float* out, const float* bias, int64_t n_tokens, int64_t rows,
                   cudaStream_t stream) {
-  add_row_bias_kernel<<<blocks_for(n_tokens * rows, 256), 256, 0, stream>>>(out, bias, n_tokens,
-                                                                            rows);
-  TANDEM_CUDA_CHECK_LAUNCH(add_row_bias_kernel);
+  launch("add_row_bias_kernel", add_row_bias_kernel, blocks_for(n_tokens * rows, 256), 256, 0,
+         stream, out, bias, n_tokens, rows);
 }
 
 void fill(float* y, float value, int64_t n, cudaStream_t stream) {
-  fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, value, n);
-  TANDEM_CUDA_CHECK_LAUNCH(fill_kernel);
+  launch("fill_kernel", fill_kernel, blocks_for(n, 256), 256, 0, stream, y, value, n);
 }
 
 void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n_rows,
                int64_t row_len, cudaStream_t stream) {
-  copy_rows_kernel<<<blocks_for(n_rows * row_len, 256), 256, 0, stream>>>(
-      dst, dst_stride, src, src_stride, n_rows, row_len);
-  TANDEM_CUDA_CHECK_LAUNCH(copy_rows_kernel);
+  launch("copy_rows_kernel", copy_rows_kernel, blocks_for(n_rows * row_len, 256), 256, 0, stream,
+         dst, dst_stride, src, src_stride, n_rows, row_len);
 }
 
 void get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output,
               cudaStream_t stream) {
   const bool known = blocks::visit_decoder(table.type, [&](auto dec) {
     using Dec = decltype(dec);
-    get_rows_kernel<Dec><<<unsigned(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table.data),
-                                                          table.row_bytes, table.cols, table.rows,
-                                                          ids, output);
-    TANDEM_CUDA_CHECK_LAUNCH(get_rows_kernel);
+    launch("get_rows_kernel", get_rows_kernel<Dec>, unsigned(n), 128, 0, stream,
+           static_cast<const uint8_t*>(table.data), table.row_bytes, table.cols, table.rows, ids,
+           output);
   });
   if (!known)
     cuda_failed(cudaErrorInvalidValue, "an embedding format without a GPU decoder", __FILE__,

@@ -22,6 +22,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/ffn_activation.h"
 #include "quant/block_decode.h"
 #include "quant/block_dot.h"
@@ -174,8 +175,8 @@ template <class Dec, int NT, int R>
 void launch_rows_by(const MatmulLaunch& m, int64_t token0, bool aligned, cudaStream_t stream) {
   const int64_t rows_per_block = kRowsPerBlock * R;
   const dim3 grid(unsigned((m.rows + rows_per_block - 1) / rows_per_block), unsigned(m.n_mats));
-  rows_kernel<Dec, NT, R><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(m, token0, aligned);
-  TANDEM_CUDA_CHECK_LAUNCH(rows_kernel);
+  launch("rows_kernel", rows_kernel<Dec, NT, R>, grid, kRowsPerBlock * kWarpSize, 0, stream, m,
+         token0, aligned);
 }
 
 // The choice of rows per warp is offered for one token (decode) only: each variant is a kernel
@@ -350,8 +351,7 @@ template <class Dec, class Map>
 void launch_tiled(const Map& map, int64_t rows, int64_t cols, uint64_t row_bytes, unsigned tiles,
                   unsigned mats, cudaStream_t stream) {
   const dim3 grid(unsigned((rows + kTile - 1) / kTile), tiles, mats);
-  tiled_kernel<Dec, Map><<<grid, 128, 0, stream>>>(map, rows, cols, row_bytes);
-  TANDEM_CUDA_CHECK_LAUNCH(tiled_kernel);
+  launch("tiled_kernel", tiled_kernel<Dec, Map>, grid, 128, 0, stream, map, rows, cols, row_bytes);
 }
 
 // ---- experts, rows path: one warp per (R rows, sorted entry) ----
@@ -485,10 +485,9 @@ void launch_expert_gate_up(const void* gate, const void* up, int64_t ffn, int64_
                            cudaStream_t stream) {
   constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
   const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
-  expert_gate_up_rows<Dec, R, Input><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-      static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim, row_bytes,
-      mat_bytes, input, s, act, b);
-  TANDEM_CUDA_CHECK_LAUNCH(expert_gate_up_rows);
+  launch("expert_gate_up_rows", expert_gate_up_rows<Dec, R, Input>, grid, kRowsPerBlock * kWarpSize,
+         0, stream, static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim,
+         row_bytes, mat_bytes, input, s, act, b);
 }
 
 template <class Dec, class Input>
@@ -497,9 +496,9 @@ void launch_expert_down(const void* down, int64_t dim, int64_t ffn, uint64_t row
                         const float* down_bias, cudaStream_t stream) {
   constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
   const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
-  expert_down_rows<Dec, R, Input><<<grid, kRowsPerBlock * kWarpSize, 0, stream>>>(
-      static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots, down_bias);
-  TANDEM_CUDA_CHECK_LAUNCH(expert_down_rows);
+  launch("expert_down_rows", expert_down_rows<Dec, R, Input>, grid, kRowsPerBlock * kWarpSize, 0,
+         stream, static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots,
+         down_bias);
 }
 
 // One thread per block of 32 activations.
@@ -622,8 +621,8 @@ void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, i
     const ExpertMap up_map{up_bytes, mat_bytes, s, input, dim, up_out, ffn, /*down=*/false};
     launch_tiled<Dec>(gate_map, ffn, dim, row_bytes, unsigned(s.max_tiles), 1, stream);
     launch_tiled<Dec>(up_map, ffn, dim, row_bytes, unsigned(s.max_tiles), 1, stream);
-    expert_activation_kernel<<<1024, 256, 0, stream>>>(gate_out, up_out, act, s, ffn, b);
-    TANDEM_CUDA_CHECK_LAUNCH(expert_activation_kernel);
+    launch("expert_activation_kernel", expert_activation_kernel, 1024, 256, 0, stream, gate_out,
+           up_out, act, s, ffn, b);
   });
 }
 
@@ -642,8 +641,8 @@ void expert_down(DType type, const void* down, int64_t dim, int64_t ffn, uint64_
     const ExpertMap map{down_bytes, mat_bytes, s, act, ffn, slots, dim, /*down=*/true};
     launch_tiled<Dec>(map, dim, ffn, row_bytes, unsigned(s.max_tiles), 1, stream);
     if (b.down) {
-      expert_down_bias_kernel<<<1024, 256, 0, stream>>>(slots, s, dim, b.down);
-      TANDEM_CUDA_CHECK_LAUNCH(expert_down_bias_kernel);
+      launch("expert_down_bias_kernel", expert_down_bias_kernel, 1024, 256, 0, stream, slots, s,
+             dim, b.down);
     }
   });
 }
@@ -656,9 +655,8 @@ void quantize_q8(const float* x, int64_t n, blocks::ActQ8* out, cudaStream_t str
   const int64_t n_blocks = n / 32;
   if (n_blocks == 0) return;
   const int64_t grid = (n_blocks + 127) / 128;
-  quantize_q8_kernel<<<unsigned(grid < 4096 ? grid : 4096), 128, 0, stream>>>(x, n_blocks,
-                                                                              aligned16(x), out);
-  TANDEM_CUDA_CHECK_LAUNCH(quantize_q8_kernel);
+  launch("quantize_q8_kernel", quantize_q8_kernel, unsigned(grid < 4096 ? grid : 4096), 128, 0,
+         stream, x, n_blocks, aligned16(x), out);
 }
 
 template <class Fn>
