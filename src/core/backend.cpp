@@ -37,6 +37,15 @@ void Backend::store_latent(const LatentStoreOp& op) {
   const int64_t row = op.cache.row();
   TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
                op.cache.rope_dims == op.rope.rope_dims);
+  if (op.queries)
+    rope({.data = op.queries,
+          .positions = op.positions,
+          .n_tokens = op.n_tokens,
+          .n_heads = op.query_heads,
+          .head_stride = op.query_head_stride,
+          .token_stride = op.query_token_stride,
+          .offset = op.query_offset,
+          .params = op.rope});
   rms_norm({.input = op.rows,
             .weight = op.norm_weight,
             .output = op.rows,

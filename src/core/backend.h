@@ -111,6 +111,11 @@ struct RmsNormOp {
   int64_t n_rows, dim;
   int64_t input_stride, output_stride;
   float eps;
+  // Fused residual add in front (a layer's attention output joining the residual before the FFN
+  // norm): when set, `residual` += `add` first, both laid out as `input`, which must be
+  // `residual`. The bits of add() over the rows, then rms_norm().
+  float* residual = nullptr;
+  const float* add = nullptr;
 };
 
 struct RopeOp {
@@ -174,9 +179,9 @@ struct KvStoreOp {
 };
 
 // A token's latent row made ready and stored (MLA, after the kv_a product): defined as the
-// sequence rms_norm of its first norm_dims (norm_weight, eps), rope of the rope dims after them
-// (one head), kv_store, in place on `rows` and bit for bit. Backends without a fused form run
-// that sequence (Backend::store_latent); the CUDA backend does it in one launch.
+// sequence rope of the queries (when given), rms_norm of its first norm_dims (norm_weight, eps),
+// rope of the rope dims after them (one head), kv_store, in place and bit for bit. Backends without
+// a fused form run that sequence (Backend::store_latent); the CUDA backend does it in one launch.
 struct LatentStoreOp {
   float* rows;  // [n_tokens, cache.row()]: kv_lora_rank = norm_dims, then rope.rope_dims
   const float* norm_weight;  // [norm_dims]
@@ -187,6 +192,11 @@ struct LatentStoreOp {
   const int32_t* positions;  // [n_tokens]
   const int32_t* seq_ids;    // [n_tokens]
   int64_t n_tokens;
+  // Optional (null: none), done first: the queries' rope at the same positions with the same
+  // params, as rope() of `queries` with these strides (query_offset: the rotated dims' start in
+  // a head). MLA's queries and latent made ready in one launch.
+  float* queries = nullptr;
+  int64_t query_heads = 0, query_head_stride = 0, query_token_stride = 0, query_offset = 0;
 };
 
 // Grouped-query attention over a key/value cache. For each token t and head h, with kv head

@@ -116,8 +116,7 @@ void Deepseek2Model::layer(uint32_t il, LayerStep& s) {
     attention(l, s);
   else
     split_attention(il, s.batch, s.cache, s.h, s.out);
-  add_output(s);
-  norm(s, l.ffn_norm);
+  add_output_then_norm(s, l.ffn_norm);
   ffn(il, s);
 }
 
@@ -155,17 +154,10 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
   } else {
     be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T, .kernels = batch.kernels});
   }
-  // The compressed latent (normalized) and the shared rope key of each token, stored.
+  // The compressed latent (normalized) and the shared rope key of each token, stored; the
+  // queries' rope in the same op.
   be.matmul(
       {.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
-  be.rope({.data = q,
-           .positions = in.positions,
-           .n_tokens = T,
-           .n_heads = heads,
-           .head_stride = q_row,
-           .token_stride = heads * q_row,
-           .offset = nope,
-           .params = rope_});
   be.store_latent({.rows = kv,
                    .norm_weight = l.kv_a_norm,
                    .norm_dims = lora,
@@ -174,7 +166,12 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
                    .cache = s.cache,
                    .positions = in.positions,
                    .seq_ids = in.seq_ids,
-                   .n_tokens = T});
+                   .n_tokens = T,
+                   .queries = q,
+                   .query_heads = heads,
+                   .query_head_stride = q_row,
+                   .query_token_stride = heads * q_row,
+                   .query_offset = nope});
   be.mla_attention({.q = q,
                     .k_b = l.k_b,
                     .v_b = l.v_b,

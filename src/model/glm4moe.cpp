@@ -64,8 +64,7 @@ class Glm4MoeModel final : public Transformer {
     const Layer& l = layers_[il];
     norm(s, l.attn_norm);
     gqa_attention(attention_, l.attention, s);
-    add_output(s);
-    norm(s, l.ffn_norm);
+    add_output_then_norm(s, l.ffn_norm);
     ffn(il, s);
   }
 

@@ -76,8 +76,7 @@ class GptOssModel final : public Transformer {
     const Layer& l = layers_[il];
     norm(s, l.attn_norm);
     gqa_attention(attention_, l.attention, s);
-    add_output(s);
-    norm(s, l.ffn_norm);
+    add_output_then_norm(s, l.ffn_norm);
     ffn(il, s);
   }
 

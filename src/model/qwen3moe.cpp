@@ -60,8 +60,7 @@ class Qwen3MoeModel final : public Transformer {
     const Layer& l = layers_[il];
     norm(s, l.attn_norm);
     gqa_attention(attention_, l.attention, s);
-    add_output(s);
-    norm(s, l.ffn_norm);
+    add_output_then_norm(s, l.ffn_norm);
     ffn(il, s);
   }
 

@@ -588,8 +588,18 @@ void Transformer::norm(LayerStep& s, const float* weight) const {
                  .eps = rms_eps_});
 }
 
-void Transformer::add_output(LayerStep& s) const {
-  s.be.add(s.x, s.out, s.n_tokens * info_.n_embd);
+void Transformer::add_output_then_norm(LayerStep& s, const float* weight) const {
+  const int64_t embd = info_.n_embd;
+  s.be.rms_norm({.input = s.x,
+                 .weight = weight,
+                 .output = s.h,
+                 .n_rows = s.n_tokens,
+                 .dim = embd,
+                 .input_stride = embd,
+                 .output_stride = embd,
+                 .eps = rms_eps_,
+                 .residual = s.x,
+                 .add = s.out});
 }
 
 }  // namespace tandem

@@ -145,8 +145,8 @@ class Transformer : public Model {
   void gqa_attention(const GqaConfig& config, const GqaWeights& weights, LayerStep& s);
   // s.h = rmsnorm(s.x) * weight.
   void norm(LayerStep& s, const float* weight) const;
-  // s.x += s.out.
-  void add_output(LayerStep& s) const;
+  // s.x += s.out, then s.h = rmsnorm(s.x) * weight, as one op (RmsNormOp::residual).
+  void add_output_then_norm(LayerStep& s, const float* weight) const;
   // The layer's FFN on s.h, added into s.x: a dense SwiGLU, or the routed experts and then the
   // shared experts (two adds, in that order).
   void ffn(uint32_t il, LayerStep& s);

@@ -1,8 +1,9 @@
 // core/backend.h's fused ops give the bits of the sequences they replace (issue 27: GPUs launch
 // them as one kernel; the CPU runs the sequence, and these tests pin down that definition): a
 // MoE layer's slot sum with the residual add and the shared experts' add (MoeReduceOp::residual,
-// ::shared) against moe_reduce, add, add; an MLA latent made ready and stored (LatentStoreOp)
-// against rms_norm, rope, kv_store.
+// ::shared) against moe_reduce, add, add; an MLA latent made ready and stored with its queries'
+// rope (LatentStoreOp) against rope, rms_norm, rope, kv_store; the residual add in front of a norm
+// (RmsNormOp::residual) against add, rms_norm.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -86,6 +87,8 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
     const std::vector<float> rows0 = gaussian(size_t(n_tokens * row), ++seed);
     const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
     const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
+    const int64_t heads = 3, nope = 16, q_row = nope + rope_dims;
+    const std::vector<float> queries0 = gaussian(size_t(n_tokens * heads * q_row), ++seed);
     auto view_of = [&](std::vector<float>& cache) {
       return KvLayerView{.data = cache.data(),
                          .n_seq = n_seq,
@@ -94,7 +97,15 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                          .rope_dims = rope_dims};
     };
 
-    std::vector<float> rows_seq = rows0, cache_seq = cache0;
+    std::vector<float> rows_seq = rows0, cache_seq = cache0, queries_seq = queries0;
+    cpu.rope({.data = queries_seq.data(),
+              .positions = positions.data(),
+              .n_tokens = n_tokens,
+              .n_heads = heads,
+              .head_stride = q_row,
+              .token_stride = heads * q_row,
+              .offset = nope,
+              .params = rope});
     cpu.rms_norm({.input = rows_seq.data(),
                   .weight = norm_weight.data(),
                   .output = rows_seq.data(),
@@ -117,7 +128,7 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                   .seq_ids = seq_ids.data(),
                   .n_tokens = n_tokens});
 
-    std::vector<float> rows_fused = rows0, cache_fused = cache0;
+    std::vector<float> rows_fused = rows0, cache_fused = cache0, queries_fused = queries0;
     cpu.store_latent({.rows = rows_fused.data(),
                       .norm_weight = norm_weight.data(),
                       .norm_dims = lora,
@@ -126,7 +137,14 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                       .cache = view_of(cache_fused),
                       .positions = positions.data(),
                       .seq_ids = seq_ids.data(),
-                      .n_tokens = n_tokens});
+                      .n_tokens = n_tokens,
+                      .queries = queries_fused.data(),
+                      .query_heads = heads,
+                      .query_head_stride = q_row,
+                      .query_token_stride = heads * q_row,
+                      .query_offset = nope});
+    EXPECT_TRUE(same_bits(queries_fused, queries_seq)) << "ext_factor " << rope.ext_factor;
+    EXPECT_FALSE(same_bits(queries_fused, queries0)) << "the queries were not rotated";
     EXPECT_TRUE(same_bits(rows_fused, rows_seq)) << "ext_factor " << rope.ext_factor;
     EXPECT_TRUE(same_bits(cache_fused, cache_seq)) << "ext_factor " << rope.ext_factor;
     // Not a test that cannot fail: both parts of the row were changed before the store.
@@ -140,6 +158,42 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                   0);
       }
     }
+  }
+}
+
+TEST(FusedOps, RmsNormWithTheResidualAddIsAddThenRmsNorm) {
+  cpu::CpuBackend cpu(2);
+  uint32_t seed = 110;
+  for (int64_t n_rows : {1, 7}) {
+    const int64_t dim = 320;
+    const size_t n = size_t(n_rows * dim);
+    const std::vector<float> x0 = gaussian(n, ++seed), out = gaussian(n, ++seed);
+    const std::vector<float> weight = gaussian(size_t(dim), ++seed);
+    const RmsNormOp norm{.input = nullptr,
+                         .weight = weight.data(),
+                         .output = nullptr,
+                         .n_rows = n_rows,
+                         .dim = dim,
+                         .input_stride = dim,
+                         .output_stride = dim,
+                         .eps = 1e-6f};
+    std::vector<float> x_seq = x0, h_seq(n);
+    cpu.add(x_seq.data(), out.data(), n_rows * dim);
+    RmsNormOp plain = norm;
+    plain.input = x_seq.data();
+    plain.output = h_seq.data();
+    cpu.rms_norm(plain);
+
+    std::vector<float> x_fused = x0, h_fused(n);
+    RmsNormOp fused = norm;
+    fused.input = x_fused.data();
+    fused.output = h_fused.data();
+    fused.residual = x_fused.data();
+    fused.add = out.data();
+    cpu.rms_norm(fused);
+    EXPECT_TRUE(same_bits(x_fused, x_seq)) << n_rows << " rows";
+    EXPECT_TRUE(same_bits(h_fused, h_seq)) << n_rows << " rows";
+    EXPECT_FALSE(same_bits(x_fused, x0)) << "the residual was not added to";
   }
 }
 

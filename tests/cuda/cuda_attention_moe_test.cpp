@@ -779,9 +779,9 @@ TEST_F(CudaBackendTest, MoeReduceFusedResidualAddIsExact) {
   }
 }
 
-// The fused latent store (norm, rope and store in one launch) gives the CPU's sequence's bits,
-// in the rows and in the cache: a prompt chunk beside another sequence's token, a decode token
-// past the end of a ring cache; plain rope, YaRN and NeoX.
+// The fused latent store (the queries' rope, norm, rope and store in one launch) gives the CPU's
+// sequence's bits, in the queries, the rows and the cache: a prompt chunk beside another
+// sequence's token, a decode token past the end of a ring cache; plain rope, YaRN and NeoX.
 TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
   uint32_t seed = 6200;
   const int64_t lora = 512, rope_dims = 64, row = lora + rope_dims, n_seq = 2, n_ctx = 16;
@@ -804,6 +804,11 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
       const std::vector<float> rows = gaussian(size_t(n_tokens * row), ++seed);
       const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
       const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
+      // MLA's queries: per head nope dims, then the rope dims.
+      const int64_t heads = 5, nope = 32, q_row = nope + rope_dims;
+      const std::vector<float> queries = gaussian(size_t(n_tokens * heads * q_row), ++seed);
+      auto queries_dev = to_device(gpu(), queries);
+      std::vector<float> queries_cpu = queries;
       auto rows_dev = to_device(gpu(), rows), cache_dev = to_device(gpu(), cache0);
       const auto weight_dev = to_device(gpu(), norm_weight);
       const auto positions_dev = to_device(gpu(), positions), seq_dev = to_device(gpu(), seq_ids);
@@ -824,7 +829,12 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
                           .cache = on_gpu,
                           .positions = positions_dev.data(),
                           .seq_ids = seq_dev.data(),
-                          .n_tokens = n_tokens});
+                          .n_tokens = n_tokens,
+                          .queries = queries_dev.data(),
+                          .query_heads = heads,
+                          .query_head_stride = q_row,
+                          .query_token_stride = heads * q_row,
+                          .query_offset = nope});
       cpu_.store_latent({.rows = rows_cpu.data(),
                          .norm_weight = norm_weight.data(),
                          .norm_dims = lora,
@@ -833,10 +843,16 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
                          .cache = on_cpu,
                          .positions = positions.data(),
                          .seq_ids = seq_ids.data(),
-                         .n_tokens = n_tokens});
+                         .n_tokens = n_tokens,
+                         .queries = queries_cpu.data(),
+                         .query_heads = heads,
+                         .query_head_stride = q_row,
+                         .query_token_stride = heads * q_row,
+                         .query_offset = nope});
       const std::string where = "n_tokens=" + std::to_string(n_tokens) +
                                 " ext_factor=" + std::to_string(rope.ext_factor) +
                                 (rope.neox ? " neox" : "");
+      EXPECT_TRUE(same_bits(to_host(gpu(), queries_dev), queries_cpu)) << where;
       EXPECT_TRUE(same_bits(to_host(gpu(), rows_dev), rows_cpu)) << where;
       EXPECT_TRUE(same_bits(to_host(gpu(), cache_dev), cache_cpu)) << where;
     }

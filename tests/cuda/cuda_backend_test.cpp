@@ -252,6 +252,45 @@ TEST_F(CudaBackendTest, RmsNormMatchesCpuWithStridesAndInPlace) {
   }
 }
 
+// The fused residual add in front of the norm (RmsNormOp::residual): the sum is one IEEE add an
+// element, the CPU's bits; the norm of it within the bound above.
+TEST_F(CudaBackendTest, RmsNormFusedResidualAddMatchesCpu) {
+  uint32_t seed = 950;
+  for (int64_t n_rows : {1, 9}) {
+    const int64_t dim = 2048;
+    const size_t n = size_t(n_rows * dim);
+    const std::vector<float> x = gaussian(n, ++seed, 3.0f), out = gaussian(n, ++seed, 30.0f);
+    std::vector<float> weight = gaussian(size_t(dim), ++seed, 0.5f);
+    for (float& v : weight) v += 1.0f;
+    const auto x_dev = to_device(gpu(), x), out_dev = to_device(gpu(), out);
+    const auto weight_dev = to_device(gpu(), weight);
+    const auto h_dev = poisoned(gpu(), n);
+    std::vector<float> x_cpu = x, h_cpu(n);
+    const RmsNormOp op{.input = nullptr,
+                       .weight = nullptr,
+                       .output = nullptr,
+                       .n_rows = n_rows,
+                       .dim = dim,
+                       .input_stride = dim,
+                       .output_stride = dim,
+                       .eps = 1e-6f};
+    RmsNormOp on_gpu = op, on_cpu = op;
+    on_gpu.input = on_gpu.residual = x_dev.data();
+    on_gpu.weight = weight_dev.data(), on_gpu.output = h_dev.data(), on_gpu.add = out_dev.data();
+    on_cpu.input = on_cpu.residual = x_cpu.data();
+    on_cpu.weight = weight.data(), on_cpu.output = h_cpu.data(), on_cpu.add = out.data();
+    gpu().rms_norm(on_gpu);
+    cpu_.rms_norm(on_cpu);
+    EXPECT_TRUE(same_bits(to_host(gpu(), x_dev), x_cpu)) << n_rows << " rows: the residual";
+    const std::vector<float> h = to_host(gpu(), h_dev);
+    Worst worst;
+    for (size_t i = 0; i < n; ++i)
+      worst.add(normalized_error(h[i], h_cpu[i], std::fabs(h_cpu[i])),
+                [&] { return fmt::format("{} rows, element {}", n_rows, i); });
+    EXPECT_LE(worst.error, 4e-7) << worst.where;
+  }
+}
+
 // One IEEE operation per element (an add, a store, a copy) gives the same bits everywhere.
 TEST_F(CudaBackendTest, AddZeroAndCopyRowsAreExact) {
   uint32_t seed = 1300;

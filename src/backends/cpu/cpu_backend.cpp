@@ -108,6 +108,11 @@ void CpuBackend::matmul(const MatmulOp& op) {
 }
 
 void CpuBackend::rms_norm(const RmsNormOp& op) {
+  if (op.residual) {  // the fused residual add (RmsNormOp::residual), all of it first
+    TANDEM_CHECK(op.input == op.residual && op.add);
+    for (int64_t r = 0; r < op.n_rows; ++r)
+      add(op.residual + r * op.input_stride, op.add + r * op.input_stride, op.dim);
+  }
   for (int64_t r = 0; r < op.n_rows; ++r) {
     const float* x = op.input + r * op.input_stride;
     float* y = op.output + r * op.output_stride;

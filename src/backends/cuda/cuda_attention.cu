@@ -68,12 +68,20 @@ __global__ void kv_store_kernel(KvStoreOp op) {
       dst[c.k_dims + i] = op.values[t * c.v_dims + i];
 }
 
-// LatentStoreOp in one launch, a block of kNormThreads per token: rms_norm_kernel's steps on the
-// latent dims, rope_kernel's on the rope dims after them, then kv_store_kernel's copy, each
-// through the same device functions so the bits are the sequence's.
+// LatentStoreOp in one launch, a block of kNormThreads per token: rope_kernel's steps on the
+// query heads when asked, rms_norm_kernel's steps on the latent dims, rope_kernel's on the rope
+// dims after them, then kv_store_kernel's copy, each through the same device functions so the bits
+// are the sequence's.
 __global__ void __launch_bounds__(kNormThreads)
     latent_store_kernel(LatentStoreOp op, float low, float high) {
   const int64_t t = blockIdx.x, row = op.cache.row();
+  if (op.queries) {  // rope_kernel's pairs of this token's query heads
+    const int64_t half = op.rope.rope_dims / 2;
+    for (int64_t idx = threadIdx.x; idx < op.query_heads * half; idx += kNormThreads)
+      rope_pair(op.rope, low, high, float(op.positions[t]), idx % half,
+                op.queries + t * op.query_token_stride + (idx / half) * op.query_head_stride +
+                    op.query_offset);
+  }
   float* x = op.rows + t * row;
   const float scale = block_rms_scale(x, op.norm_dims, op.eps);  // its barrier: every read done
   for (int64_t i = threadIdx.x; i < op.norm_dims; i += kNormThreads)

@@ -443,6 +443,7 @@ void CudaBackend::matmul(const MatmulOp& op) {
 }
 
 void CudaBackend::rms_norm(const RmsNormOp& op) {
+  TANDEM_CHECK(!op.residual || (op.input == op.residual && op.add));
   activate();
   ops_->rms_norm(op);
 }

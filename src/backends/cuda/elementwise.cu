@@ -18,9 +18,16 @@ unsigned blocks_for(int64_t n, int threads) {
   return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
 }
 
-// One block per row: y = x * scale * w with the CPU's two roundings (block_rms_scale).
+// One block per row: y = x * scale * w with the CPU's two roundings (block_rms_scale), after
+// the fused residual add when there is one (add_kernel's sum; each thread adds the elements it
+// then reads, so no barrier between).
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormOp op) {
   const int64_t r = blockIdx.x;
+  if (op.residual) {
+    float* sum = op.residual + r * op.input_stride;
+    const float* add = op.add + r * op.input_stride;
+    for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads) sum[i] = __fadd_rn(sum[i], add[i]);
+  }
   const float* x = op.input + r * op.input_stride;
   float* y = op.output + r * op.output_stride;
   const float scale = block_rms_scale(x, op.dim, op.eps);
