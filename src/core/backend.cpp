@@ -33,6 +33,34 @@ void Backend::add_parts(float* y, std::span<const float* const> parts, int64_t n
   for (const float* part : parts) add(y, part, n);
 }
 
+MoeOp shared_experts_moe(const MoeOp& routed) {
+  const SharedExpertsOp& s = routed.shared;
+  return MoeOp{.input = routed.input,
+               .gate = s.gate,
+               .up = s.up,
+               .down = s.down,
+               .expert_ids = s.zero_ids,
+               .local_index = nullptr,
+               .n_expert = 1,
+               .n_tokens = routed.n_tokens,
+               .top_k = 1,
+               .dim = routed.dim,
+               .ffn_dims = s.ffn_dims,
+               .slots = s.slot,
+               .kernels = routed.kernels,
+               .activations = routed.activations};
+}
+
+MoeReduceOp shared_experts_reduce(const MoeOp& routed) {
+  const SharedExpertsOp& s = routed.shared;
+  return MoeReduceOp{.slots = s.slot,
+                     .weights = s.one_weights,
+                     .n_tokens = routed.n_tokens,
+                     .top_k = 1,
+                     .dim = routed.dim,
+                     .output = s.output};
+}
+
 void Backend::store_latent(const LatentStoreOp& op) {
   const int64_t row = op.cache.row();
   TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&

@@ -242,6 +242,21 @@ struct MoeRouteOp {
 // g' * sigmoid(1.702 g') * (u' + 1) with g' = min(g, 7) and u' = clamp(u, -7, 7).
 enum class FfnActivation : uint8_t { SwiGlu, SwiGluClamped };
 
+// A MoE layer's shared experts, carried by the op of its routed experts on the layer's device so
+// that a GPU runs both in the same launches. Defined as the sequence the layer ran before, first:
+// shared_experts_moe(op) (the routed op's input through these weights as the one expert of a
+// dense FFN, SwiGLU, no biases, into `slot`), then shared_experts_reduce(op) (that slot with
+// weight one_weights[t] into `output`). The same bits on every backend; gate.data null: none.
+struct SharedExpertsOp {
+  WeightView gate, up;  // one matrix each: [ffn_dims rows, dim cols]
+  WeightView down;      // [dim rows, ffn_dims cols]
+  int64_t ffn_dims = 0;
+  const int32_t* zero_ids = nullptr;   // [n_tokens] zeros
+  const float* one_weights = nullptr;  // [n_tokens] ones
+  float* slot = nullptr;               // [n_tokens, dim]: the sequence's scratch
+  float* output = nullptr;             // [n_tokens, dim]
+};
+
 // down_k(silu(gate_k·x) ⊙ up_k·x) for each (token, k) slot whose expert this device holds,
 // written unweighted to slots[token * top_k + k]; other slots are left alone. Experts of one
 // layer may be spread over several devices: each computes its own slots, and moe_reduce on the
@@ -268,6 +283,7 @@ struct MoeOp {
   const float* gate_bias = nullptr;  // [held experts, ffn_dims]
   const float* up_bias = nullptr;    // [held experts, ffn_dims]
   const float* down_bias = nullptr;  // [held experts, dim]
+  SharedExpertsOp shared{};          // the layer's shared experts, run first (SharedExpertsOp)
 };
 
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.
@@ -283,6 +299,10 @@ struct MoeReduceOp {
   float* residual = nullptr;      // [n_tokens, dim]
   const float* shared = nullptr;  // [n_tokens, dim]
 };
+
+// The two ops `routed.shared` stands for (SharedExpertsOp), in order.
+MoeOp shared_experts_moe(const MoeOp& routed);
+MoeReduceOp shared_experts_reduce(const MoeOp& routed);
 
 // Which of a layer's experts this device computes in this step, when some experts have copies
 // on several devices: step_local_index[e] = local_index[e] where core/replica_choice.h's rule

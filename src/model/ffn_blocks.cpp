@@ -387,31 +387,31 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
       shard.device->moe(op);
     });
   }
-  // Meanwhile on the layer's device: the shared experts, then its own routed experts.
-  if (shared_out) {
-    float* shared_slot = ws.get(W::kSharedSlot, T * embd);
-    be.moe({.input = h,
-            .gate = l.gate_shexp,
-            .up = l.up_shexp,
-            .down = l.down_shexp,
-            .expert_ids = in.dense_ids,
-            .n_expert = 1,
-            .n_tokens = T,
-            .top_k = 1,
-            .dim = embd,
-            .ffn_dims = int64_t(info_.n_ff_expert) * info_.n_expert_shared,
-            .slots = shared_slot,
-            .kernels = kernels,
-            .activations = ffn_activations_});
-    be.moe_reduce({.slots = shared_slot,
-                   .weights = in.dense_weights,
-                   .n_tokens = T,
-                   .top_k = 1,
-                   .dim = embd,
-                   .output = shared_out});
-  }
+  // Meanwhile on the layer's device: the shared experts, then its own routed experts, as one op
+  // (SharedExpertsOp: a GPU runs them in the same launches).
+  MoeOp own{
+      .input = h, .n_tokens = T, .dim = embd, .kernels = kernels, .activations = ffn_activations_};
+  if (shared_out)
+    own.shared = {.gate = l.gate_shexp,
+                  .up = l.up_shexp,
+                  .down = l.down_shexp,
+                  .ffn_dims = int64_t(info_.n_ff_expert) * info_.n_expert_shared,
+                  .zero_ids = in.dense_ids,
+                  .one_weights = in.dense_weights,
+                  .slot = ws.get(W::kSharedSlot, T * embd),
+                  .output = shared_out};
   for (const ExpertShard& shard : l.shards)
-    if (shard.device == &be) be.moe(op_for(shard, h, ids, slots));
+    if (shard.device == &be) {
+      const SharedExpertsOp shared = own.shared;
+      own = op_for(shard, h, ids, slots);
+      own.shared = shared;
+    }
+  if (own.gate.data) {
+    be.moe(own);
+  } else if (shared_out) {  // no routed experts here: the shared ones alone
+    be.moe(shared_experts_moe(own));
+    be.moe_reduce(shared_experts_reduce(own));
+  }
 
   // The other devices' slots, sent all at once, each into its own place here (the first straight
   // into `slots` when this device holds none of the layer's experts), then added in by one op.

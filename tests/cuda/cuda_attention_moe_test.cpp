@@ -638,6 +638,88 @@ TEST_F(CudaBackendTest, MoeWithEightBitActivationsStaysWithinTheirError) {
   }
 }
 
+// The shared experts inside the routed experts' launches (MoeOp::shared) give the bits of the
+// sequence they stand for, run on the same device: shared experts as a dense FFN, the one-slot
+// reduce, then the routed experts; at decode (fused) and for a prompt chunk (the sequence), both
+// precisions, with a local index that leaves some experts to another device.
+TEST_F(CudaBackendTest, MoeWithSharedExpertsFusedIsTheSequence) {
+  const int64_t dim = 512, ffn = 256, shared_ffn = 512, n_expert = 4, K = 2;
+  uint32_t seed = 7300;
+  const float gate_scale = 1.0f / std::sqrt(float(dim));
+  auto weights = [&](DType type, int64_t rows, int64_t cols, float scale) {
+    return make_weights(type, rows, cols, ++seed, scale);
+  };
+  const std::vector<uint8_t> gate = weights(DType::Q4_K, n_expert * ffn, dim, gate_scale);
+  const std::vector<uint8_t> up = weights(DType::Q4_K, n_expert * ffn, dim, gate_scale);
+  const std::vector<uint8_t> down = weights(DType::Q6_K, n_expert * dim, ffn, 0.0625f);
+  const std::vector<uint8_t> sh_gate = weights(DType::Q4_K, shared_ffn, dim, gate_scale);
+  const std::vector<uint8_t> sh_up = weights(DType::Q4_K, shared_ffn, dim, gate_scale);
+  const std::vector<uint8_t> sh_down = weights(DType::Q6_K, dim, shared_ffn, 0.044f);
+  const auto gate_dev = to_device(gpu(), gate), up_dev = to_device(gpu(), up);
+  const auto down_dev = to_device(gpu(), down), sh_gate_dev = to_device(gpu(), sh_gate);
+  const auto sh_up_dev = to_device(gpu(), sh_up), sh_down_dev = to_device(gpu(), sh_down);
+  const auto local_dev = to_device(gpu(), std::vector<int32_t>{0, -1, 1, 2});
+  for (int64_t n_tokens : {1, 3, 40}) {
+    std::vector<int32_t> ids(size_t(n_tokens * K));
+    for (size_t s = 0; s < ids.size(); ++s) ids[s] = int32_t((s * 3 + s / 2) % n_expert);
+    const auto x_dev = to_device(gpu(), gaussian(size_t(n_tokens * dim), ++seed));
+    const auto ids_dev = to_device(gpu(), ids);
+    const auto zeros_dev = to_device(gpu(), std::vector<int32_t>(size_t(n_tokens), 0));
+    const auto ones_dev = to_device(gpu(), std::vector<float>(size_t(n_tokens), 1.0f));
+    const size_t slot_floats = size_t(n_tokens * K * dim), out_floats = size_t(n_tokens * dim);
+    for (ActivationBits bits : {ActivationBits::Sixteen, ActivationBits::Eight}) {
+      MoeOp op{.input = x_dev.data(),
+               .gate = weight_view(DType::Q4_K, gate_dev.data(), ffn, dim, 3),
+               .up = weight_view(DType::Q4_K, up_dev.data(), ffn, dim, 3),
+               .down = weight_view(DType::Q6_K, down_dev.data(), dim, ffn, 3),
+               .expert_ids = ids_dev.data(),
+               .local_index = local_dev.data(),
+               .n_expert = n_expert,
+               .n_tokens = n_tokens,
+               .top_k = K,
+               .dim = dim,
+               .ffn_dims = ffn,
+               .slots = nullptr,
+               .kernels = KernelChoice::ByTokenCount,
+               .activations = bits};
+      const auto slot_dev = poisoned(gpu(), out_floats);
+      op.shared = {.gate = weight_view(DType::Q4_K, sh_gate_dev.data(), shared_ffn, dim, 1),
+                   .up = weight_view(DType::Q4_K, sh_up_dev.data(), shared_ffn, dim, 1),
+                   .down = weight_view(DType::Q6_K, sh_down_dev.data(), dim, shared_ffn, 1),
+                   .ffn_dims = shared_ffn,
+                   .zero_ids = zeros_dev.data(),
+                   .one_weights = ones_dev.data(),
+                   .slot = slot_dev.data(),
+                   .output = nullptr};
+      std::vector<float> slots[2], outputs[2];
+      for (bool fused : {false, true}) {
+        const auto slots_dev = to_device(gpu(), std::vector<float>(slot_floats, 0.0f));
+        const auto out_dev = poisoned(gpu(), out_floats);
+        MoeOp run = op;
+        run.slots = slots_dev.data();
+        run.shared.output = out_dev.data();
+        if (fused) {
+          gpu().moe(run);
+        } else {
+          gpu().moe(shared_experts_moe(run));
+          gpu().moe_reduce(shared_experts_reduce(run));
+          run.shared = {};
+          gpu().moe(run);
+        }
+        slots[fused] = to_host(gpu(), slots_dev);
+        outputs[fused] = to_host(gpu(), out_dev);
+      }
+      const std::string context =
+          fmt::format("n_tokens={} {}-bit", n_tokens, bits == ActivationBits::Eight ? 8 : 16);
+      EXPECT_TRUE(same_bits(slots[1], slots[0])) << context << ": routed slots";
+      EXPECT_TRUE(same_bits(outputs[1], outputs[0])) << context << ": shared experts";
+      size_t finite = 0;
+      for (float v : outputs[1]) finite += std::isfinite(v);
+      EXPECT_EQ(finite, out_floats) << context << ": shared experts not all written";
+    }
+  }
+}
+
 // A rank given only the tokens routed to its experts (a run over ranks) computes them with the
 // kernels the whole step would choose (MoeOp::step_tokens), so its slots are the bits one machine
 // gets: here a step of 20 tokens (tiles on the GPU) and the rank's 7 (rows without step_tokens).

@@ -113,7 +113,10 @@ class Recording final : public Backend {
   void attention(const AttentionOp& op) override { note("attention"), inner_.attention(op); }
   void moe_route(const MoeRouteOp& op) override { note("moe_route"), inner_.moe_route(op); }
   void moe(const MoeOp& op) override {
-    note(op.n_expert == 1 ? "moe(shared)" : "moe(routed)"), inner_.moe(op);
+    note(op.n_expert == 1      ? "moe(shared)"
+         : op.shared.gate.data ? "moe(routed+shared)"
+                               : "moe(routed)"),
+        inner_.moe(op);
   }
   void moe_reduce(const MoeReduceOp& op) override { note("moe_reduce"), inner_.moe_reduce(op); }
   void pick_replicas(const ReplicaPickOp& op) override {
@@ -201,9 +204,7 @@ TEST_F(HybridStep, HostExpertsRunInAHostTaskWhileTheDeviceComputesTheSharedExper
                                              "copy_to_host_async",
                                              "copy_to_host_async",
                                              "host_task",
-                                             "moe(shared)",
-                                             "moe_reduce",
-                                             "moe(routed)",
+                                             "moe(routed+shared)",
                                              "wait_for",
                                              "copy_from_host_async",
                                              "add",

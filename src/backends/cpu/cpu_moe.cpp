@@ -25,6 +25,10 @@ void CpuBackend::moe_route(const MoeRouteOp& op) {
 }
 
 void CpuBackend::moe(const MoeOp& op) {
+  if (op.shared.gate.data) {  // the shared experts first, as SharedExpertsOp defines them
+    moe(shared_experts_moe(op));
+    moe_reduce(shared_experts_reduce(op));
+  }
   const int64_t T = op.n_tokens, K = op.top_k, D = op.dim, F = op.ffn_dims;
   const int64_t held = op.gate.n_mats;
   // Slots grouped by the expert's local matrix, so each held expert's weights are read once.

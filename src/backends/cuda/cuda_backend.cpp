@@ -493,13 +493,18 @@ void CudaBackend::moe_route(const MoeRouteOp& op) {
 
 void CudaBackend::moe(const MoeOp& op) {
   if (op.n_tokens * op.top_k == 0) return;
-  check_columns(op.gate, "an expert's gate");
-  check_columns(op.down, "an expert's down projection");
-  if (op.gate.type != op.up.type)
-    fail(
-        "{}: expert gate and up matrices stored in different formats ({} and {}) are not "
-        "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them alike",
-        name_, dtype_name(op.gate.type), dtype_name(op.up.type));
+  auto check_ffn = [&](const WeightView& gate, const WeightView& up, const WeightView& down) {
+    check_columns(gate, "an expert's gate");
+    check_columns(down, "an expert's down projection");
+    if (gate.type != up.type)
+      fail(
+          "{}: expert gate and up matrices stored in different formats ({} and {}) are not "
+          "supported on GPUs yet; keep these experts on the CPU (--rules) or requantize them "
+          "alike",
+          name_, dtype_name(gate.type), dtype_name(up.type));
+  };
+  check_ffn(op.gate, op.up, op.down);
+  if (op.shared.gate.data) check_ffn(op.shared.gate, op.shared.up, op.shared.down);
   activate();
   ops_->moe(op);
 }

@@ -53,6 +53,10 @@ void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream);
 // The expert products of a MoE op over slots sorted by local expert (cuda_moe.cu builds the
 // order). Sorted entry i is slot order[i] = token * top_k + k of local expert expert_of[i]; the
 // first n_active[0] entries are real (n_active is device memory, read by the kernels).
+// Or unsorted, for the rows kernels (each entry is its own warps' work, so order buys nothing;
+// a decode step then launches no sort): `expert_ids` set, entry i is slot i, of local expert
+// local_index[expert_ids[i]] (expert_ids[i] without local_index), skipped where that is -1; the
+// sorted arrays and tiles are unused.
 struct ExpertSlots {
   const int32_t* order = nullptr;      // [max_slots]
   const int32_t* expert_of = nullptr;  // [max_slots]
@@ -62,6 +66,21 @@ struct ExpertSlots {
   const int32_t* tile_count = nullptr;  // [max_tiles]
   const int32_t* n_tiles = nullptr;     // [1]
   int64_t max_slots = 0, max_tiles = 0, top_k = 1;
+  const int32_t* expert_ids = nullptr;   // [max_slots] unsorted: the routing
+  const int32_t* local_index = nullptr;  // [n_expert] or null
+  // The layer's shared experts in the same launches (MoeOp::shared; the rows kernels, unsorted):
+  // entries max_slots .. max_slots + n_tokens - 1 are the tokens' shared FFN, in the format of
+  // the routed matrices, its activations in `act` after the routed entries' (rows of ffn), and
+  // its result output[t] = 0 + weights[t] · product (moe_reduce's bits for one slot).
+  struct Shared {
+    const uint8_t* gate = nullptr;  // null: none
+    const uint8_t* up = nullptr;
+    const uint8_t* down = nullptr;
+    int64_t ffn = 0, n_tokens = 0;
+    uint64_t down_row_bytes = 0;
+    const float* weights = nullptr;  // [n_tokens]
+    float* output = nullptr;         // [n_tokens, dim]
+  } shared;
 };
 // The activation of the expert FFNs and their per-expert biases (MoeOp, core/backend.h), by local
 // expert: gate [held, ffn], up [held, ffn], down [held, dim]; null where the model has none.
@@ -72,7 +91,8 @@ struct ExpertBiases {
   FfnActivation activation = FfnActivation::SwiGlu;
 };
 // act[i] = activation(gate_e · x_t + bias, up_e · x_t + bias) for sorted entry i (expert e, token
-// t), [max_slots, ffn]: `tiled` picks the tensor-core tiles, else one warp per row and entry.
+// t), [max_slots, ffn] (then the shared experts' rows, ExpertSlots::shared): `tiled` picks the
+// tensor-core tiles, else one warp per row and entry.
 void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
                     uint64_t row_bytes, uint64_t mat_bytes, const float* input,
                     const ExpertSlots& s, float* gate_out, float* up_out, float* act, bool tiled,

@@ -396,6 +396,10 @@ __device__ __forceinline__ void warp_dots_q8(const uint8_t* const (&rows)[R], in
 struct F32Input {
   const float* data;
   bool aligned;
+  // The rows starting `floats` further on (the shared experts' activations).
+  __device__ F32Input shifted(int64_t floats) const {
+    return {data + floats, aligned && floats % 4 == 0};
+  }
   template <class Dec, int R>
   __device__ void dots(const uint8_t* const (&rows)[R], int64_t cols, int64_t i,
                        float (&acc)[R][1]) const {
@@ -407,6 +411,7 @@ struct F32Input {
 template <class Dot>
 struct Q8Input {
   const blocks::ActQ8* data;
+  __device__ Q8Input shifted(int64_t floats) const { return {data + floats / 32}; }
   template <class Dec, int R>
   __device__ void dots(const uint8_t* const (&rows)[R], int64_t cols, int64_t i,
                        float (&acc)[R][1]) const {
@@ -414,6 +419,18 @@ struct Q8Input {
     warp_dots_q8<Dec, Dot, 1, R>(rows, cols, x, acc);
   }
 };
+
+// Entry i's local expert (-1: none here, skipped) and slot, sorted or not (ExpertSlots).
+__device__ __forceinline__ int32_t entry_expert(const ExpertSlots& s, int entry) {
+  if (!s.expert_ids) return entry < s.n_active[0] ? s.expert_of[entry] : -1;
+  const int32_t e = s.expert_ids[entry];
+  if (e < 0) __trap();  // routing wrote it: a bug if out of range (as sort_kernel checks)
+  return s.local_index ? s.local_index[e] : e;
+}
+
+__device__ __forceinline__ int32_t entry_slot(const ExpertSlots& s, int entry) {
+  return s.expert_ids ? entry : s.order[entry];
+}
 
 // The activation of one entry's gate and up products with the expert's biases added first (the
 // CPU's order: the products, the adds, then the activation).
@@ -425,7 +442,9 @@ __device__ __forceinline__ float expert_activation(const ExpertBiases& b, int64_
 }
 
 // act[i][r] = activation(gate_e[r] · x, up_e[r] · x) for the entry's token x: the gate and up
-// rows share the staged activations.
+// rows share the staged activations. Entries past the routed slots are the tokens' shared
+// experts (ExpertSlots::shared): their own matrices and row count, SwiGLU without biases (the
+// dense FFN they are defined as), activations after the routed entries'.
 template <class Dec, int R, class Input>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     expert_gate_up_rows(const uint8_t* gate, const uint8_t* up, int64_t ffn, int64_t dim,
@@ -434,22 +453,33 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;  // on x: a prompt chunk can have more entries than y allows
-  if (row0 >= ffn || entry >= s.n_active[0]) return;
-  const uint64_t matrix = uint64_t(s.expert_of[entry]) * mat_bytes;
+  const bool shared = entry >= s.max_slots;
+  const int64_t n_rows = shared ? s.shared.ffn : ffn;
+  if (row0 >= n_rows) return;
+  const int32_t expert = shared ? 0 : entry_expert(s, entry);
+  if (expert < 0) return;
+  const uint8_t* gate_matrix = shared ? s.shared.gate : gate + uint64_t(expert) * mat_bytes;
+  const uint8_t* up_matrix = shared ? s.shared.up : up + uint64_t(expert) * mat_bytes;
   const uint8_t* rows[2 * R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {  // a row past the end repeats the last one; its result is dropped
-    const uint64_t offset = matrix + uint64_t(row0 + r < ffn ? row0 + r : ffn - 1) * row_bytes;
-    rows[2 * r] = gate + offset, rows[2 * r + 1] = up + offset;
+    const uint64_t offset = uint64_t(row0 + r < n_rows ? row0 + r : n_rows - 1) * row_bytes;
+    rows[2 * r] = gate_matrix + offset, rows[2 * r + 1] = up_matrix + offset;
   }
+  const int64_t token = shared ? entry - s.max_slots : entry_slot(s, entry) / s.top_k;
   float acc[2 * R][1];
-  input.template dots<Dec, 2 * R>(rows, dim, s.order[entry] / s.top_k, acc);
+  input.template dots<Dec, 2 * R>(rows, dim, token, acc);
   if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (row0 + r < ffn)
-        act[int64_t(entry) * ffn + row0 + r] = expert_activation(
-            b, s.expert_of[entry], ffn, row0 + r, acc[2 * r][0], acc[2 * r + 1][0]);
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r >= n_rows) continue;
+      if (shared)
+        act[s.max_slots * ffn + token * n_rows + row0 + r] =
+            ffn_activation(FfnActivation::SwiGlu, acc[2 * r][0], acc[2 * r + 1][0]);
+      else
+        act[int64_t(entry) * ffn + row0 + r] =
+            expert_activation(b, expert, ffn, row0 + r, acc[2 * r][0], acc[2 * r + 1][0]);
+    }
 }
 
 template <class Dec, int R, class Input>
@@ -460,22 +490,32 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const int entry = blockIdx.x;
-  if (row0 >= dim || entry >= s.n_active[0]) return;
-  const uint8_t* matrix = down + uint64_t(s.expert_of[entry]) * mat_bytes;
+  if (row0 >= dim) return;
+  const bool shared = entry >= s.max_slots;  // a token's shared experts (as in gate/up)
+  const int32_t expert = shared ? 0 : entry_expert(s, entry);
+  if (expert < 0) return;
+  const uint8_t* matrix = shared ? s.shared.down : down + uint64_t(expert) * mat_bytes;
+  const uint64_t bytes = shared ? s.shared.down_row_bytes : row_bytes;
   const uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    rows[r] = matrix + uint64_t(row0 + r < dim ? row0 + r : dim - 1) * row_bytes;
+    rows[r] = matrix + uint64_t(row0 + r < dim ? row0 + r : dim - 1) * bytes;
+  const int64_t token = entry - s.max_slots;
   float acc[R][1];
-  act.template dots<Dec, R>(rows, ffn, entry, acc);
+  const Input in = shared ? act.shifted(s.max_slots * ffn) : act;
+  in.template dots<Dec, R>(rows, shared ? s.shared.ffn : ffn, shared ? token : entry, acc);
   if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (row0 + r < dim)
-        slots[int64_t(s.order[entry]) * dim + row0 + r] =
-            down_bias
-                ? __fadd_rn(acc[r][0], down_bias[int64_t(s.expert_of[entry]) * dim + row0 + r])
-                : acc[r][0];
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r >= dim) continue;
+      if (shared)  // moe_reduce of the one slot: 0 + w · product
+        s.shared.output[token * dim + row0 + r] =
+            __fadd_rn(0.0f, __fmul_rn(s.shared.weights[token], acc[r][0]));
+      else
+        slots[int64_t(entry_slot(s, entry)) * dim + row0 + r] =
+            down_bias ? __fadd_rn(acc[r][0], down_bias[int64_t(expert) * dim + row0 + r])
+                      : acc[r][0];
+    }
 }
 
 template <class Dec, class Input>
@@ -484,7 +524,9 @@ void launch_expert_gate_up(const void* gate, const void* up, int64_t ffn, int64_
                            const ExpertSlots& s, float* act, const ExpertBiases& b,
                            cudaStream_t stream) {
   constexpr int R = kExpertGateUpRows, per_block = kRowsPerBlock * R;
-  const dim3 grid(unsigned(s.max_slots), unsigned((ffn + per_block - 1) / per_block));
+  const int64_t rows = s.shared.gate && s.shared.ffn > ffn ? s.shared.ffn : ffn;
+  const dim3 grid(unsigned(s.max_slots + (s.shared.gate ? s.shared.n_tokens : 0)),
+                  unsigned((rows + per_block - 1) / per_block));
   launch("expert_gate_up_rows", expert_gate_up_rows<Dec, R, Input>, grid, kRowsPerBlock * kWarpSize,
          0, stream, static_cast<const uint8_t*>(gate), static_cast<const uint8_t*>(up), ffn, dim,
          row_bytes, mat_bytes, input, s, act, b);
@@ -495,7 +537,8 @@ void launch_expert_down(const void* down, int64_t dim, int64_t ffn, uint64_t row
                         uint64_t mat_bytes, const Input& act, const ExpertSlots& s, float* slots,
                         const float* down_bias, cudaStream_t stream) {
   constexpr int R = kExpertDownRows, per_block = kRowsPerBlock * R;
-  const dim3 grid(unsigned(s.max_slots), unsigned((dim + per_block - 1) / per_block));
+  const dim3 grid(unsigned(s.max_slots + (s.shared.gate ? s.shared.n_tokens : 0)),
+                  unsigned((dim + per_block - 1) / per_block));
   launch("expert_down_rows", expert_down_rows<Dec, R, Input>, grid, kRowsPerBlock * kWarpSize, 0,
          stream, static_cast<const uint8_t*>(down), dim, ffn, row_bytes, mat_bytes, act, s, slots,
          down_bias);

@@ -126,28 +126,55 @@ void OpLaunches::moe_route(const MoeRouteOp& op) {
   cuda::moe_route(op, stream_);
 }
 
-// The slots of the experts held here, sorted by expert on the device (no host round trip), then
-// gate/up with SiLU and down over the sorted entries: one launch each for all the experts.
+// The slots of the experts held here, for prompts sorted by expert on the device (no host round
+// trip) into tiles, at decode taken straight from the routing; then gate/up with the activation
+// and down over the entries: one launch each for all the experts, the layer's shared experts
+// (MoeOp::shared) among them at decode when their matrices are in the routed ones' formats.
 // CudaBackend::moe has checked the formats (gate and up alike, rows a multiple of 8).
 void OpLaunches::moe(const MoeOp& op) {
   const int64_t n_slots = op.n_tokens * op.top_k, held = op.gate.n_mats;
   if (n_slots == 0) return;
   const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
   const bool use_tiles = tiled(op.kernels, op.step_tokens > 0 ? op.step_tokens : op.n_tokens);
-  ExpertSlots s{.order = scratch<int32_t>(Scratch::Order, n_slots),
-                .expert_of = scratch<int32_t>(Scratch::ExpertOf, n_slots)};
-  int32_t* counters = scratch<int32_t>(Scratch::Counters, 2);
-  s.n_active = counters;
-  s.n_tiles = counters + 1;
-  s.tile_first = scratch<int32_t>(Scratch::TileFirst, max_tiles);
-  s.tile_count = scratch<int32_t>(Scratch::TileCount, max_tiles);
-  s.max_slots = n_slots;
-  s.max_tiles = max_tiles;
-  s.top_k = op.top_k;
-  moe_sort(op.expert_ids, op.local_index, n_slots, held, const_cast<int32_t*>(s.order),
-           const_cast<int32_t*>(s.expert_of), counters, const_cast<int32_t*>(s.tile_first),
-           const_cast<int32_t*>(s.tile_count), counters + 1, max_tiles, stream_);
-  float* act = scratch<float>(Scratch::Act, n_slots * op.ffn_dims);
+  const SharedExpertsOp& shared = op.shared;
+  const bool fuse_shared = shared.gate.data && !use_tiles && shared.gate.type == op.gate.type &&
+                           shared.up.type == op.gate.type && shared.down.type == op.down.type &&
+                           op.ffn_dims % 32 == 0 && shared.ffn_dims % 32 == 0;
+  if (shared.gate.data && !fuse_shared) {  // the sequence SharedExpertsOp stands for
+    moe(shared_experts_moe(op));
+    moe_reduce(shared_experts_reduce(op));
+  }
+  ExpertSlots s{.max_slots = n_slots, .top_k = op.top_k};
+  if (use_tiles) {  // the tiles take an expert's entries together: sorted on the device
+    s.order = scratch<int32_t>(Scratch::Order, n_slots);
+    s.expert_of = scratch<int32_t>(Scratch::ExpertOf, n_slots);
+    int32_t* counters = scratch<int32_t>(Scratch::Counters, 2);
+    s.n_active = counters;
+    s.n_tiles = counters + 1;
+    s.tile_first = scratch<int32_t>(Scratch::TileFirst, max_tiles);
+    s.tile_count = scratch<int32_t>(Scratch::TileCount, max_tiles);
+    s.max_tiles = max_tiles;
+    moe_sort(op.expert_ids, op.local_index, n_slots, held, const_cast<int32_t*>(s.order),
+             const_cast<int32_t*>(s.expert_of), counters, const_cast<int32_t*>(s.tile_first),
+             const_cast<int32_t*>(s.tile_count), counters + 1, max_tiles, stream_);
+  } else {  // the rows kernels: each entry its own warps, straight from the routing
+    s.expert_ids = op.expert_ids;
+    s.local_index = op.local_index;
+  }
+  // The activations of all entries, the shared experts' rows after the routed ones'.
+  int64_t act_floats = n_slots * op.ffn_dims;
+  if (fuse_shared) {
+    s.shared = {.gate = static_cast<const uint8_t*>(shared.gate.data),
+                .up = static_cast<const uint8_t*>(shared.up.data),
+                .down = static_cast<const uint8_t*>(shared.down.data),
+                .ffn = shared.ffn_dims,
+                .n_tokens = op.n_tokens,
+                .down_row_bytes = shared.down.row_bytes,
+                .weights = shared.one_weights,
+                .output = shared.output};
+    act_floats += op.n_tokens * shared.ffn_dims;
+  }
+  float* act = scratch<float>(Scratch::Act, act_floats);
   float* gate_out = use_tiles ? scratch<float>(Scratch::Gate, n_slots * op.ffn_dims) : nullptr;
   float* up_out = use_tiles ? scratch<float>(Scratch::Up, n_slots * op.ffn_dims) : nullptr;
   const ExpertBiases biases{
@@ -168,8 +195,8 @@ void OpLaunches::moe(const MoeOp& op) {
   }
   if (eight && matmul_supports_q8(op.down.type) && op.ffn_dims % 32 == 0) {
     auto* act_q8 = static_cast<blocks::ActQ8*>(
-        scratch_(Scratch::ActQ8, size_t(n_slots * (op.ffn_dims / 32)) * kActQ8Bytes));
-    quantize_q8(act, n_slots * op.ffn_dims, act_q8, stream_);
+        scratch_(Scratch::ActQ8, size_t(act_floats / 32) * kActQ8Bytes));
+    quantize_q8(act, act_floats, act_q8, stream_);
     expert_down_q8(op.down.type, op.down.data, op.dim, op.ffn_dims, op.down.row_bytes,
                    op.down.matrix_bytes(), act_q8, s, op.slots, biases, stream_);
   } else {
