@@ -102,6 +102,11 @@ struct MatmulOp {
   const float* bias = nullptr;
   // The CPU's integer products; GPUs keep F32 activations for single matrices either way.
   ActivationBits activations = ActivationBits::Sixteen;
+  // A second product over the same input in the same op (a layer's q and kv_a: one launch on a
+  // GPU): when second.data is set, second_output = second · input too ([n_tokens, second.rows]),
+  // with the same kernels and activations and no bias: the bits of a second matmul.
+  WeightView second{};
+  float* second_output = nullptr;
 };
 
 struct RmsNormOp {

@@ -136,11 +136,17 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
   float* kv = ws.get(W::kLatent, T * kv_row);
   float* attn = ws.get(W::kAttention, T * heads * hp_.v_head_dim);
   float* out = s.out;
+  // The queries' first product and the compressed latent (kv_a) over the same input, one op.
   if (hp_.q_lora_rank > 0) {
     const int64_t q_lora = hp_.q_lora_rank;
     float* q_a = ws.get(W::kQueryLora, T * q_lora);
-    be.matmul(
-        {.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
+    be.matmul({.weight = l.q_a,
+               .input = h,
+               .output = q_a,
+               .n_tokens = T,
+               .kernels = batch.kernels,
+               .second = l.kv_a_mqa,
+               .second_output = kv});
     be.rms_norm({.input = q_a,
                  .weight = l.q_a_norm,
                  .output = q_a,
@@ -152,12 +158,16 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
     be.matmul(
         {.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
   } else {
-    be.matmul({.weight = l.q, .input = h, .output = q, .n_tokens = T, .kernels = batch.kernels});
+    be.matmul({.weight = l.q,
+               .input = h,
+               .output = q,
+               .n_tokens = T,
+               .kernels = batch.kernels,
+               .second = l.kv_a_mqa,
+               .second_output = kv});
   }
-  // The compressed latent (normalized) and the shared rope key of each token, stored; the
-  // queries' rope in the same op.
-  be.matmul(
-      {.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
+  // The latent (normalized) and the shared rope key of each token, stored; the queries' rope in
+  // the same op.
   be.store_latent({.rows = kv,
                    .norm_weight = l.kv_a_norm,
                    .norm_dims = lora,

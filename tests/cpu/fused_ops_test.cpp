@@ -3,7 +3,8 @@
 // MoE layer's slot sum with the residual add and the shared experts' add (MoeReduceOp::residual,
 // ::shared) against moe_reduce, add, add; an MLA latent made ready and stored with its queries'
 // rope (LatentStoreOp) against rope, rms_norm, rope, kv_store; the residual add in front of a norm
-// (RmsNormOp::residual) against add, rms_norm.
+// (RmsNormOp::residual) against add, rms_norm; two products over one input (MatmulOp::second)
+// against two matmuls.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -194,6 +195,42 @@ TEST(FusedOps, RmsNormWithTheResidualAddIsAddThenRmsNorm) {
     EXPECT_TRUE(same_bits(x_fused, x_seq)) << n_rows << " rows";
     EXPECT_TRUE(same_bits(h_fused, h_seq)) << n_rows << " rows";
     EXPECT_FALSE(same_bits(x_fused, x0)) << "the residual was not added to";
+  }
+}
+
+TEST(FusedOps, MatmulWithASecondProductIsTwoMatmuls) {
+  cpu::CpuBackend cpu(2);
+  const int64_t cols = 512, rows = 96, second_rows = 160;
+  const std::vector<uint8_t> w1 = test::make_weights(DType::Q4_K, rows, cols, 120, 0.05f);
+  const std::vector<uint8_t> w2 = test::make_weights(DType::Q4_K, second_rows, cols, 121, 0.05f);
+  auto view = [&](const std::vector<uint8_t>& w, int64_t n_rows) {
+    return WeightView{.type = DType::Q4_K,
+                      .data = w.data(),
+                      .cols = cols,
+                      .rows = n_rows,
+                      .row_bytes = row_bytes(DType::Q4_K, uint64_t(cols))};
+  };
+  for (int64_t n_tokens : {1, 5, 40}) {
+    const std::vector<float> x = gaussian(size_t(n_tokens * cols), 122 + uint32_t(n_tokens));
+    std::vector<float> a_seq(size_t(n_tokens * rows)), b_seq(size_t(n_tokens * second_rows));
+    cpu.matmul({.weight = view(w1, rows),
+                .input = x.data(),
+                .output = a_seq.data(),
+                .n_tokens = n_tokens});
+    cpu.matmul({.weight = view(w2, second_rows),
+                .input = x.data(),
+                .output = b_seq.data(),
+                .n_tokens = n_tokens});
+    std::vector<float> a(a_seq.size()), b(b_seq.size());
+    cpu.matmul({.weight = view(w1, rows),
+                .input = x.data(),
+                .output = a.data(),
+                .n_tokens = n_tokens,
+                .second = view(w2, second_rows),
+                .second_output = b.data()});
+    EXPECT_TRUE(same_bits(a, a_seq)) << n_tokens << " tokens";
+    EXPECT_TRUE(same_bits(b, b_seq)) << n_tokens << " tokens";
+    EXPECT_FALSE(same_bits(a, b)) << "the two products are different matrices";
   }
 }
 

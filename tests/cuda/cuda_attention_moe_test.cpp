@@ -638,6 +638,53 @@ TEST_F(CudaBackendTest, MoeWithEightBitActivationsStaysWithinTheirError) {
   }
 }
 
+// Two products over one input (MatmulOp::second, a layer's q and kv_a) give the bits of two
+// matmuls on the same device: one launch at decode, two tile launches for a prompt; a pair in
+// two formats runs as two ops.
+TEST_F(CudaBackendTest, MatmulPairFusedIsTwoMatmuls) {
+  const int64_t cols = 512, rows = 3072, second_rows = 576;
+  uint32_t seed = 7400;
+  for (DType second_type : {DType::Q4_K, DType::Q6_K}) {
+    const std::vector<uint8_t> w1 = make_weights(DType::Q4_K, rows, cols, ++seed, 0.05f);
+    const std::vector<uint8_t> w2 = make_weights(second_type, second_rows, cols, ++seed, 0.05f);
+    const auto w1_dev = to_device(gpu(), w1), w2_dev = to_device(gpu(), w2);
+    for (int64_t n_tokens : {1, 3, 40}) {
+      const auto x_dev = to_device(gpu(), gaussian(size_t(n_tokens * cols), ++seed));
+      const MatmulOp first{.weight = weight_view(DType::Q4_K, w1_dev.data(), rows, cols),
+                           .input = x_dev.data(),
+                           .output = nullptr,
+                           .n_tokens = n_tokens};
+      const WeightView second = weight_view(second_type, w2_dev.data(), second_rows, cols);
+      std::vector<float> outputs[2][2];
+      for (bool fused : {false, true}) {
+        const auto a_dev = poisoned(gpu(), size_t(n_tokens * rows));
+        const auto b_dev = poisoned(gpu(), size_t(n_tokens * second_rows));
+        MatmulOp op = first;
+        op.output = a_dev.data();
+        if (fused) {
+          op.second = second, op.second_output = b_dev.data();
+          gpu().matmul(op);
+        } else {
+          gpu().matmul(op);
+          gpu().matmul({.weight = second,
+                        .input = x_dev.data(),
+                        .output = b_dev.data(),
+                        .n_tokens = n_tokens});
+        }
+        outputs[fused][0] = to_host(gpu(), a_dev);
+        outputs[fused][1] = to_host(gpu(), b_dev);
+      }
+      const std::string context =
+          fmt::format("{} second, n_tokens={}", dtype_name(second_type), n_tokens);
+      EXPECT_TRUE(same_bits(outputs[1][0], outputs[0][0])) << context << ": first product";
+      EXPECT_TRUE(same_bits(outputs[1][1], outputs[0][1])) << context << ": second product";
+      size_t finite = 0;
+      for (float v : outputs[1][1]) finite += std::isfinite(v);
+      EXPECT_EQ(finite, outputs[1][1].size()) << context << ": second product not all written";
+    }
+  }
+}
+
 // The shared experts inside the routed experts' launches (MoeOp::shared) give the bits of the
 // sequence they stand for, run on the same device: shared experts as a dense FFN, the one-slot
 // reduce, then the routed experts; at decode (fused) and for a prompt chunk (the sequence), both

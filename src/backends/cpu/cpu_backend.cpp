@@ -100,11 +100,14 @@ void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 }
 
 void CpuBackend::matmul(const MatmulOp& op) {
-  matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels,
-              op.activations == ActivationBits::Eight ? ActPrecision::Int8 : ActPrecision::Int16);
+  const ActPrecision precision =
+      op.activations == ActivationBits::Eight ? ActPrecision::Int8 : ActPrecision::Int16;
+  matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels, precision);
   if (op.bias)
     for (int64_t t = 0; t < op.n_tokens; ++t)
       add(op.output + t * op.weight.rows, op.bias, op.weight.rows);
+  if (op.second.data)  // MatmulOp::second: the second product, as its own matmul
+    matmul_rows(op.second, op.input, op.n_tokens, op.second_output, op.kernels, precision);
 }
 
 void CpuBackend::rms_norm(const RmsNormOp& op) {

@@ -438,6 +438,7 @@ void CudaBackend::check_columns(const WeightView& w, const char* what) const {
 void CudaBackend::matmul(const MatmulOp& op) {
   if (op.n_tokens == 0) return;
   check_columns(op.weight, "a matrix");
+  if (op.second.data) check_columns(op.second, "a matrix");
   activate();
   ops_->matmul(op);
 }

@@ -37,13 +37,18 @@ struct MatmulLaunch {
   // Rows a warp of the rows kernel takes for one token (1, 2 or 4; 0: the kernel's choice; more
   // tokens keep theirs). The results do not depend on it; cuda_matmul_bench measures each.
   int rows_per_warp = 0;
+  // A second matrix over the same input, in the same format and width, one matrix (n_mats 1):
+  // the rows kernel computes it in the same launch (blockIdx.y 1), the tiles in a second one.
+  const void* second_weights = nullptr;
+  int64_t second_rows = 0;
+  float* second_output = nullptr;  // [n_tokens, second_rows]
 };
 
 // Whether the kernels read `type` (the formats with a block decoder).
 bool matmul_supports(DType type);
 // One warp per weight row, up to 8 tokens sharing each weight load; a token's result is summed
 // in the same order whatever the token count, so it is the per-token kernel (KernelChoice
-// PerToken) and the decode kernel.
+// PerToken) and the decode kernel. Both matrices of a pair (second_weights) in one launch.
 void matmul_rows(const MatmulLaunch& m, cudaStream_t stream);
 // Tiles of 64 rows x 64 tokens through the tensor cores (WMMA, TF32 in three products: F32
 // accuracy), each weight tile decoded once into shared memory for 64 tokens; a token's result

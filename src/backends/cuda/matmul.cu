@@ -144,13 +144,16 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
     rows_kernel(MatmulLaunch m, int64_t token0, bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
-  const int64_t mat = blockIdx.y;
-  if (row0 >= m.rows) return;
-  const uint8_t* base = static_cast<const uint8_t*>(m.weights) + uint64_t(mat) * m.mat_bytes;
+  const bool second = m.second_weights && blockIdx.y == 1;  // the pair's other matrix
+  const int64_t mat = second ? 0 : blockIdx.y, n_rows = second ? m.second_rows : m.rows;
+  if (row0 >= n_rows) return;
+  const uint8_t* base = second
+                            ? static_cast<const uint8_t*>(m.second_weights)
+                            : static_cast<const uint8_t*>(m.weights) + uint64_t(mat) * m.mat_bytes;
   const uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)  // a row past the end repeats the last one; its result is dropped
-    rows[r] = base + uint64_t(row0 + r < m.rows ? row0 + r : m.rows - 1) * m.row_bytes;
+    rows[r] = base + uint64_t(row0 + r < n_rows ? row0 + r : n_rows - 1) * m.row_bytes;
   const float* x[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
@@ -158,12 +161,14 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
   float acc[R][NT];
   warp_dots<Dec, NT, R>(rows, m.cols, x, aligned, acc);
   if (lane == 0) {
-    float* y = m.output + mat * m.output_mat_stride + token0 * m.output_stride;
+    const int64_t stride = second ? m.second_rows : m.output_stride;
+    float* y = second ? m.second_output + token0 * stride
+                      : m.output + mat * m.output_mat_stride + token0 * stride;
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (row0 + r < m.rows)
+      if (row0 + r < n_rows)
 #pragma unroll
-        for (int t = 0; t < NT; ++t) y[t * m.output_stride + row0 + r] = acc[r][t];
+        for (int t = 0; t < NT; ++t) y[t * stride + row0 + r] = acc[r][t];
   }
 }
 
@@ -174,7 +179,9 @@ bool aligned16(const void* p) {
 template <class Dec, int NT, int R>
 void launch_rows_by(const MatmulLaunch& m, int64_t token0, bool aligned, cudaStream_t stream) {
   const int64_t rows_per_block = kRowsPerBlock * R;
-  const dim3 grid(unsigned((m.rows + rows_per_block - 1) / rows_per_block), unsigned(m.n_mats));
+  const int64_t rows = m.second_weights && m.second_rows > m.rows ? m.second_rows : m.rows;
+  const dim3 grid(unsigned((rows + rows_per_block - 1) / rows_per_block),
+                  unsigned(m.second_weights ? 2 : m.n_mats));
   launch("rows_kernel", rows_kernel<Dec, NT, R>, grid, kRowsPerBlock * kWarpSize, 0, stream, m,
          token0, aligned);
 }
@@ -641,8 +648,15 @@ void matmul_rows(const MatmulLaunch& m, cudaStream_t stream) {
 void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream) {
   visit_or_fail(m.type, [&](auto dec) {
     using Dec = decltype(dec);
-    launch_tiled<Dec>(PlainMap{m}, m.rows, m.cols, m.row_bytes,
-                      unsigned((m.n_tokens + kTile - 1) / kTile), unsigned(m.n_mats), stream);
+    const unsigned token_tiles = unsigned((m.n_tokens + kTile - 1) / kTile);
+    launch_tiled<Dec>(PlainMap{m}, m.rows, m.cols, m.row_bytes, token_tiles, unsigned(m.n_mats),
+                      stream);
+    if (!m.second_weights) return;
+    MatmulLaunch second = m;  // the pair's other matrix: its own tiles
+    second.weights = m.second_weights, second.rows = m.second_rows;
+    second.output = m.second_output, second.output_stride = m.second_rows;
+    second.second_weights = nullptr;
+    launch_tiled<Dec>(PlainMap{second}, second.rows, m.cols, m.row_bytes, token_tiles, 1, stream);
   });
 }
 

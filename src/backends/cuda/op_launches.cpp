@@ -35,19 +35,34 @@ void OpLaunches::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 
 void OpLaunches::matmul(const MatmulOp& op) {
   if (op.n_tokens == 0) return;
-  const MatmulLaunch m{.type = op.weight.type,
-                       .weights = op.weight.data,
-                       .rows = op.weight.rows,
-                       .cols = op.weight.cols,
-                       .row_bytes = op.weight.row_bytes,
-                       .mat_bytes = op.weight.matrix_bytes(),
-                       .input = op.input,
-                       .input_stride = op.weight.cols,
-                       .output = op.output,
-                       .output_stride = op.weight.rows,
-                       .n_tokens = op.n_tokens};
+  MatmulLaunch m{.type = op.weight.type,
+                 .weights = op.weight.data,
+                 .rows = op.weight.rows,
+                 .cols = op.weight.cols,
+                 .row_bytes = op.weight.row_bytes,
+                 .mat_bytes = op.weight.matrix_bytes(),
+                 .input = op.input,
+                 .input_stride = op.weight.cols,
+                 .output = op.output,
+                 .output_stride = op.weight.rows,
+                 .n_tokens = op.n_tokens};
+  // The pair in one launch where both are one matrix of one format and width.
+  const bool pair = op.second.data && op.second.type == op.weight.type &&
+                    op.second.cols == op.weight.cols && op.weight.n_mats == 1 &&
+                    op.second.n_mats == 1;
+  if (pair) {
+    m.second_weights = op.second.data;
+    m.second_rows = op.second.rows;
+    m.second_output = op.second_output;
+  }
   tiled(op.kernels, op.n_tokens) ? matmul_tiled(m, stream_) : matmul_rows(m, stream_);
   if (op.bias) add_row_bias(op.output, op.bias, op.n_tokens, op.weight.rows, stream_);
+  if (op.second.data && !pair)
+    matmul({.weight = op.second,
+            .input = op.input,
+            .output = op.second_output,
+            .n_tokens = op.n_tokens,
+            .kernels = op.kernels});
 }
 
 void OpLaunches::rms_norm(const RmsNormOp& op) {
