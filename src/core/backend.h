@@ -231,7 +231,7 @@ struct AttentionOp {
 // (gpt-oss).
 enum class MoeGating { Softmax, Sigmoid, SoftmaxOfTopK };
 struct MoeRouteOp {
-  const float* logits;       // [n_tokens, n_expert]
+  float* logits;             // [n_tokens, n_expert] (written first when `router` is set)
   const float* bias;         // [n_expert] selection-only bias (exp_probs_b) or nullptr
   int64_t n_tokens, n_expert, top_k;
   MoeGating gating;
@@ -241,6 +241,13 @@ struct MoeRouteOp {
   int32_t* expert_ids;       // [n_tokens, top_k]
   float* expert_weights;     // [n_tokens, top_k]
   uint64_t* counts = nullptr;  // [n_expert]: += 1 per choice (the routing profile), or null
+  // The router's product in front (a GPU routes in the launch that computes the logits): when
+  // router.data is set, first logits = router · input (+ router_bias), the bits of
+  // matmul({router, input, logits, n_tokens, kernels, router_bias}).
+  WeightView router{};           // [n_expert rows, dim cols]
+  const float* input = nullptr;  // [n_tokens, dim]
+  const float* router_bias = nullptr;
+  KernelChoice kernels = KernelChoice::ByTokenCount;
 };
 
 // The expert FFN's activation of gate and up: silu(g) * u, or gpt-oss's clamped form

@@ -198,17 +198,12 @@ void Transformer::ffn(uint32_t il, LayerStep& s) {
 }
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
-// memory; `counts` (or null) counts the choices.
+// memory; `counts` (or null) counts the choices. The router's product is part of the op
+// (MoeRouteOp::router): a GPU routes in the launch that computes the logits.
 void Transformer::route(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
                         int32_t* ids, float* weights, uint64_t* counts) {
   Backend& be = *l.device;
   float* logits = workspace(be).get(Workspace::kRouter, T * info_.n_expert);
-  be.matmul({.weight = l.router,
-             .input = h,
-             .output = logits,
-             .n_tokens = T,
-             .kernels = kernels,
-             .bias = l.router_bias});
   const MoeConfig& c = l.config;
   be.moe_route({.logits = logits,
                 .bias = l.expert_bias,
@@ -222,7 +217,11 @@ void Transformer::route(const FfnLayer& l, const float* h, int64_t T, KernelChoi
                 .scale = c.scale,
                 .expert_ids = ids,
                 .expert_weights = weights,
-                .counts = counts});
+                .counts = counts,
+                .router = l.router,
+                .input = h,
+                .router_bias = l.router_bias,
+                .kernels = kernels});
 }
 
 bool Transformer::start_reading_expert(const FfnLayer& l, int32_t e, bool urgent) const {

@@ -4,7 +4,8 @@
 // ::shared) against moe_reduce, add, add; an MLA latent made ready and stored with its queries'
 // rope (LatentStoreOp) against rope, rms_norm, rope, kv_store; the residual add in front of a norm
 // (RmsNormOp::residual) against add, rms_norm; two products over one input (MatmulOp::second)
-// against two matmuls.
+// against two matmuls; routing with the router's product in front (MoeRouteOp::router) against
+// matmul, moe_route.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -231,6 +232,56 @@ TEST(FusedOps, MatmulWithASecondProductIsTwoMatmuls) {
     EXPECT_TRUE(same_bits(a, a_seq)) << n_tokens << " tokens";
     EXPECT_TRUE(same_bits(b, b_seq)) << n_tokens << " tokens";
     EXPECT_FALSE(same_bits(a, b)) << "the two products are different matrices";
+  }
+}
+
+TEST(FusedOps, RoutingWithTheRouterProductIsMatmulThenRoute) {
+  cpu::CpuBackend cpu(2);
+  const int64_t dim = 256, n_expert = 64, top_k = 6;
+  const std::vector<float> router = gaussian(size_t(n_expert * dim), 130);
+  const std::vector<float> router_bias = gaussian(size_t(n_expert), 131);
+  const WeightView view{.type = DType::F32,
+                        .data = router.data(),
+                        .cols = dim,
+                        .rows = n_expert,
+                        .row_bytes = uint64_t(dim) * sizeof(float)};
+  for (int64_t n_tokens : {1, 9}) {
+    const std::vector<float> h = gaussian(size_t(n_tokens * dim), 132 + uint32_t(n_tokens));
+    const MoeRouteOp route{.logits = nullptr,
+                           .bias = nullptr,
+                           .n_tokens = n_tokens,
+                           .n_expert = n_expert,
+                           .top_k = top_k,
+                           .gating = MoeGating::Softmax,
+                           .n_groups = 1,
+                           .n_groups_used = 1,
+                           .normalize = false,
+                           .scale = 1.0f,
+                           .expert_ids = nullptr,
+                           .expert_weights = nullptr};
+    const size_t n_chosen = size_t(n_tokens * top_k);
+    std::vector<float> logits_seq(size_t(n_tokens * n_expert)), weights_seq(n_chosen);
+    std::vector<int32_t> ids_seq(n_chosen);
+    cpu.matmul({.weight = view,
+                .input = h.data(),
+                .output = logits_seq.data(),
+                .n_tokens = n_tokens,
+                .bias = router_bias.data()});
+    MoeRouteOp plain = route;
+    plain.logits = logits_seq.data(), plain.expert_ids = ids_seq.data();
+    plain.expert_weights = weights_seq.data();
+    cpu.moe_route(plain);
+
+    std::vector<float> logits(logits_seq.size()), weights(n_chosen);
+    std::vector<int32_t> ids(n_chosen, -1);
+    MoeRouteOp fused = route;
+    fused.logits = logits.data(), fused.expert_ids = ids.data();
+    fused.expert_weights = weights.data();
+    fused.router = view, fused.input = h.data(), fused.router_bias = router_bias.data();
+    cpu.moe_route(fused);
+    EXPECT_TRUE(same_bits(logits, logits_seq)) << n_tokens << " tokens";
+    EXPECT_EQ(ids, ids_seq) << n_tokens << " tokens";
+    EXPECT_TRUE(same_bits(weights, weights_seq)) << n_tokens << " tokens";
   }
 }
 

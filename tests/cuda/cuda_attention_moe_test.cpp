@@ -320,7 +320,7 @@ TEST_F(CudaBackendTest, MoeRouteChoosesTheCpusExperts) {
                       c.gating == MoeGating::Softmax ? "softmax" : "sigmoid", c.n_expert,
                       c.n_groups_used, c.n_groups, c.top_k, c.bias ? " bias" : "", n_tokens);
       const size_t n_logits = size_t(n_tokens * c.n_expert), n_chosen = size_t(n_tokens * c.top_k);
-      const std::vector<float> logits =
+      std::vector<float> logits =
           gaussian(n_logits, ++seed, c.gating == MoeGating::Softmax ? 3.0f : 2.0f);
       const std::vector<float> bias = gaussian(size_t(c.n_expert), ++seed);
       std::vector<uint64_t> counts(size_t(c.n_expert));
@@ -634,6 +634,77 @@ TEST_F(CudaBackendTest, MoeWithEightBitActivationsStaysWithinTheirError) {
       }
       std::printf("  %s: GPU 8-bit vs exact %.3g, CPU 8-bit vs exact %.3g\n", context.c_str(),
                   gpu_vs_exact.error, cpu_vs_exact.error);
+    }
+  }
+}
+
+// Routing with the router's product in front (MoeRouteOp::router: the routing in the product's
+// last block at decode) gives the bits of the matmul and routing it stands for, on one device:
+// softmax (lite) and grouped sigmoid with a selection bias (V3), with and without a router bias,
+// one token to a prompt chunk (past 8 tokens: the sequence); twice in a row (the counter resets).
+TEST_F(CudaBackendTest, MoeRouteFusedWithTheRouterIsTheSequence) {
+  struct Case {
+    int64_t n_expert, top_k, n_groups, n_groups_used;
+    MoeGating gating;
+    bool router_bias;
+  };
+  const int64_t dim = 1024;
+  uint32_t seed = 7500;
+  for (const Case c : {Case{64, 6, 1, 1, MoeGating::Softmax, false},
+                       Case{256, 8, 8, 4, MoeGating::Sigmoid, true}}) {
+    const std::vector<float> router = gaussian(size_t(c.n_expert * dim), ++seed, 0.03f);
+    const auto router_dev = to_device(gpu(), router);
+    const auto router_bias_dev = to_device(gpu(), gaussian(size_t(c.n_expert), ++seed));
+    const auto bias_dev = to_device(gpu(), gaussian(size_t(c.n_expert), ++seed, 0.01f));
+    for (int64_t n_tokens : {1, 3, 8, 40}) {
+      const auto h_dev = to_device(gpu(), gaussian(size_t(n_tokens * dim), ++seed));
+      const size_t n_chosen = size_t(n_tokens * c.top_k);
+      MoeRouteOp op{.logits = nullptr,
+                    .bias = c.gating == MoeGating::Sigmoid ? bias_dev.data() : nullptr,
+                    .n_tokens = n_tokens,
+                    .n_expert = c.n_expert,
+                    .top_k = c.top_k,
+                    .gating = c.gating,
+                    .n_groups = c.n_groups,
+                    .n_groups_used = c.n_groups_used,
+                    .normalize = true,
+                    .scale = 2.5f,
+                    .expert_ids = nullptr,
+                    .expert_weights = nullptr};
+      op.router = weight_view(DType::F32, router_dev.data(), c.n_expert, dim);
+      op.input = h_dev.data();
+      op.router_bias = c.router_bias ? router_bias_dev.data() : nullptr;
+      std::vector<float> sequence_logits, sequence_weights;
+      std::vector<int32_t> sequence_ids;
+      for (int run = 0; run < 3; ++run) {  // the sequence, then the fused op twice
+        const auto logits_dev = poisoned(gpu(), size_t(n_tokens * c.n_expert));
+        const auto ids_dev = to_device(gpu(), std::vector<int32_t>(n_chosen, -7));
+        const auto weights_dev = poisoned(gpu(), n_chosen);
+        MoeRouteOp r = op;
+        r.logits = logits_dev.data(), r.expert_ids = ids_dev.data();
+        r.expert_weights = weights_dev.data();
+        if (run == 0) {
+          gpu().matmul({.weight = r.router,
+                        .input = r.input,
+                        .output = r.logits,
+                        .n_tokens = n_tokens,
+                        .bias = r.router_bias});
+          r.router = {};
+        }
+        gpu().moe_route(r);
+        const std::vector<float> logits = to_host(gpu(), logits_dev);
+        const std::vector<float> weights = to_host(gpu(), weights_dev);
+        const std::vector<int32_t> ids = to_host(gpu(), ids_dev);
+        if (run == 0) {
+          sequence_logits = logits, sequence_weights = weights, sequence_ids = ids;
+          continue;
+        }
+        const std::string context =
+            fmt::format("{} experts, n_tokens={}, fused run {}", c.n_expert, n_tokens, run);
+        EXPECT_TRUE(same_bits(logits, sequence_logits)) << context << ": logits";
+        EXPECT_EQ(ids, sequence_ids) << context << ": choices";
+        EXPECT_TRUE(same_bits(weights, sequence_weights)) << context << ": weights";
+      }
     }
   }
 }

@@ -158,7 +158,7 @@ TEST_F(CudaBackendTest, MatmulBiasIsAddedExactlyAfterTheProduct) {
 
 TEST_F(CudaBackendTest, SoftmaxOfTopKRoutingChoosesTheCpusExperts) {
   const int64_t T = 7, E = 32, K = 4;
-  const std::vector<float> logits = uniform(size_t(T * E), 41, -4, 4);
+  std::vector<float> logits = uniform(size_t(T * E), 41, -4, 4);
   const auto logits_dev = to_device(gpu(), logits);
   const auto ids_dev = to_device(gpu(), std::vector<int32_t>(size_t(T * K), -1));
   const auto w_dev = poisoned(gpu(), size_t(T * K));

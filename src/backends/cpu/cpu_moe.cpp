@@ -11,6 +11,13 @@
 namespace tandem::cpu {
 
 void CpuBackend::moe_route(const MoeRouteOp& op) {
+  if (op.router.data)  // the router's product first (MoeRouteOp::router)
+    matmul({.weight = op.router,
+            .input = op.input,
+            .output = op.logits,
+            .n_tokens = op.n_tokens,
+            .kernels = op.kernels,
+            .bias = op.router_bias});
   const RouteParams p = route_params(op);
   TANDEM_CHECK(p.top_k >= 1 && p.top_k <= p.n_expert && p.n_groups >= 1 &&
                p.n_expert % p.n_groups == 0);

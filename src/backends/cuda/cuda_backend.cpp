@@ -204,6 +204,8 @@ void* CudaBackend::scratch(Scratch which, size_t bytes) {
           name_);
     buffer.reset();
     buffer = allocate(std::max<size_t>(bytes, 256), "kernel scratch");
+    // Counters start at 0 (Scratch); never inside a capture (refused above).
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer->data(), 0, buffer->size(), stream_));
   }
   return buffer->data();
 }
@@ -488,6 +490,7 @@ void CudaBackend::attention(const AttentionOp& op) {
 }
 
 void CudaBackend::moe_route(const MoeRouteOp& op) {
+  if (op.router.data) check_columns(op.router, "a router");
   activate();
   ops_->moe_route(op);
 }

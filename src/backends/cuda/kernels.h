@@ -123,6 +123,12 @@ void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint
                     uint64_t mat_bytes, const blocks::ActQ8* act, const ExpertSlots& s,
                     float* slots, const ExpertBiases& b, cudaStream_t stream);
 
+// MoeRouteOp with its router product (MoeRouteOp::router) in one launch: the logits by the rows
+// kernel, the routing by the block that finishes last, counted on `done` (one device counter, 0
+// between launches: it is left 0). For F32 routers and up to 8 tokens (can_route_with_router).
+bool can_route_with_router(const MoeRouteOp& op);
+void router_then_route(const MoeRouteOp& op, unsigned* done, cudaStream_t stream);
+
 // ---- cuda_moe.cu ----
 
 // Routing per token (backends/moe_routing.h's steps, one warp per token); counts += 1 per choice.

@@ -23,6 +23,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
+#include "backends/cuda/route_steps.cuh"
 #include "backends/ffn_activation.h"
 #include "quant/block_decode.h"
 #include "quant/block_dot.h"
@@ -133,15 +134,14 @@ __device__ __forceinline__ void warp_dots(const uint8_t* const (&rows)[R], int64
 // Rows per warp where the launch does not say: two where the activations are staged (they serve
 // both), else one. More rows a warp put more loads in flight and read the staged activations
 // fewer times; fewer make more warps. A row's sum is the same whichever a warp takes.
-constexpr int default_rows_per_warp(int n_tokens) {
+__host__ __device__ constexpr int default_rows_per_warp(int n_tokens) {
   return n_tokens <= 2 ? 2 : 1;
 }
 
 // ---- rows: plain matmul, batched over matrices ----
 
 template <class Dec, int NT, int R>
-__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
-    rows_kernel(MatmulLaunch m, int64_t token0, bool aligned) {
+__device__ __forceinline__ void rows_products(const MatmulLaunch& m, int64_t token0, bool aligned) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize) * R;
   const bool second = m.second_weights && blockIdx.y == 1;  // the pair's other matrix
@@ -170,6 +170,42 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
 #pragma unroll
         for (int t = 0; t < NT; ++t) y[t * stride + row0 + r] = acc[r][t];
   }
+}
+
+template <class Dec, int NT, int R>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    rows_kernel(MatmulLaunch m, int64_t token0, bool aligned) {
+  rows_products<Dec, NT, R>(m, token0, aligned);
+}
+
+// ---- the router: its logits, then in the block that finishes last the routing ----
+
+// MoeRouteOp with its router product: rows_kernel's products for the step's tokens (F32 weights,
+// as GGUF files keep routers), then the block that finishes last (counted on `done`, which it
+// resets for the next launch) adds the bias as add_row_bias_kernel does and routes each token, a
+// warp each, with route_kernel's steps: the bits of the three launches it replaces.
+template <int NT>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+    router_route_kernel(MatmulLaunch m, bool aligned, MoeRouteOp op, RouteParams p,
+                        unsigned* done) {
+  rows_products<blocks::Decoder<DType::F32>, NT, default_rows_per_warp(NT)>(m, 0, aligned);
+  __shared__ bool last;
+  __threadfence();  // this block's logits before its count
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's logits after their counts
+  if (op.router_bias) {
+    for (int64_t i = threadIdx.x; i < op.n_tokens * op.n_expert; i += blockDim.x)
+      op.logits[i] = __fadd_rn(op.logits[i], op.router_bias[i % op.n_expert]);
+    __syncthreads();
+  }
+  extern __shared__ float route_scratch[];
+  const int warp = threadIdx.x / kWarpSize;
+  for (int64_t t = warp; t < op.n_tokens; t += kRowsPerBlock)
+    route_token_warp(op, p, t, route_scratch + warp * route_smem_floats(p));
+  if (threadIdx.x == 0) *done = 0;
 }
 
 bool aligned16(const void* p) {
@@ -643,6 +679,52 @@ void matmul_rows(const MatmulLaunch& m, cudaStream_t stream) {
       }
     }
   });
+}
+
+bool can_route_with_router(const MoeRouteOp& op) {
+  const RouteParams p = route_params(op);
+  return op.router.type == DType::F32 && op.n_tokens <= kMaxRowTokens && p.top_k <= 16 &&
+         p.n_groups <= 8 * kWarpSize;
+}
+
+void router_then_route(const MoeRouteOp& op, unsigned* done, cudaStream_t stream) {
+  const MatmulLaunch m{.type = DType::F32,
+                       .weights = op.router.data,
+                       .rows = op.router.rows,
+                       .cols = op.router.cols,
+                       .row_bytes = op.router.row_bytes,
+                       .mat_bytes = op.router.matrix_bytes(),
+                       .input = op.input,
+                       .input_stride = op.router.cols,
+                       .output = op.logits,
+                       .output_stride = op.router.rows,
+                       .n_tokens = op.n_tokens};
+  const RouteParams p = route_params(op);
+  const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0;
+  const size_t scratch = size_t(kRowsPerBlock * route_smem_floats(p)) * sizeof(float);
+  auto go = [&](auto kernel, int nt) {
+    const int64_t per_block = kRowsPerBlock * default_rows_per_warp(nt);
+    launch("router_route_kernel", kernel, unsigned((m.rows + per_block - 1) / per_block),
+           kRowsPerBlock * kWarpSize, scratch, stream, m, aligned, op, p, done);
+  };
+  switch (op.n_tokens) {
+    case 1:
+      return go(router_route_kernel<1>, 1);
+    case 2:
+      return go(router_route_kernel<2>, 2);
+    case 3:
+      return go(router_route_kernel<3>, 3);
+    case 4:
+      return go(router_route_kernel<4>, 4);
+    case 5:
+      return go(router_route_kernel<5>, 5);
+    case 6:
+      return go(router_route_kernel<6>, 6);
+    case 7:
+      return go(router_route_kernel<7>, 7);
+    default:
+      return go(router_route_kernel<8>, 8);
+  }
 }
 
 void matmul_tiled(const MatmulLaunch& m, cudaStream_t stream) {

@@ -138,6 +138,15 @@ void OpLaunches::attention(const AttentionOp& op) {
 
 void OpLaunches::moe_route(const MoeRouteOp& op) {
   if (op.n_tokens == 0) return;
+  if (op.router.data && !tiled(op.kernels, op.n_tokens) && can_route_with_router(op))
+    return router_then_route(op, scratch<unsigned>(Scratch::RouteDone, 1), stream_);
+  if (op.router.data)  // the sequence MoeRouteOp::router stands for
+    matmul({.weight = op.router,
+            .input = op.input,
+            .output = op.logits,
+            .n_tokens = op.n_tokens,
+            .kernels = op.kernels,
+            .bias = op.router_bias});
   cuda::moe_route(op, stream_);
 }
 

@@ -15,7 +15,8 @@
 
 namespace tandem::cuda {
 
-// The kernels' own scratch (CudaBackend keeps each in device memory, grown on demand).
+// The kernels' own scratch (CudaBackend keeps each in device memory, grown on demand, zeroed
+// when allocated).
 enum class Scratch {
   QueryLatent,
   OutputLatent,
@@ -30,6 +31,7 @@ enum class Scratch {
   Act,
   InputQ8,
   ActQ8,
+  RouteDone,  // router_then_route's counter: 0 when allocated, left 0
   Count
 };
 using ScratchFn = std::function<void*(Scratch which, size_t bytes)>;
