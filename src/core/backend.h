@@ -310,6 +310,12 @@ struct MoeReduceOp {
   // `shared` without `residual` is refused.
   float* residual = nullptr;      // [n_tokens, dim]
   const float* shared = nullptr;  // [n_tokens, dim]
+  // Then the next layer's first norm, fused (its input made ready by this layer's last op): when
+  // norm_weight is set (with residual), norm_output = rmsnorm(residual) * norm_weight, the bits
+  // of rms_norm() after the adds.
+  const float* norm_weight = nullptr;  // [dim]
+  float norm_eps = 0.0f;
+  float* norm_output = nullptr;  // [n_tokens, dim]
 };
 
 // The two ops `routed.shared` stands for (SharedExpertsOp), in order.

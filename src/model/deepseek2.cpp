@@ -109,9 +109,13 @@ std::vector<Backend*> Deepseek2Model::extra_layer_devices(uint32_t il) const {
   return devices;
 }
 
+const float* Deepseek2Model::attention_norm(uint32_t il) const {
+  return layers_[il].attn_norm;
+}
+
 void Deepseek2Model::layer(uint32_t il, LayerStep& s) {
   const Layer& l = layers_[il];
-  norm(s, l.attn_norm);
+  norm_input(s, l.attn_norm);
   if (l.head_shards.empty())
     attention(l, s);
   else

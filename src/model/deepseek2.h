@@ -31,6 +31,7 @@ class Deepseek2Model final : public Transformer {
   struct HeadShard;
   Deepseek2Model(const gguf::GgufFile& file, const DevicePlan& devices, const Deepseek2Hparams& hp);
   void layer(uint32_t il, LayerStep& s) override;
+  const float* attention_norm(uint32_t il) const override;
   std::vector<Backend*> extra_layer_devices(uint32_t il) const override;
   void bind_attention(Layer& layer, uint32_t il, Backend& on);
   void bind_head_shards(Layer& layer, uint32_t il);

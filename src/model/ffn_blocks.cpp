@@ -190,11 +190,14 @@ void Transformer::ffn(uint32_t il, LayerStep& s) {
                    .top_k = 1,
                    .dim = embd,
                    .output = s.out,
-                   .residual = s.x});
+                   .residual = s.x,
+                   .norm_weight = s.next_norm,
+                   .norm_eps = rms_eps_,
+                   .norm_output = s.h});
     return;
   }
   float* shared = info_.n_expert_shared > 0 ? s.ws.get(W::kShared, T * embd) : nullptr;
-  routed_experts(l, s.h, T, s.batch.kernels, s.out, shared, s.x);
+  routed_experts(l, s.h, T, s.batch.kernels, s.out, shared, s.x, s);
 }
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
@@ -305,7 +308,8 @@ MoeOp Transformer::shard_op(const FfnLayer& l, const ExpertShard& shard, const f
 // zeroed buffers, and the layer's device adds them up (x + 0 is exact) and sums the slots in
 // routing order: the result does not depend on how the experts are spread.
 void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
-                                 float* out, float* shared_out, float* residual) {
+                                 float* out, float* shared_out, float* residual,
+                                 const LayerStep& s) {
   using W = Workspace;
   Backend& be = *l.device;
   Workspace& ws = workspace(be);
@@ -452,7 +456,10 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
                  .dim = embd,
                  .output = out,
                  .residual = residual,
-                 .shared = shared_out});
+                 .shared = shared_out,
+                 .norm_weight = s.next_norm,  // the next layer's first norm, into h
+                 .norm_eps = rms_eps_,
+                 .norm_output = s.h});
 }
 
 }  // namespace tandem

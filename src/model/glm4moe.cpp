@@ -60,9 +60,10 @@ class Glm4MoeModel final : public Transformer {
     const float* ffn_norm = nullptr;  // [n_embd]
   };
 
+  const float* attention_norm(uint32_t il) const override { return layers_[il].attn_norm; }
   void layer(uint32_t il, LayerStep& s) override {
     const Layer& l = layers_[il];
-    norm(s, l.attn_norm);
+    norm_input(s, l.attn_norm);
     gqa_attention(attention_, l.attention, s);
     add_output_then_norm(s, l.ffn_norm);
     ffn(il, s);

@@ -468,6 +468,7 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   const RankPlan& ranks = devices_.ranks;
   const int32_t me = my_rank();
   int32_t holder = ranks.embeddings;  // the rank holding the residual stream (spread runs)
+  bool normed = false;                // the last layer left the next one's normed input in h
   for (uint32_t il = 0; il < ffn_.size(); ++il) {
     const FfnLayer& l = ffn_[il];
     if (ranks.spread() && l.rank != holder) {  // a cut between ranks: the residual stream moves
@@ -489,6 +490,9 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
       transfer(*at, x, be, moved, size_t(T * embd) * sizeof(float));
       x = moved, at = &be;
     }
+    // The next layer's first norm ends this one when it runs here too.
+    const bool next_here =
+        il + 1 < ffn_.size() && ffn_[il + 1].rank == me && ffn_[il + 1].device == &be;
     LayerStep s{.batch = batch,
                 .cache = cache[il],
                 .be = be,
@@ -497,8 +501,11 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
                 .n_tokens = T,
                 .x = x,
                 .h = ws.get(W::kNormed, T * embd),
-                .out = ws.get(W::kOutput, T * embd)};
+                .out = ws.get(W::kOutput, T * embd),
+                .normed = normed,
+                .next_norm = next_here ? attention_norm(il + 1) : nullptr};
     layer(il, s);
+    normed = s.next_norm != nullptr;
   }
 
   // ---- output head, only for the rows that need logits ----
@@ -576,7 +583,8 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   }
 }
 
-void Transformer::norm(LayerStep& s, const float* weight) const {
+void Transformer::norm_input(LayerStep& s, const float* weight) const {
+  if (s.normed) return;
   const int64_t embd = info_.n_embd;
   s.be.rms_norm({.input = s.x,
                  .weight = weight,

@@ -116,6 +116,11 @@ class Transformer : public Model {
     float* x;    // [T, n_embd] residual stream
     float* h;    // [T, n_embd] normed input of the current sub-layer
     float* out;  // [T, n_embd] sub-layer output
+    // The layer's first norm and the next layer's, fused into the op that ends the layer before
+    // (MoeReduceOp::norm_weight) when both layers run on one device: `normed` when h already
+    // holds this layer's normed input; `next_norm` the next layer's weight (null: none).
+    bool normed = false;
+    const float* next_norm = nullptr;
   };
 
   // `info` describes the file (n_layer: layers that run); the architecture's constructor binds
@@ -133,6 +138,9 @@ class Transformer : public Model {
 
   // The architecture's layer il, one op per line; the cut between devices is already made.
   virtual void layer(uint32_t il, LayerStep& s) = 0;
+  // Layer il's first norm (its attention's), which the previous layer's last op applies when
+  // the two run on one device (LayerStep::next_norm).
+  virtual const float* attention_norm(uint32_t il) const = 0;
   // Devices that run part of layer il besides its own (head-split attention); empty by default.
   virtual std::vector<Backend*> extra_layer_devices(uint32_t il) const;
 
@@ -143,8 +151,9 @@ class Transformer : public Model {
   // ---- blocks for layer() ----
   // s.out = grouped-query attention of s.h, its keys and values stored in s.cache.
   void gqa_attention(const GqaConfig& config, const GqaWeights& weights, LayerStep& s);
-  // s.h = rmsnorm(s.x) * weight.
-  void norm(LayerStep& s, const float* weight) const;
+  // s.h = rmsnorm(s.x) * weight, the layer's first norm: nothing to do when the previous
+  // layer's last op left it there (s.normed).
+  void norm_input(LayerStep& s, const float* weight) const;
   // s.x += s.out, then s.h = rmsnorm(s.x) * weight, as one op (RmsNormOp::residual).
   void add_output_then_norm(LayerStep& s, const float* weight) const;
   // The layer's FFN on s.h, added into s.x: a dense SwiGLU, or the routed experts and then the
@@ -198,7 +207,7 @@ class Transformer : public Model {
   // model has them) to `shared_out`, and both are added to `residual` by the op that sums the
   // slots (MoeReduceOp's fused residual add).
   void routed_experts(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
-                      float* out, float* shared_out, float* residual);
+                      float* out, float* shared_out, float* residual, const LayerStep& s);
   void route(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
              int32_t* ids, float* weights, uint64_t* counts);
   // After routing on the host: starts reading the chosen experts not read before, and guesses

@@ -5,7 +5,8 @@
 // rope (LatentStoreOp) against rope, rms_norm, rope, kv_store; the residual add in front of a norm
 // (RmsNormOp::residual) against add, rms_norm; two products over one input (MatmulOp::second)
 // against two matmuls; routing with the router's product in front (MoeRouteOp::router) against
-// matmul, moe_route.
+// matmul, moe_route; the next layer's norm after the reduce (MoeReduceOp::norm_weight) against
+// moe_reduce, rms_norm.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -283,6 +284,43 @@ TEST(FusedOps, RoutingWithTheRouterProductIsMatmulThenRoute) {
     EXPECT_EQ(ids, ids_seq) << n_tokens << " tokens";
     EXPECT_TRUE(same_bits(weights, weights_seq)) << n_tokens << " tokens";
   }
+}
+
+TEST(FusedOps, MoeReduceWithTheNextNormIsReduceThenRmsNorm) {
+  cpu::CpuBackend cpu(2);
+  const int64_t n_tokens = 3, top_k = 6, dim = 320;
+  const size_t n = size_t(n_tokens * dim);
+  const std::vector<float> slots = gaussian(size_t(n_tokens * top_k * dim), 140);
+  const std::vector<float> weights = gaussian(size_t(n_tokens * top_k), 141);
+  const std::vector<float> shared = gaussian(n, 142), x0 = gaussian(n, 143);
+  const std::vector<float> norm = gaussian(size_t(dim), 144);
+  std::vector<float> out_seq(n), x_seq = x0, h_seq(n);
+  const MoeReduceOp reduce{.slots = slots.data(),
+                           .weights = weights.data(),
+                           .n_tokens = n_tokens,
+                           .top_k = top_k,
+                           .dim = dim,
+                           .output = out_seq.data(),
+                           .residual = x_seq.data(),
+                           .shared = shared.data()};
+  cpu.moe_reduce(reduce);
+  cpu.rms_norm({.input = x_seq.data(),
+                .weight = norm.data(),
+                .output = h_seq.data(),
+                .n_rows = n_tokens,
+                .dim = dim,
+                .input_stride = dim,
+                .output_stride = dim,
+                .eps = 1e-6f});
+  std::vector<float> out(n), x = x0, h(n);
+  MoeReduceOp fused = reduce;
+  fused.output = out.data(), fused.residual = x.data();
+  fused.norm_weight = norm.data(), fused.norm_eps = 1e-6f, fused.norm_output = h.data();
+  cpu.moe_reduce(fused);
+  EXPECT_TRUE(same_bits(out, out_seq));
+  EXPECT_TRUE(same_bits(x, x_seq));
+  EXPECT_TRUE(same_bits(h, h_seq));
+  EXPECT_FALSE(same_bits(h, x)) << "the norm was not applied";
 }
 
 }  // namespace

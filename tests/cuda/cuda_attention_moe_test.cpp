@@ -979,6 +979,54 @@ TEST_F(CudaBackendTest, MoeReduceFusedResidualAddIsExact) {
   }
 }
 
+// The next layer's norm fused into the reduce (MoeReduceOp::norm_weight) gives the bits of the
+// reduce, then rms_norm, on the same device: the sums and the residual as above, the norm as the
+// norm kernel's (the same block steps).
+TEST_F(CudaBackendTest, MoeReduceFusedNextNormIsTheSequence) {
+  uint32_t seed = 6150;
+  for (int64_t n_tokens : {1, 40}) {
+    const int64_t top_k = 6, dim = 2048;
+    const size_t n = size_t(n_tokens * dim);
+    const auto slots_dev = to_device(gpu(), gaussian(size_t(n_tokens * top_k * dim), ++seed));
+    const auto weights_dev = to_device(gpu(), gaussian(size_t(n_tokens * top_k), ++seed));
+    const auto shared_dev = to_device(gpu(), gaussian(n, ++seed));
+    const auto norm_dev = to_device(gpu(), gaussian(size_t(dim), ++seed));
+    const std::vector<float> x0 = gaussian(n, ++seed);
+    std::vector<float> x[2], h[2];
+    for (bool fused : {false, true}) {
+      auto x_dev = to_device(gpu(), x0);
+      const auto out_dev = poisoned(gpu(), n), h_dev = poisoned(gpu(), n);
+      MoeReduceOp op{.slots = slots_dev.data(),
+                     .weights = weights_dev.data(),
+                     .n_tokens = n_tokens,
+                     .top_k = top_k,
+                     .dim = dim,
+                     .output = out_dev.data(),
+                     .residual = x_dev.data(),
+                     .shared = shared_dev.data()};
+      if (fused) {
+        op.norm_weight = norm_dev.data(), op.norm_eps = 1e-6f, op.norm_output = h_dev.data();
+        gpu().moe_reduce(op);
+      } else {
+        gpu().moe_reduce(op);
+        gpu().rms_norm({.input = x_dev.data(),
+                        .weight = norm_dev.data(),
+                        .output = h_dev.data(),
+                        .n_rows = n_tokens,
+                        .dim = dim,
+                        .input_stride = dim,
+                        .output_stride = dim,
+                        .eps = 1e-6f});
+      }
+      x[fused] = to_host(gpu(), x_dev);
+      h[fused] = to_host(gpu(), h_dev);
+    }
+    EXPECT_TRUE(same_bits(x[1], x[0])) << "n_tokens=" << n_tokens << ": the residual";
+    EXPECT_TRUE(same_bits(h[1], h[0])) << "n_tokens=" << n_tokens << ": the next layer's input";
+    EXPECT_FALSE(same_bits(h[1], x[1])) << "the norm was not applied";
+  }
+}
+
 // The fused latent store (the queries' rope, norm, rope and store in one launch) gives the CPU's
 // sequence's bits, in the queries, the rows and the cache: a prompt chunk beside another
 // sequence's token, a decode token past the end of a ring cache; plain rope, YaRN and NeoX.

@@ -107,7 +107,7 @@ void CpuBackend::moe(const MoeOp& op) {
 }
 
 void CpuBackend::moe_reduce(const MoeReduceOp& op) {
-  TANDEM_CHECK(!op.shared || op.residual);
+  TANDEM_CHECK((!op.shared && !op.norm_weight) || op.residual);
   const int64_t K = op.top_k, D = op.dim;
   for (int64_t t = 0; t < op.n_tokens; ++t) {
     float* out = op.output + t * D;
@@ -121,6 +121,15 @@ void CpuBackend::moe_reduce(const MoeReduceOp& op) {
   // The fused residual add: the unfused sequence, as defined.
   if (op.residual) add(op.residual, op.output, op.n_tokens * D);
   if (op.residual && op.shared) add(op.residual, op.shared, op.n_tokens * D);
+  if (op.norm_weight)  // the next layer's norm (MoeReduceOp::norm_weight)
+    rms_norm({.input = op.residual,
+              .weight = op.norm_weight,
+              .output = op.norm_output,
+              .n_rows = op.n_tokens,
+              .dim = D,
+              .input_stride = D,
+              .output_stride = D,
+              .eps = op.norm_eps});
 }
 
 void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_tokens,

@@ -514,7 +514,7 @@ void CudaBackend::moe(const MoeOp& op) {
 }
 
 void CudaBackend::moe_reduce(const MoeReduceOp& op) {
-  TANDEM_CHECK(!op.shared || op.residual);
+  TANDEM_CHECK((!op.shared && !op.norm_weight) || op.residual);
   activate();
   ops_->moe_reduce(op);
 }

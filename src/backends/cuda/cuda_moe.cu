@@ -9,6 +9,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/route_steps.cuh"
+#include "backends/cuda/row_steps.cuh"
 #include "backends/moe_routing.h"
 #include "core/replica_choice.h"
 
@@ -72,22 +73,39 @@ __global__ void sort_kernel(const int32_t* expert_ids, const int32_t* local_inde
   n_tiles[0] = tiles < max_tiles ? tiles : int32_t(max_tiles);
 }
 
+// Element i of MoeReduceOp: the weighted sum and the fused residual add.
+__device__ __forceinline__ void reduce_element(const MoeReduceOp& op, int64_t i) {
+  const int64_t t = i / op.dim, d = i % op.dim;
+  float sum = 0.0f;
+  for (int64_t k = 0; k < op.top_k; ++k)  // in routing order, as the CPU
+    sum = __fadd_rn(
+        sum, __fmul_rn(op.weights[t * op.top_k + k], op.slots[(t * op.top_k + k) * op.dim + d]));
+  op.output[i] = sum;
+  if (op.residual) {  // the fused residual add, in the unfused order (rounded adds, no fma)
+    float x = __fadd_rn(op.residual[i], sum);
+    if (op.shared) x = __fadd_rn(x, op.shared[i]);
+    op.residual[i] = x;
+  }
+}
+
 __global__ void reduce_kernel(MoeReduceOp op) {
   const int64_t n = op.n_tokens * op.dim;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / op.dim, d = i % op.dim;
-    float sum = 0.0f;
-    for (int64_t k = 0; k < op.top_k; ++k)  // in routing order, as the CPU
-      sum = __fadd_rn(
-          sum, __fmul_rn(op.weights[t * op.top_k + k], op.slots[(t * op.top_k + k) * op.dim + d]));
-    op.output[i] = sum;
-    if (op.residual) {  // the fused residual add, in the unfused order (rounded adds, no fma)
-      float x = __fadd_rn(op.residual[i], sum);
-      if (op.shared) x = __fadd_rn(x, op.shared[i]);
-      op.residual[i] = x;
-    }
-  }
+       i += int64_t(gridDim.x) * blockDim.x)
+    reduce_element(op, i);
+}
+
+// With the next layer's norm (MoeReduceOp::norm_weight): a block per token, its row summed, then
+// rms_norm_kernel's steps on it. Each thread reads back only the elements it wrote (the stride
+// of block_rms_scale), so no barrier between.
+__global__ void __launch_bounds__(kNormThreads) reduce_norm_kernel(MoeReduceOp op) {
+  const int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < op.dim; d += kNormThreads) reduce_element(op, t * op.dim + d);
+  const float* x = op.residual + t * op.dim;
+  const float scale = block_rms_scale(x, op.dim, op.norm_eps);
+  float* y = op.norm_output + t * op.dim;
+  for (int64_t d = threadIdx.x; d < op.dim; d += kNormThreads)
+    y[d] = __fmul_rn(__fmul_rn(x[d], scale), op.norm_weight[d]);
 }
 
 // One block: one thread runs the rule (serial by nature: each choice depends on the loads before
@@ -137,6 +155,9 @@ void pick_replicas(const ReplicaPickOp& op, cudaStream_t stream) {
 }
 
 void moe_reduce(const MoeReduceOp& op, cudaStream_t stream) {
+  if (op.norm_weight)
+    return launch("reduce_norm_kernel", reduce_norm_kernel, unsigned(op.n_tokens), kNormThreads, 0,
+                  stream, op);
   launch("reduce_kernel", reduce_kernel, blocks_for(op.n_tokens * op.dim, 256), 256, 0, stream, op);
 }
 
