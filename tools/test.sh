@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: Release and ASan+UBSan builds with every unit, model and CLI test,
-# a bounded libFuzzer run over the GGUF reader, and the layer-order check of DESIGN.md.
+# the CUDA kernels' registers and spills (ptxas, from the Release build: a decode kernel that
+# spills fails), a bounded libFuzzer run over the GGUF reader, and the layer-order check of
+# DESIGN.md.
 # Usage: tools/test.sh [--quick]   (--quick: Release tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +31,23 @@ echo "== Release build"
 # CUDA code for one architecture (sm_90) only: it is compiled and linked here, never run (no
 # test runs CUDA without a GPU), and one architecture keeps CI fast. TANDEM_CUDA_ARCHITECTURES
 # picks others; tools/gpu-check.sh runs the CUDA tests on a GPU machine.
-cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="${TANDEM_CUDA_ARCHITECTURES:-90}" >/dev/null
-cmake --build --preset release
+cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="${TANDEM_CUDA_ARCHITECTURES:-90}" \
+  -DTANDEM_PTXAS_VERBOSE=ON >/dev/null
+# The build's output goes to a log (ptxas prints a few lines for each of ~350 kernels).
+build_log=build/release/build.log
+if ! cmake --build --preset release >"$build_log" 2>&1; then
+  grep -v "^ptxas info\|bytes stack frame" "$build_log" | tail -60
+  exit 1
+fi
+grep -v "^ptxas info\|bytes stack frame" "$build_log" | tail -3
 run_ctest release
+
+echo "== CUDA kernels: registers and spills (ptxas)"
+if grep -q "^ptxas info" "$build_log"; then
+  if python3 tools/ptxas-report.py "$build_log"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+else
+  echo "no ptxas output in this build (no CUDA toolkit, or the CUDA objects were up to date)"
+fi
 
 if [[ ${1:-} != --quick ]]; then
   echo "== ASan + UBSan build"

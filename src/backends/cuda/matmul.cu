@@ -184,8 +184,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
 // as GGUF files keep routers), then the block that finishes last (counted on `done`, which it
 // resets for the next launch) adds the bias as add_row_bias_kernel does and routes each token, a
 // warp each, with route_kernel's steps: the bits of the three launches it replaces.
+// (Min one block an SM: without it ptxas held the kernel to 64 registers and spilled.)
 template <int NT>
-__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
+__global__ void __launch_bounds__(kRowsPerBlock* kWarpSize, 1)
     router_route_kernel(MatmulLaunch m, bool aligned, MoeRouteOp op, RouteParams p,
                         unsigned* done) {
   rows_products<blocks::Decoder<DType::F32>, NT, default_rows_per_warp(NT)>(m, 0, aligned);

@@ -19,8 +19,8 @@ __host__ __device__ inline int64_t route_smem_floats(const RouteParams& p) {
 // same: maxima and top-k picks under ranks_before (a total order) do not depend on the order of
 // the comparisons; the softmax denominator is summed by a fixed tree (the CPU sums in expert
 // order: the weights agree within rounding).
-__device__ inline void route_token_warp(const MoeRouteOp& op, const RouteParams& p, int64_t t,
-                                        float* smem) {
+__device__ __forceinline__ void route_token_warp(const MoeRouteOp& op, const RouteParams& p,
+                                                 int64_t t, float* smem) {
   constexpr int kWarp = 32;
   const int lane = threadIdx.x % kWarp;
   const int64_t E = p.n_expert;
