@@ -33,6 +33,15 @@ void Backend::add_parts(float* y, std::span<const float* const> parts, int64_t n
   for (const float* part : parts) add(y, part, n);
 }
 
+MatmulOp router_product(const MoeRouteOp& route) {
+  return MatmulOp{.weight = route.router,
+                  .input = route.input,
+                  .output = route.logits,
+                  .n_tokens = route.n_tokens,
+                  .kernels = route.kernels,
+                  .bias = route.router_bias};
+}
+
 MoeOp shared_experts_moe(const MoeOp& routed) {
   const SharedExpertsOp& s = routed.shared;
   return MoeOp{.input = routed.input,
@@ -48,6 +57,7 @@ MoeOp shared_experts_moe(const MoeOp& routed) {
                .ffn_dims = s.ffn_dims,
                .slots = s.slot,
                .kernels = routed.kernels,
+               .step_tokens = routed.step_tokens,
                .activations = routed.activations};
 }
 

@@ -318,6 +318,8 @@ struct MoeReduceOp {
   float* norm_output = nullptr;  // [n_tokens, dim]
 };
 
+// The product MoeRouteOp::router stands for, before the routing.
+MatmulOp router_product(const MoeRouteOp& route);
 // The two ops `routed.shared` stands for (SharedExpertsOp), in order.
 MoeOp shared_experts_moe(const MoeOp& routed);
 MoeReduceOp shared_experts_reduce(const MoeOp& routed);

@@ -197,7 +197,7 @@ void Transformer::ffn(uint32_t il, LayerStep& s) {
     return;
   }
   float* shared = info_.n_expert_shared > 0 ? s.ws.get(W::kShared, T * embd) : nullptr;
-  routed_experts(l, s.h, T, s.batch.kernels, s.out, shared, s.x, s);
+  routed_experts(l, s, shared);
 }
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
@@ -307,10 +307,11 @@ MoeOp Transformer::shard_op(const FfnLayer& l, const ExpertShard& shard, const f
 // so a captured step includes them). Every device writes only its own experts' slots into
 // zeroed buffers, and the layer's device adds them up (x + 0 is exact) and sums the slots in
 // routing order: the result does not depend on how the experts are spread.
-void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
-                                 float* out, float* shared_out, float* residual,
-                                 const LayerStep& s) {
+void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_out) {
   using W = Workspace;
+  const float* h = s.h;
+  const int64_t T = s.n_tokens;
+  const KernelChoice kernels = s.batch.kernels;
   Backend& be = *l.device;
   Workspace& ws = workspace(be);
   const StepInputs& in = ws.inputs;
@@ -454,8 +455,8 @@ void Transformer::routed_experts(const FfnLayer& l, const float* h, int64_t T, K
                  .n_tokens = T,
                  .top_k = k,
                  .dim = embd,
-                 .output = out,
-                 .residual = residual,
+                 .output = s.out,
+                 .residual = s.x,
                  .shared = shared_out,
                  .norm_weight = s.next_norm,  // the next layer's first norm, into h
                  .norm_eps = rms_eps_,

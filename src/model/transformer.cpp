@@ -583,31 +583,27 @@ void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> ca
   }
 }
 
-void Transformer::norm_input(LayerStep& s, const float* weight) const {
-  if (s.normed) return;
+RmsNormOp Transformer::residual_norm(const LayerStep& s, const float* weight) const {
   const int64_t embd = info_.n_embd;
-  s.be.rms_norm({.input = s.x,
-                 .weight = weight,
-                 .output = s.h,
-                 .n_rows = s.n_tokens,
-                 .dim = embd,
-                 .input_stride = embd,
-                 .output_stride = embd,
-                 .eps = rms_eps_});
+  return {.input = s.x,
+          .weight = weight,
+          .output = s.h,
+          .n_rows = s.n_tokens,
+          .dim = embd,
+          .input_stride = embd,
+          .output_stride = embd,
+          .eps = rms_eps_};
+}
+
+void Transformer::norm_input(LayerStep& s, const float* weight) const {
+  if (!s.normed) s.be.rms_norm(residual_norm(s, weight));
 }
 
 void Transformer::add_output_then_norm(LayerStep& s, const float* weight) const {
-  const int64_t embd = info_.n_embd;
-  s.be.rms_norm({.input = s.x,
-                 .weight = weight,
-                 .output = s.h,
-                 .n_rows = s.n_tokens,
-                 .dim = embd,
-                 .input_stride = embd,
-                 .output_stride = embd,
-                 .eps = rms_eps_,
-                 .residual = s.x,
-                 .add = s.out});
+  RmsNormOp op = residual_norm(s, weight);
+  op.residual = s.x;
+  op.add = s.out;
+  s.be.rms_norm(op);
 }
 
 }  // namespace tandem

@@ -154,10 +154,13 @@ class Transformer : public Model {
   // s.h = rmsnorm(s.x) * weight, the layer's first norm: nothing to do when the previous
   // layer's last op left it there (s.normed).
   void norm_input(LayerStep& s, const float* weight) const;
+  // That norm's op, without running it.
+  RmsNormOp residual_norm(const LayerStep& s, const float* weight) const;
   // s.x += s.out, then s.h = rmsnorm(s.x) * weight, as one op (RmsNormOp::residual).
   void add_output_then_norm(LayerStep& s, const float* weight) const;
   // The layer's FFN on s.h, added into s.x: a dense SwiGLU, or the routed experts and then the
-  // shared experts (two adds, in that order).
+  // shared experts (two adds, in that order). With s.next_norm, its last op then leaves the next
+  // layer's normed input in s.h.
   void ffn(uint32_t il, LayerStep& s);
 
   Workspace& workspace(Backend& on);
@@ -202,12 +205,12 @@ class Transformer : public Model {
   void run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at, float* x,
                   float* logits, bool capturing,
                   std::unique_ptr<PendingTransfer>* logits_later = nullptr);
-  // The routed experts of a MoE layer for `h` on the layer's device, spread over the devices
-  // that hold them; their weighted sum goes to `out`, the shared experts' output (when the
-  // model has them) to `shared_out`, and both are added to `residual` by the op that sums the
-  // slots (MoeReduceOp's fused residual add).
-  void routed_experts(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
-                      float* out, float* shared_out, float* residual, const LayerStep& s);
+  // The routed experts of a MoE layer for s.h on the layer's device, spread over the devices
+  // that hold them; their weighted sum goes to s.out, the shared experts' output (when the
+  // model has them) to `shared_out`, and both are added to s.x by the op that sums the slots
+  // (MoeReduceOp's fused residual add), which then leaves the next layer's input in s.h when
+  // s.next_norm is set.
+  void routed_experts(const FfnLayer& layer, LayerStep& s, float* shared_out);
   void route(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
              int32_t* ids, float* weights, uint64_t* counts);
   // After routing on the host: starts reading the chosen experts not read before, and guesses

@@ -6,7 +6,8 @@
 // (RmsNormOp::residual) against add, rms_norm; two products over one input (MatmulOp::second)
 // against two matmuls; routing with the router's product in front (MoeRouteOp::router) against
 // matmul, moe_route; the next layer's norm after the reduce (MoeReduceOp::norm_weight) against
-// moe_reduce, rms_norm.
+// moe_reduce, rms_norm; the shared experts carried by the routed experts' op (MoeOp::shared)
+// against the dense-FFN moe, its one-slot reduce and the routed moe.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -321,6 +322,72 @@ TEST(FusedOps, MoeReduceWithTheNextNormIsReduceThenRmsNorm) {
   EXPECT_TRUE(same_bits(x, x_seq));
   EXPECT_TRUE(same_bits(h, h_seq));
   EXPECT_FALSE(same_bits(h, x)) << "the norm was not applied";
+}
+
+TEST(FusedOps, MoeWithSharedExpertsIsSharedMoeReduceThenRoutedMoe) {
+  cpu::CpuBackend cpu(2);
+  const int64_t dim = 256, ffn = 256, shared_ffn = 512, n_expert = 4, top_k = 2;
+  auto weights = [](int64_t rows, int64_t cols, uint32_t seed) {
+    return test::make_weights(DType::Q4_K, rows, cols, seed, 0.06f);
+  };
+  auto view = [](const std::vector<uint8_t>& w, int64_t rows, int64_t cols, int64_t n_mats) {
+    return WeightView{.type = DType::Q4_K,
+                      .data = w.data(),
+                      .cols = cols,
+                      .rows = rows,
+                      .n_mats = n_mats,
+                      .row_bytes = row_bytes(DType::Q4_K, uint64_t(cols))};
+  };
+  const std::vector<uint8_t> gate = weights(n_expert * ffn, dim, 150),
+                             up = weights(n_expert * ffn, dim, 151);
+  const std::vector<uint8_t> down = weights(n_expert * dim, ffn, 152);
+  const std::vector<uint8_t> sh_gate = weights(shared_ffn, dim, 153),
+                             sh_up = weights(shared_ffn, dim, 154);
+  const std::vector<uint8_t> sh_down = weights(dim, shared_ffn, 155);
+  for (int64_t n_tokens : {1, 5}) {
+    const std::vector<float> x = gaussian(size_t(n_tokens * dim), 156 + uint32_t(n_tokens));
+    std::vector<int32_t> ids(size_t(n_tokens * top_k));
+    for (size_t k = 0; k < ids.size(); ++k) ids[k] = int32_t((k * 3 + 1) % n_expert);
+    const std::vector<int32_t> zeros(size_t(n_tokens), 0);
+    const std::vector<float> ones(size_t(n_tokens), 1.0f);
+    std::vector<float> slot_scratch(size_t(n_tokens * dim));
+    MoeOp op{.input = x.data(),
+             .gate = view(gate, ffn, dim, n_expert),
+             .up = view(up, ffn, dim, n_expert),
+             .down = view(down, dim, ffn, n_expert),
+             .expert_ids = ids.data(),
+             .local_index = nullptr,
+             .n_expert = n_expert,
+             .n_tokens = n_tokens,
+             .top_k = top_k,
+             .dim = dim,
+             .ffn_dims = ffn,
+             .slots = nullptr};
+    op.shared = {.gate = view(sh_gate, shared_ffn, dim, 1),
+                 .up = view(sh_up, shared_ffn, dim, 1),
+                 .down = view(sh_down, dim, shared_ffn, 1),
+                 .ffn_dims = shared_ffn,
+                 .zero_ids = zeros.data(),
+                 .one_weights = ones.data(),
+                 .slot = slot_scratch.data(),
+                 .output = nullptr};
+    std::vector<float> slots_seq(size_t(n_tokens * top_k * dim)),
+        shared_seq(size_t(n_tokens * dim));
+    MoeOp seq = op;
+    seq.slots = slots_seq.data(), seq.shared.output = shared_seq.data();
+    cpu.moe(shared_experts_moe(seq));
+    cpu.moe_reduce(shared_experts_reduce(seq));
+    seq.shared = {};
+    cpu.moe(seq);
+
+    std::vector<float> slots(slots_seq.size()), shared(shared_seq.size());
+    MoeOp fused = op;
+    fused.slots = slots.data(), fused.shared.output = shared.data();
+    cpu.moe(fused);
+    EXPECT_TRUE(same_bits(slots, slots_seq)) << n_tokens << " tokens: routed slots";
+    EXPECT_TRUE(same_bits(shared, shared_seq)) << n_tokens << " tokens: shared experts";
+    EXPECT_FALSE(same_bits(shared, std::vector<float>(shared.size(), 0.0f))) << "not written";
+  }
 }
 
 }  // namespace

@@ -701,6 +701,11 @@ TEST_F(CudaBackendTest, MoeRouteFusedWithTheRouterIsTheSequence) {
         }
         const std::string context =
             fmt::format("{} experts, n_tokens={}, fused run {}", c.n_expert, n_tokens, run);
+        const std::string kernels =
+            kernel_list(kernels_for([&](cuda::OpLaunches& ops) { ops.moe_route(r); }));
+        if (n_tokens <= 8) {
+          EXPECT_EQ(kernels, "router_route_kernel") << context;
+        }
         EXPECT_TRUE(same_bits(logits, sequence_logits)) << context << ": logits";
         EXPECT_EQ(ids, sequence_ids) << context << ": choices";
         EXPECT_TRUE(same_bits(weights, sequence_weights)) << context << ": weights";
@@ -747,6 +752,13 @@ TEST_F(CudaBackendTest, MatmulPairFusedIsTwoMatmuls) {
       }
       const std::string context =
           fmt::format("{} second, n_tokens={}", dtype_name(second_type), n_tokens);
+      const size_t n_kernels = kernels_for([&](cuda::OpLaunches& ops) {
+                                 MatmulOp op = first;
+                                 op.second = second;
+                                 ops.matmul(op);
+                               }).size();
+      EXPECT_EQ(n_kernels, second_type == DType::Q4_K && n_tokens <= 8 ? 1u : 2u)
+          << context << ": one rows launch for a pair of one format";
       EXPECT_TRUE(same_bits(outputs[1][0], outputs[0][0])) << context << ": first product";
       EXPECT_TRUE(same_bits(outputs[1][1], outputs[0][1])) << context << ": second product";
       size_t finite = 0;
@@ -831,6 +843,19 @@ TEST_F(CudaBackendTest, MoeWithSharedExpertsFusedIsTheSequence) {
           fmt::format("n_tokens={} {}-bit", n_tokens, bits == ActivationBits::Eight ? 8 : 16);
       EXPECT_TRUE(same_bits(slots[1], slots[0])) << context << ": routed slots";
       EXPECT_TRUE(same_bits(outputs[1], outputs[0])) << context << ": shared experts";
+      // Decode (rows kernels): the shared experts inside one gate/up and one down launch.
+      const std::string kernels = kernel_list(kernels_for([&](cuda::OpLaunches& ops) {
+        MoeOp run = op;
+        run.slots = run.shared.output = nullptr;
+        ops.moe(run);
+      }));
+      const std::string fused = bits == ActivationBits::Eight
+                                    ? "quantize_q8_kernel expert_gate_up_rows quantize_q8_kernel "
+                                      "expert_down_rows"
+                                    : "expert_gate_up_rows expert_down_rows";
+      if (n_tokens < 16) {
+        EXPECT_EQ(kernels, fused) << context;
+      }
       size_t finite = 0;
       for (float v : outputs[1]) finite += std::isfinite(v);
       EXPECT_EQ(finite, out_floats) << context << ": shared experts not all written";
@@ -1021,6 +1046,19 @@ TEST_F(CudaBackendTest, MoeReduceFusedNextNormIsTheSequence) {
       x[fused] = to_host(gpu(), x_dev);
       h[fused] = to_host(gpu(), h_dev);
     }
+    const std::string kernels = kernel_list(kernels_for([&](cuda::OpLaunches& ops) {
+      ops.moe_reduce({.slots = slots_dev.data(),
+                      .weights = weights_dev.data(),
+                      .n_tokens = n_tokens,
+                      .top_k = top_k,
+                      .dim = dim,
+                      .output = nullptr,
+                      .residual = nullptr,
+                      .norm_weight = norm_dev.data(),
+                      .norm_eps = 1e-6f,
+                      .norm_output = nullptr});
+    }));
+    EXPECT_EQ(kernels, "reduce_norm_kernel");
     EXPECT_TRUE(same_bits(x[1], x[0])) << "n_tokens=" << n_tokens << ": the residual";
     EXPECT_TRUE(same_bits(h[1], h[0])) << "n_tokens=" << n_tokens << ": the next layer's input";
     EXPECT_FALSE(same_bits(h[1], x[1])) << "the norm was not applied";

@@ -23,6 +23,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_devices.h"
+#include "backends/cuda/launch_record.h"
+#include "backends/cuda/op_launches.h"
 #include "backends/sim/sim_backend.h"
 #include "core/backend.h"
 #include "core/blocks.h"
@@ -32,6 +34,27 @@
 #include "test_weights.h"
 
 namespace tandem::test {
+
+// The kernels the CUDA backend launches for what fn asks of an OpLaunches (op_launches.h),
+// recorded, nothing run: a fused test checks that its fused path is the one taken.
+template <class Fn>
+std::vector<cuda::KernelLaunch> kernels_for(Fn&& fn) {
+  std::vector<char> scratch;  // recorded launchers never read or write it
+  cuda::OpLaunches ops(nullptr, [&](cuda::Scratch, size_t bytes) {
+    if (scratch.size() < bytes) scratch.resize(bytes);
+    return static_cast<void*>(scratch.data());
+  });
+  std::vector<cuda::KernelLaunch> launched;
+  cuda::RecordLaunches recording(launched);
+  fn(ops);
+  return launched;
+}
+
+inline std::string kernel_list(const std::vector<cuda::KernelLaunch>& launched) {
+  std::string names;
+  for (const cuda::KernelLaunch& k : launched) names += (names.empty() ? "" : " ") + k.kernel;
+  return names;
+}
 
 // The GPU the tests run on: cuda:0, or null after marking the current test skipped (call it from
 // SetUp, where a skip stops the test body, or return when it gives null).

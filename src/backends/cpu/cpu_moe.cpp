@@ -11,13 +11,7 @@
 namespace tandem::cpu {
 
 void CpuBackend::moe_route(const MoeRouteOp& op) {
-  if (op.router.data)  // the router's product first (MoeRouteOp::router)
-    matmul({.weight = op.router,
-            .input = op.input,
-            .output = op.logits,
-            .n_tokens = op.n_tokens,
-            .kernels = op.kernels,
-            .bias = op.router_bias});
+  if (op.router.data) matmul(router_product(op));  // the router's product first
   const RouteParams p = route_params(op);
   TANDEM_CHECK(p.top_k >= 1 && p.top_k <= p.n_expert && p.n_groups >= 1 &&
                p.n_expert % p.n_groups == 0);
@@ -108,6 +102,7 @@ void CpuBackend::moe(const MoeOp& op) {
 
 void CpuBackend::moe_reduce(const MoeReduceOp& op) {
   TANDEM_CHECK((!op.shared && !op.norm_weight) || op.residual);
+  TANDEM_CHECK(!op.norm_weight || op.norm_output);
   const int64_t K = op.top_k, D = op.dim;
   for (int64_t t = 0; t < op.n_tokens; ++t) {
     float* out = op.output + t * D;

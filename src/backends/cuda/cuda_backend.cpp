@@ -515,6 +515,7 @@ void CudaBackend::moe(const MoeOp& op) {
 
 void CudaBackend::moe_reduce(const MoeReduceOp& op) {
   TANDEM_CHECK((!op.shared && !op.norm_weight) || op.residual);
+  TANDEM_CHECK(!op.norm_weight || op.norm_output);
   activate();
   ops_->moe_reduce(op);
 }

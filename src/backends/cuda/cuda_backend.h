@@ -65,7 +65,7 @@ class CudaBackend final : public Backend {
   void rms_norm(const RmsNormOp& op) override;
   void rope(const RopeOp& op) override;
   void kv_store(const KvStoreOp& op) override;
-  void store_latent(const LatentStoreOp& op) override;  // one launch (Backend's: three)
+  void store_latent(const LatentStoreOp& op) override;  // one launch (Backend's: three or four)
   void mla_attention(const MlaAttentionOp& op) override;
   void attention(const AttentionOp& op) override;
   void moe_route(const MoeRouteOp& op) override;

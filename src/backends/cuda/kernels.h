@@ -95,8 +95,8 @@ struct ExpertBiases {
   const float* down = nullptr;
   FfnActivation activation = FfnActivation::SwiGlu;
 };
-// act[i] = activation(gate_e · x_t + bias, up_e · x_t + bias) for sorted entry i (expert e, token
-// t), [max_slots, ffn] (then the shared experts' rows, ExpertSlots::shared): `tiled` picks the
+// act[i] = activation(gate_e · x_t + bias, up_e · x_t + bias) for entry i (expert e, token t),
+// [max_slots, ffn] (then the shared experts' rows, ExpertSlots::shared): `tiled` picks the
 // tensor-core tiles, else one warp per row and entry.
 void expert_gate_up(DType type, const void* gate, const void* up, int64_t ffn, int64_t dim,
                     uint64_t row_bytes, uint64_t mat_bytes, const float* input,
@@ -127,7 +127,9 @@ void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint
 // kernel, the routing by the block that finishes last, counted on `done` (one device counter, 0
 // between launches: it is left 0). For F32 routers and up to 8 tokens (can_route_with_router).
 bool can_route_with_router(const MoeRouteOp& op);
-void router_then_route(const MoeRouteOp& op, unsigned* done, cudaStream_t stream);
+// `m`: the router's product as matmul_rows would take it (MoeRouteOp::router's).
+void router_then_route(const MatmulLaunch& m, const MoeRouteOp& op, unsigned* done,
+                       cudaStream_t stream);
 
 // ---- cuda_moe.cu ----
 

@@ -398,7 +398,7 @@ void launch_tiled(const Map& map, int64_t rows, int64_t cols, uint64_t row_bytes
   launch("tiled_kernel", tiled_kernel<Dec, Map>, grid, 128, 0, stream, map, rows, cols, row_bytes);
 }
 
-// ---- experts, rows path: one warp per (R rows, sorted entry) ----
+// ---- experts, rows path: one warp per (R rows, entry), entries sorted or not (ExpertSlots) ----
 
 // Rows a warp of the expert kernels takes: gate/up takes R rows of each (2R row streams).
 constexpr int kExpertGateUpRows = 1, kExpertDownRows = 2;
@@ -468,7 +468,7 @@ struct Q8Input {
 __device__ __forceinline__ int32_t entry_expert(const ExpertSlots& s, int entry) {
   if (!s.expert_ids) return entry < s.n_active[0] ? s.expert_of[entry] : -1;
   const int32_t e = s.expert_ids[entry];
-  if (e < 0) __trap();  // routing wrote it: a bug if out of range (as sort_kernel checks)
+  if (e < 0) __trap();  // routing wrote it: negative is a bug (the range is the routing's)
   return s.local_index ? s.local_index[e] : e;
 }
 
@@ -688,18 +688,8 @@ bool can_route_with_router(const MoeRouteOp& op) {
          p.n_groups <= 8 * kWarpSize;
 }
 
-void router_then_route(const MoeRouteOp& op, unsigned* done, cudaStream_t stream) {
-  const MatmulLaunch m{.type = DType::F32,
-                       .weights = op.router.data,
-                       .rows = op.router.rows,
-                       .cols = op.router.cols,
-                       .row_bytes = op.router.row_bytes,
-                       .mat_bytes = op.router.matrix_bytes(),
-                       .input = op.input,
-                       .input_stride = op.router.cols,
-                       .output = op.logits,
-                       .output_stride = op.router.rows,
-                       .n_tokens = op.n_tokens};
+void router_then_route(const MatmulLaunch& m, const MoeRouteOp& op, unsigned* done,
+                       cudaStream_t stream) {
   const RouteParams p = route_params(op);
   const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0;
   const size_t scratch = size_t(kRowsPerBlock * route_smem_floats(p)) * sizeof(float);

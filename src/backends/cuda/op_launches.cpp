@@ -26,6 +26,21 @@ bool tiled(KernelChoice kernels, int64_t n_tokens) {
   return false;
 }
 
+// A one-matrix MatmulOp as the matmul kernels take it (its pair and bias aside).
+MatmulLaunch launch_of(const MatmulOp& op) {
+  return {.type = op.weight.type,
+          .weights = op.weight.data,
+          .rows = op.weight.rows,
+          .cols = op.weight.cols,
+          .row_bytes = op.weight.row_bytes,
+          .mat_bytes = op.weight.matrix_bytes(),
+          .input = op.input,
+          .input_stride = op.weight.cols,
+          .output = op.output,
+          .output_stride = op.weight.rows,
+          .n_tokens = op.n_tokens};
+}
+
 }  // namespace
 
 void OpLaunches::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
@@ -35,17 +50,7 @@ void OpLaunches::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 
 void OpLaunches::matmul(const MatmulOp& op) {
   if (op.n_tokens == 0) return;
-  MatmulLaunch m{.type = op.weight.type,
-                 .weights = op.weight.data,
-                 .rows = op.weight.rows,
-                 .cols = op.weight.cols,
-                 .row_bytes = op.weight.row_bytes,
-                 .mat_bytes = op.weight.matrix_bytes(),
-                 .input = op.input,
-                 .input_stride = op.weight.cols,
-                 .output = op.output,
-                 .output_stride = op.weight.rows,
-                 .n_tokens = op.n_tokens};
+  MatmulLaunch m = launch_of(op);
   // The pair in one launch where both are one matrix of one format and width.
   const bool pair = op.second.data && op.second.type == op.weight.type &&
                     op.second.cols == op.weight.cols && op.weight.n_mats == 1 &&
@@ -139,31 +144,28 @@ void OpLaunches::attention(const AttentionOp& op) {
 void OpLaunches::moe_route(const MoeRouteOp& op) {
   if (op.n_tokens == 0) return;
   if (op.router.data && !tiled(op.kernels, op.n_tokens) && can_route_with_router(op))
-    return router_then_route(op, scratch<unsigned>(Scratch::RouteDone, 1), stream_);
-  if (op.router.data)  // the sequence MoeRouteOp::router stands for
-    matmul({.weight = op.router,
-            .input = op.input,
-            .output = op.logits,
-            .n_tokens = op.n_tokens,
-            .kernels = op.kernels,
-            .bias = op.router_bias});
+    return router_then_route(launch_of(router_product(op)), op,
+                             scratch<unsigned>(Scratch::RouteDone, 1), stream_);
+  if (op.router.data) matmul(router_product(op));  // the sequence MoeRouteOp::router stands for
   cuda::moe_route(op, stream_);
 }
 
-// The slots of the experts held here, for prompts sorted by expert on the device (no host round
-// trip) into tiles, at decode taken straight from the routing; then gate/up with the activation
-// and down over the entries: one launch each for all the experts, the layer's shared experts
-// (MoeOp::shared) among them at decode when their matrices are in the routed ones' formats.
-// CudaBackend::moe has checked the formats (gate and up alike, rows a multiple of 8).
+// The slots of the experts held here, for the tiles (prompts) sorted by expert on the device (no
+// host round trip), for the rows kernels (decode) taken straight from the routing; then gate/up
+// with the activation and down over the entries: one launch each for all the experts, the layer's
+// shared experts (MoeOp::shared) among them at decode when their matrices are in the routed ones'
+// formats. CudaBackend::moe has checked the formats (gate and up alike, rows a multiple of 8).
 void OpLaunches::moe(const MoeOp& op) {
   const int64_t n_slots = op.n_tokens * op.top_k, held = op.gate.n_mats;
   if (n_slots == 0) return;
   const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
   const bool use_tiles = tiled(op.kernels, op.step_tokens > 0 ? op.step_tokens : op.n_tokens);
   const SharedExpertsOp& shared = op.shared;
+  // The kernels address the shared gate/up rows with the routed ones' row size.
   const bool fuse_shared = shared.gate.data && !use_tiles && shared.gate.type == op.gate.type &&
                            shared.up.type == op.gate.type && shared.down.type == op.down.type &&
-                           op.ffn_dims % 32 == 0 && shared.ffn_dims % 32 == 0;
+                           shared.gate.row_bytes == op.gate.row_bytes && op.ffn_dims % 32 == 0 &&
+                           shared.ffn_dims % 32 == 0;
   if (shared.gate.data && !fuse_shared) {  // the sequence SharedExpertsOp stands for
     moe(shared_experts_moe(op));
     moe_reduce(shared_experts_reduce(op));

@@ -24,6 +24,9 @@ __device__ __forceinline__ void route_token_warp(const MoeRouteOp& op, const Rou
   constexpr int kWarp = 32;
   const int lane = threadIdx.x % kWarp;
   const int64_t E = p.n_expert;
+  // A warp may route several tokens in turn on the same scratch: lane 0 finishes the last one's
+  // weights (it alone reads probs at the end) before any lane writes this one's.
+  __syncwarp();
   float* probs = smem;
   float* selection = probs + E;
   float* group_scores = selection + E;
