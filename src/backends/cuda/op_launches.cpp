@@ -158,7 +158,6 @@ void OpLaunches::moe_route(const MoeRouteOp& op) {
 void OpLaunches::moe(const MoeOp& op) {
   const int64_t n_slots = op.n_tokens * op.top_k, held = op.gate.n_mats;
   if (n_slots == 0) return;
-  const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
   const bool use_tiles = tiled(op.kernels, op.step_tokens > 0 ? op.step_tokens : op.n_tokens);
   const SharedExpertsOp& shared = op.shared;
   // The kernels address the shared gate/up rows with the routed ones' row size.
@@ -172,6 +171,7 @@ void OpLaunches::moe(const MoeOp& op) {
   }
   ExpertSlots s{.max_slots = n_slots, .top_k = op.top_k};
   if (use_tiles) {  // the tiles take an expert's entries together: sorted on the device
+    const int64_t max_tiles = (n_slots + 63) / 64 + std::min(held, n_slots);
     s.order = scratch<int32_t>(Scratch::Order, n_slots);
     s.expert_of = scratch<int32_t>(Scratch::ExpertOf, n_slots);
     int32_t* counters = scratch<int32_t>(Scratch::Counters, 2);
