@@ -71,19 +71,31 @@ MoeReduceOp shared_experts_reduce(const MoeOp& routed) {
                      .output = s.output};
 }
 
+RopeOp query_rope(const MlaAttentionOp& op) {
+  const int64_t q_row = op.nope_dims + op.cache.rope_dims;
+  return {.data = op.q,
+          .positions = op.positions,
+          .n_tokens = op.n_tokens,
+          .n_heads = op.n_heads,
+          .head_stride = q_row,
+          .token_stride = op.n_heads * q_row,
+          .offset = op.nope_dims,
+          .params = op.rope};
+}
+
 void Backend::store_latent(const LatentStoreOp& op) {
   const int64_t row = op.cache.row();
   TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
                op.cache.rope_dims == op.rope.rope_dims);
-  if (op.queries)
-    rope({.data = op.queries,
-          .positions = op.positions,
-          .n_tokens = op.n_tokens,
-          .n_heads = op.query_heads,
-          .head_stride = op.query_head_stride,
-          .token_stride = op.query_token_stride,
-          .offset = op.query_offset,
-          .params = op.rope});
+  if (op.query_lora)
+    rms_norm({.input = op.query_lora,
+              .weight = op.query_lora_norm,
+              .output = op.query_lora,
+              .n_rows = op.n_tokens,
+              .dim = op.query_lora_dims,
+              .input_stride = op.query_lora_dims,
+              .output_stride = op.query_lora_dims,
+              .eps = op.eps});
   rms_norm({.input = op.rows,
             .weight = op.norm_weight,
             .output = op.rows,

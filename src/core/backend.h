@@ -160,7 +160,7 @@ struct KvLayerView {
 //   out = Wvb_h · o_lat [v_head].
 // The token's own latent must already be stored in the cache (kv_store).
 struct MlaAttentionOp {
-  const float* q;            // [n_tokens, n_heads, nope + rope], rope part already rotated
+  float* q;                  // [n_tokens, n_heads, nope + rope], rope part rotated (see below)
   WeightView k_b;            // [n_heads] x [kv_lora rows, nope cols]
   WeightView v_b;            // [n_heads] x [v_head rows, kv_lora cols]
   KvLayerView cache;
@@ -170,7 +170,15 @@ struct MlaAttentionOp {
   float scale;
   float* output;             // [n_tokens, n_heads, v_head]
   KernelChoice kernels = KernelChoice::ByTokenCount;  // of the per-head projections
+  // Optional: q's rope dims not rotated yet. The op is then the sequence rope(query_rope(op))
+  // and the attention, bit for bit; q's rope dims are left rotated or as they were (a GPU
+  // rotates them as it reads them: MLA's queries made ready in the attention's launch).
+  bool rotate_queries = false;
+  RopeParams rope{};
 };
+
+// The rope of an MlaAttentionOp's queries (MlaAttentionOp::rotate_queries).
+RopeOp query_rope(const MlaAttentionOp& op);
 
 // Writes each token's row into the cache at its position (its ring slot for a window layer):
 // the latent row (already normalized and rotated), or the keys (rotated) and values.
@@ -184,8 +192,9 @@ struct KvStoreOp {
 };
 
 // A token's latent row made ready and stored (MLA, after the kv_a product): defined as the
-// sequence rope of the queries (when given), rms_norm of its first norm_dims (norm_weight, eps),
-// rope of the rope dims after them (one head), kv_store, in place and bit for bit. Backends without
+// sequence rms_norm of the q LoRA rows (when given), rms_norm of its first norm_dims
+// (norm_weight, eps), rope of the rope dims after them (one head), kv_store, in place and bit for
+// bit. Backends without
 // a fused form run that sequence (Backend::store_latent); the CUDA backend does it in one launch.
 struct LatentStoreOp {
   float* rows;  // [n_tokens, cache.row()]: kv_lora_rank = norm_dims, then rope.rope_dims
@@ -197,11 +206,13 @@ struct LatentStoreOp {
   const int32_t* positions;  // [n_tokens]
   const int32_t* seq_ids;    // [n_tokens]
   int64_t n_tokens;
-  // Optional (null: none), done first: the queries' rope at the same positions with the same
-  // params, as rope() of `queries` with these strides (query_offset: the rotated dims' start in
-  // a head). MLA's queries and latent made ready in one launch.
-  float* queries = nullptr;
-  int64_t query_heads = 0, query_head_stride = 0, query_token_stride = 0, query_offset = 0;
+  // Optional (null: none), done first: q LoRA's norm (DeepSeek-V3), rms_norm in place of
+  // query_lora [n_tokens, query_lora_dims] by query_lora_norm with the same eps, so that the
+  // queries' second product can follow the store and the attention rotate them
+  // (MlaAttentionOp::rotate_queries): both norms in one launch.
+  float* query_lora = nullptr;
+  const float* query_lora_norm = nullptr;
+  int64_t query_lora_dims = 0;
 };
 
 // Grouped-query attention over a key/value cache. For each token t and head h, with kv head
@@ -248,6 +259,10 @@ struct MoeRouteOp {
   const float* input = nullptr;  // [n_tokens, dim]
   const float* router_bias = nullptr;
   KernelChoice kernels = KernelChoice::ByTokenCount;
+  // A hint that changes no result: the MoeOp that follows on this backend takes `input` too (it
+  // has input_prepared set, and nothing writes `input` between). A backend may prepare that
+  // op's activations here: the CUDA backend quantizes them in the router's launch.
+  bool prepare_experts_input = false;
 };
 
 // The expert FFN's activation of gate and up: silu(g) * u, or gpt-oss's clamped form
@@ -296,6 +311,9 @@ struct MoeOp {
   const float* up_bias = nullptr;    // [held experts, ffn_dims]
   const float* down_bias = nullptr;  // [held experts, dim]
   SharedExpertsOp shared{};          // the layer's shared experts, run first (SharedExpertsOp)
+  // The MoeRouteOp just before on this backend had prepare_experts_input over this input; a
+  // backend uses what it prepared there only when it did (results are the same either way).
+  bool input_prepared = false;
 };
 
 // output[t] = Σ_k weights[t, k] · slots[t, k], k in order; `output` is overwritten.

@@ -140,38 +140,19 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
   float* kv = ws.get(W::kLatent, T * kv_row);
   float* attn = ws.get(W::kAttention, T * heads * hp_.v_head_dim);
   float* out = s.out;
-  // The queries' first product and the compressed latent (kv_a) over the same input, one op.
-  if (hp_.q_lora_rank > 0) {
-    const int64_t q_lora = hp_.q_lora_rank;
-    float* q_a = ws.get(W::kQueryLora, T * q_lora);
-    be.matmul({.weight = l.q_a,
-               .input = h,
-               .output = q_a,
-               .n_tokens = T,
-               .kernels = batch.kernels,
-               .second = l.kv_a_mqa,
-               .second_output = kv});
-    be.rms_norm({.input = q_a,
-                 .weight = l.q_a_norm,
-                 .output = q_a,
-                 .n_rows = T,
-                 .dim = q_lora,
-                 .input_stride = q_lora,
-                 .output_stride = q_lora,
-                 .eps = eps});
-    be.matmul(
-        {.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
-  } else {
-    be.matmul({.weight = l.q,
-               .input = h,
-               .output = q,
-               .n_tokens = T,
-               .kernels = batch.kernels,
-               .second = l.kv_a_mqa,
-               .second_output = kv});
-  }
-  // The latent (normalized) and the shared rope key of each token, stored; the queries' rope in
-  // the same op.
+  // The queries' first product (q, or q_a with q LoRA) and the compressed latent (kv_a) over the
+  // same input, one op.
+  const int64_t q_lora = hp_.q_lora_rank;
+  float* q_a = q_lora > 0 ? ws.get(W::kQueryLora, T * q_lora) : nullptr;
+  be.matmul({.weight = q_a ? l.q_a : l.q,
+             .input = h,
+             .output = q_a ? q_a : q,
+             .n_tokens = T,
+             .kernels = batch.kernels,
+             .second = l.kv_a_mqa,
+             .second_output = kv});
+  // The latent (normalized) and the shared rope key of each token, stored; q_a's norm in the
+  // same op, then the queries' second product.
   be.store_latent({.rows = kv,
                    .norm_weight = l.kv_a_norm,
                    .norm_dims = lora,
@@ -181,11 +162,13 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
                    .positions = in.positions,
                    .seq_ids = in.seq_ids,
                    .n_tokens = T,
-                   .queries = q,
-                   .query_heads = heads,
-                   .query_head_stride = q_row,
-                   .query_token_stride = heads * q_row,
-                   .query_offset = nope});
+                   .query_lora = q_a,
+                   .query_lora_norm = q_a ? l.q_a_norm : nullptr,
+                   .query_lora_dims = q_lora});
+  if (q_a)
+    be.matmul(
+        {.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
+  // The queries' rope inside the attention op.
   be.mla_attention({.q = q,
                     .k_b = l.k_b,
                     .v_b = l.v_b,
@@ -198,7 +181,9 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
                     .v_head_dims = hp_.v_head_dim,
                     .scale = attention_scale_,
                     .output = attn,
-                    .kernels = batch.kernels});
+                    .kernels = batch.kernels,
+                    .rotate_queries = true,
+                    .rope = rope_});
   be.matmul({.weight = l.attn_output,
              .input = attn,
              .output = out,
@@ -307,16 +292,12 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
   const int64_t lora = hp_.kv_lora_rank, kv_row = hp_.kv_cache_dims(), q_row = hp_.qk_head_dim();
   const float eps = hp_.rms_norm_eps;
   // On the layer's device: the queries' input (q_a normed, or h itself without q LoRA) and the
-  // normed, roped latent of each token, stored in its cache.
+  // normed, roped latent of each token, stored in its cache (q_a's norm in the same op).
   const int64_t q_in = hp_.q_lora_rank > 0 ? hp_.q_lora_rank : embd;
-  const float* q_input = h;
-  if (hp_.q_lora_rank > 0) {
-    float* q_a = ws.get(W::kQueryLora, T * q_in);
+  float* q_a = hp_.q_lora_rank > 0 ? ws.get(W::kQueryLora, T * q_in) : nullptr;
+  if (q_a)
     be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
-    be.rms_norm({.input = q_a, .weight = l.q_a_norm, .output = q_a, .n_rows = T, .dim = q_in,
-                 .input_stride = q_in, .output_stride = q_in, .eps = eps});
-    q_input = q_a;
-  }
+  const float* q_input = q_a ? q_a : h;
   float* kv = ws.get(W::kLatent, T * kv_row);
   be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
   be.store_latent({.rows = kv,
@@ -327,7 +308,10 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
                    .cache = cache,
                    .positions = ws.inputs.positions,
                    .seq_ids = ws.inputs.seq_ids,
-                   .n_tokens = T});
+                   .n_tokens = T,
+                   .query_lora = q_a,
+                   .query_lora_norm = q_a ? l.q_a_norm : nullptr,
+                   .query_lora_dims = q_a ? q_in : 0});
 
   // Each share: its heads' queries, attention and part of the output projection. The other
   // devices' shares are started first (their devices work while this one does its own).
@@ -342,13 +326,23 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
                     .n_tokens = T});
     float* q = dws.get(W::kQuery, T * n * q_row);
     float* attn = dws.get(W::kAttention, T * n * hp_.v_head_dim);
-    dev.matmul({.weight = shard.q, .input = input, .output = q, .n_tokens = T, .kernels = batch.kernels});
-    dev.rope({.data = q, .positions = in.positions, .n_tokens = T, .n_heads = n,
-              .head_stride = q_row, .token_stride = n * q_row, .offset = nope, .params = rope_});
-    dev.mla_attention({.q = q, .k_b = shard.k_b, .v_b = shard.v_b, .cache = view,
-                       .positions = in.positions, .seq_ids = in.seq_ids, .n_tokens = T,
-                       .n_heads = n, .nope_dims = nope, .v_head_dims = hp_.v_head_dim,
-                       .scale = attention_scale_, .output = attn, .kernels = batch.kernels});
+    dev.matmul(
+        {.weight = shard.q, .input = input, .output = q, .n_tokens = T, .kernels = batch.kernels});
+    dev.mla_attention({.q = q,
+                       .k_b = shard.k_b,
+                       .v_b = shard.v_b,
+                       .cache = view,
+                       .positions = in.positions,
+                       .seq_ids = in.seq_ids,
+                       .n_tokens = T,
+                       .n_heads = n,
+                       .nope_dims = nope,
+                       .v_head_dims = hp_.v_head_dim,
+                       .scale = attention_scale_,
+                       .output = attn,
+                       .kernels = batch.kernels,
+                       .rotate_queries = true,
+                       .rope = rope_});
     dev.matmul({.weight = shard.attn_output, .input = attn, .output = partial, .n_tokens = T,
                 .kernels = batch.kernels});
   };

@@ -202,9 +202,12 @@ void Transformer::ffn(uint32_t il, LayerStep& s) {
 
 // The layer's routing for `h`: top-k expert ids and weights per token, in the layer device's
 // memory; `counts` (or null) counts the choices. The router's product is part of the op
-// (MoeRouteOp::router): a GPU routes in the launch that computes the logits.
+// (MoeRouteOp::router): a GPU routes in the launch that computes the logits, and with
+// `prepare_experts_input` (the layer device's MoeOp over `h` comes next) also quantizes `h`
+// for the experts there.
 void Transformer::route(const FfnLayer& l, const float* h, int64_t T, KernelChoice kernels,
-                        int32_t* ids, float* weights, uint64_t* counts) {
+                        int32_t* ids, float* weights, uint64_t* counts,
+                        bool prepare_experts_input) {
   Backend& be = *l.device;
   float* logits = workspace(be).get(Workspace::kRouter, T * info_.n_expert);
   const MoeConfig& c = l.config;
@@ -224,7 +227,8 @@ void Transformer::route(const FfnLayer& l, const float* h, int64_t T, KernelChoi
                 .router = l.router,
                 .input = h,
                 .router_bias = l.router_bias,
-                .kernels = kernels});
+                .kernels = kernels,
+                .prepare_experts_input = prepare_experts_input});
 }
 
 bool Transformer::start_reading_expert(const FfnLayer& l, int32_t e, bool urgent) const {
@@ -258,7 +262,8 @@ void Transformer::read_ahead_on_host(const FfnLayer& l, const float* h, const in
     const FfnLayer& next = ffn_[il + 1];
     Workspace& ws = workspace(*l.device);
     int32_t* guess = ws.ints(W::kGuessIds, T * k);
-    route(next, h, T, kernels, guess, ws.get(W::kGuessWeights, T * k), /*counts=*/nullptr);
+    route(next, h, T, kernels, guess, ws.get(W::kGuessWeights, T * k), /*counts=*/nullptr,
+          /*prepare_experts_input=*/false);
     bool reading = false;
     for (int64_t s = 0; s < T * k; ++s)
       if (!expert_seen_[il + 1][size_t(guess[s])])
@@ -318,7 +323,7 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
   const int64_t embd = info_.n_embd, k = info_.n_expert_used, slot_floats = T * k * embd;
   int32_t* ids = ws.ints(W::kExpertIds, T * k);
   float* weights = ws.get(W::kExpertWeights, T * k);
-  route(l, h, T, kernels, ids, weights, l.route_counts);
+  route(l, h, T, kernels, ids, weights, l.route_counts, /*prepare_experts_input=*/true);
   if (be.uses_host_memory()) read_ahead_on_host(l, h, ids, T, kernels);
 
   float* slots = ws.get(W::kSlots, slot_floats);
@@ -409,6 +414,7 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
       const SharedExpertsOp shared = own.shared;
       own = op_for(shard, h, ids, slots);
       own.shared = shared;
+      own.input_prepared = true;  // by route() above (MoeRouteOp::prepare_experts_input)
     }
   if (own.gate.data) {
     be.moe(own);

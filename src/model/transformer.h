@@ -212,7 +212,7 @@ class Transformer : public Model {
   // s.next_norm is set.
   void routed_experts(const FfnLayer& layer, LayerStep& s, float* shared_out);
   void route(const FfnLayer& layer, const float* h, int64_t n_tokens, KernelChoice kernels,
-             int32_t* ids, float* weights, uint64_t* counts);
+             int32_t* ids, float* weights, uint64_t* counts, bool prepare_experts_input);
   // After routing on the host: starts reading the chosen experts not read before, and guesses
   // the next layer's (cold starts).
   void read_ahead_on_host(const FfnLayer& layer, const float* h, const int32_t* ids,

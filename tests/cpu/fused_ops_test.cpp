@@ -1,8 +1,9 @@
 // core/backend.h's fused ops give the bits of the sequences they replace (issue 27: GPUs launch
 // them as one kernel; the CPU runs the sequence, and these tests pin down that definition): a
 // MoE layer's slot sum with the residual add and the shared experts' add (MoeReduceOp::residual,
-// ::shared) against moe_reduce, add, add; an MLA latent made ready and stored with its queries'
-// rope (LatentStoreOp) against rope, rms_norm, rope, kv_store; the residual add in front of a norm
+// ::shared) against moe_reduce, add, add; an MLA latent made ready and stored with q LoRA's norm
+// (LatentStoreOp) against rms_norm, rms_norm, rope, kv_store; MLA with its queries' rope
+// (MlaAttentionOp::rotate_queries) against rope, mla_attention; the residual add in front of a norm
 // (RmsNormOp::residual) against add, rms_norm; two products over one input (MatmulOp::second)
 // against two matmuls; routing with the router's product in front (MoeRouteOp::router) against
 // matmul, moe_route; the next layer's norm after the reduce (MoeReduceOp::norm_weight) against
@@ -91,8 +92,9 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
     const std::vector<float> rows0 = gaussian(size_t(n_tokens * row), ++seed);
     const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
     const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
-    const int64_t heads = 3, nope = 16, q_row = nope + rope_dims;
-    const std::vector<float> queries0 = gaussian(size_t(n_tokens * heads * q_row), ++seed);
+    const int64_t q_lora = 72;
+    const std::vector<float> q_lora0 = gaussian(size_t(n_tokens * q_lora), ++seed);
+    const std::vector<float> q_lora_norm = gaussian(size_t(q_lora), ++seed);
     auto view_of = [&](std::vector<float>& cache) {
       return KvLayerView{.data = cache.data(),
                          .n_seq = n_seq,
@@ -101,15 +103,15 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                          .rope_dims = rope_dims};
     };
 
-    std::vector<float> rows_seq = rows0, cache_seq = cache0, queries_seq = queries0;
-    cpu.rope({.data = queries_seq.data(),
-              .positions = positions.data(),
-              .n_tokens = n_tokens,
-              .n_heads = heads,
-              .head_stride = q_row,
-              .token_stride = heads * q_row,
-              .offset = nope,
-              .params = rope});
+    std::vector<float> rows_seq = rows0, cache_seq = cache0, q_lora_seq = q_lora0;
+    cpu.rms_norm({.input = q_lora_seq.data(),
+                  .weight = q_lora_norm.data(),
+                  .output = q_lora_seq.data(),
+                  .n_rows = n_tokens,
+                  .dim = q_lora,
+                  .input_stride = q_lora,
+                  .output_stride = q_lora,
+                  .eps = 1e-6f});
     cpu.rms_norm({.input = rows_seq.data(),
                   .weight = norm_weight.data(),
                   .output = rows_seq.data(),
@@ -132,7 +134,7 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                   .seq_ids = seq_ids.data(),
                   .n_tokens = n_tokens});
 
-    std::vector<float> rows_fused = rows0, cache_fused = cache0, queries_fused = queries0;
+    std::vector<float> rows_fused = rows0, cache_fused = cache0, q_lora_fused = q_lora0;
     cpu.store_latent({.rows = rows_fused.data(),
                       .norm_weight = norm_weight.data(),
                       .norm_dims = lora,
@@ -142,13 +144,11 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                       .positions = positions.data(),
                       .seq_ids = seq_ids.data(),
                       .n_tokens = n_tokens,
-                      .queries = queries_fused.data(),
-                      .query_heads = heads,
-                      .query_head_stride = q_row,
-                      .query_token_stride = heads * q_row,
-                      .query_offset = nope});
-    EXPECT_TRUE(same_bits(queries_fused, queries_seq)) << "ext_factor " << rope.ext_factor;
-    EXPECT_FALSE(same_bits(queries_fused, queries0)) << "the queries were not rotated";
+                      .query_lora = q_lora_fused.data(),
+                      .query_lora_norm = q_lora_norm.data(),
+                      .query_lora_dims = q_lora});
+    EXPECT_TRUE(same_bits(q_lora_fused, q_lora_seq)) << "ext_factor " << rope.ext_factor;
+    EXPECT_FALSE(same_bits(q_lora_fused, q_lora0)) << "q LoRA's rows were not normed";
     EXPECT_TRUE(same_bits(rows_fused, rows_seq)) << "ext_factor " << rope.ext_factor;
     EXPECT_TRUE(same_bits(cache_fused, cache_seq)) << "ext_factor " << rope.ext_factor;
     // Not a test that cannot fail: both parts of the row were changed before the store.
@@ -162,6 +162,80 @@ TEST(FusedOps, LatentStoreIsRmsNormRopeAndKvStore) {
                   0);
       }
     }
+  }
+}
+
+TEST(FusedOps, MlaAttentionRotatingItsQueriesIsRopeThenAttention) {
+  cpu::CpuBackend cpu(2);
+  uint32_t seed = 100;
+  const int64_t lora = 64, rope_dims = 16, row = lora + rope_dims, nope = 32, v_head = 24;
+  const int64_t heads = 3, q_row = nope + rope_dims, n_ctx = 8;
+  const std::vector<int32_t> positions = {3, 4}, seq_ids = {0, 0};
+  const int64_t n_tokens = int64_t(positions.size());
+  const RopeParams yarn{.rope_dims = rope_dims,
+                        .freq_base = 10000.0f,
+                        .freq_scale = 0.25f,
+                        .ext_factor = 1.0f,
+                        .original_ctx = 4096};
+  const RopeParams neox{.rope_dims = rope_dims, .neox = true};
+  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn, neox}) {
+    // Small values: scores of a few units, so every key has weight in the softmax.
+    std::vector<float> cache = test::gaussian(size_t(n_ctx * row), ++seed, 0.5f);
+    const std::vector<float> k_b = test::gaussian(size_t(heads * lora * nope), ++seed, 0.1f);
+    const std::vector<float> v_b = test::gaussian(size_t(heads * v_head * lora), ++seed, 0.1f);
+    const std::vector<float> q0 = test::gaussian(size_t(n_tokens * heads * q_row), ++seed, 0.5f);
+    auto stack = [](const std::vector<float>& w, int64_t rows, int64_t cols) {
+      return WeightView{.type = DType::F32,
+                        .data = w.data(),
+                        .cols = cols,
+                        .rows = rows,
+                        .n_mats = 3,
+                        .row_bytes = uint64_t(cols) * sizeof(float)};
+    };
+    const MlaAttentionOp attend{.q = nullptr,
+                                .k_b = stack(k_b, lora, nope),
+                                .v_b = stack(v_b, v_head, lora),
+                                .cache = {.data = cache.data(),
+                                          .n_seq = 1,
+                                          .n_ctx = n_ctx,
+                                          .kv_lora_rank = lora,
+                                          .rope_dims = rope_dims},
+                                .positions = positions.data(),
+                                .seq_ids = seq_ids.data(),
+                                .n_tokens = n_tokens,
+                                .n_heads = heads,
+                                .nope_dims = nope,
+                                .v_head_dims = v_head,
+                                .scale = 0.1f,
+                                .output = nullptr};
+    std::vector<float> q_seq = q0, out_seq(size_t(n_tokens * heads * v_head));
+    cpu.rope({.data = q_seq.data(),
+              .positions = positions.data(),
+              .n_tokens = n_tokens,
+              .n_heads = heads,
+              .head_stride = q_row,
+              .token_stride = heads * q_row,
+              .offset = nope,
+              .params = rope});
+    MlaAttentionOp plain = attend;
+    plain.q = q_seq.data();
+    plain.output = out_seq.data();
+    cpu.mla_attention(plain);
+
+    std::vector<float> q_fused = q0, out_fused(out_seq.size());
+    MlaAttentionOp fused = attend;
+    fused.q = q_fused.data();
+    fused.output = out_fused.data();
+    fused.rotate_queries = true;
+    fused.rope = rope;
+    cpu.mla_attention(fused);
+    EXPECT_TRUE(same_bits(out_fused, out_seq)) << "ext_factor " << rope.ext_factor;
+    // Not a test that cannot fail: unrotated queries score the keys differently.
+    std::vector<float> q_unrotated = q0, out_unrotated(out_seq.size());
+    plain.q = q_unrotated.data();
+    plain.output = out_unrotated.data();
+    cpu.mla_attention(plain);
+    EXPECT_FALSE(same_bits(out_unrotated, out_seq)) << "ext_factor " << rope.ext_factor;
   }
 }
 

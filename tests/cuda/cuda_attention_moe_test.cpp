@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -154,7 +155,7 @@ TEST_F(CudaBackendTest, KvStoreAndMlaAttentionMatchCpu) {
           std::copy_n(earlier.begin() + q * n_ctx * row, step.filled[size_t(q)] * row,
                       cache.begin() + q * n_ctx * row);
         const std::vector<float> rows = gaussian(size_t(T * row), ++seed);
-        const std::vector<float> q = gaussian(size_t(T * H * q_stride), ++seed);
+        std::vector<float> q = gaussian(size_t(T * H * q_stride), ++seed);
         const auto cache_dev = to_device(gpu(), cache);
         const auto rows_dev = to_device(gpu(), rows), q_dev = to_device(gpu(), q);
         const auto positions_dev = to_device(gpu(), step.positions);
@@ -233,6 +234,67 @@ TEST_F(CudaBackendTest, KvStoreAndMlaAttentionMatchCpu) {
           "%.3g\n",
           static_cast<long long>(s.lora), std::string(dtype_name(type)).c_str(), vs_cpu_all.error,
           mla_bound_vs_cpu(type), vs_exact_all.error, cpu_vs_exact_all.error);
+    }
+  }
+}
+
+// The queries' rope inside MLA (MlaAttentionOp::rotate_queries: each block rotates its copy as
+// it loads them) gives the bits of rope then attention on the same device: a decode token (the
+// split kernels) and a prompt chunk (one block a token's splits); plain rope, YaRN and NeoX.
+TEST_F(CudaBackendTest, MlaAttentionFusedQueryRopeIsTheSequence) {
+  const int64_t lora = 512, rope_dims = 64, nope = 128, v_head = 128, H = 16, n_ctx = 96;
+  const int64_t row = lora + rope_dims, q_stride = nope + rope_dims;
+  uint32_t seed = 6400;
+  const auto k_b_dev = to_device(
+      gpu(), make_weights(DType::Q8_0, H * lora, nope, ++seed, 1.0f / std::sqrt(float(nope))));
+  const auto v_b_dev = to_device(
+      gpu(), make_weights(DType::Q8_0, H * v_head, lora, ++seed, 1.0f / std::sqrt(float(lora))));
+  const auto cache_dev = to_device(gpu(), gaussian(size_t(n_ctx * row), ++seed));
+  const KvLayerView cache{.data = cache_dev.data(),
+                          .n_seq = 1,
+                          .n_ctx = n_ctx,
+                          .kv_lora_rank = lora,
+                          .rope_dims = rope_dims};
+  const RopeParams yarn{.rope_dims = rope_dims,
+                        .freq_base = 10000.0f,
+                        .freq_scale = 0.025f,
+                        .ext_factor = 1.0f,
+                        .original_ctx = 4096};
+  const RopeParams neox{.rope_dims = rope_dims, .neox = true};
+  std::vector<int32_t> chunk(20);
+  std::iota(chunk.begin(), chunk.end(), 40);
+  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn, neox}) {
+    for (const std::vector<int32_t>& positions : {std::vector<int32_t>{70}, chunk}) {
+      const int64_t T = int64_t(positions.size());
+      const std::vector<float> q = gaussian(size_t(T * H * q_stride), ++seed);
+      const auto positions_dev = to_device(gpu(), positions);
+      const auto seq_dev = to_device(gpu(), std::vector<int32_t>(size_t(T), 0));
+      std::vector<float> out[3];
+      for (int run = 0; run < 3; ++run) {  // rope then attention; fused; unrotated
+        const auto q_dev = to_device(gpu(), q);
+        const auto out_dev = poisoned(gpu(), size_t(T * H * v_head));
+        MlaAttentionOp op{.q = q_dev.data(),
+                          .k_b = weight_view(DType::Q8_0, k_b_dev.data(), lora, nope, H),
+                          .v_b = weight_view(DType::Q8_0, v_b_dev.data(), v_head, lora, H),
+                          .cache = cache,
+                          .positions = positions_dev.data(),
+                          .seq_ids = seq_dev.data(),
+                          .n_tokens = T,
+                          .n_heads = H,
+                          .nope_dims = nope,
+                          .v_head_dims = v_head,
+                          .scale = 0.05f,
+                          .output = out_dev.data()};
+        op.rope = rope;
+        if (run == 0) gpu().rope(query_rope(op));
+        op.rotate_queries = run == 1;
+        gpu().mla_attention(op);
+        out[run] = to_host(gpu(), out_dev);
+      }
+      const std::string context =
+          fmt::format("T={} ext_factor={}{}", T, rope.ext_factor, rope.neox ? " neox" : "");
+      EXPECT_TRUE(same_bits(out[1], out[0])) << context;
+      EXPECT_FALSE(same_bits(out[2], out[0])) << context << ": rotating changes nothing?";
     }
   }
 }
@@ -863,6 +925,94 @@ TEST_F(CudaBackendTest, MoeWithSharedExpertsFusedIsTheSequence) {
   }
 }
 
+// The experts' 8-bit input quantized in the router's launch (MoeRouteOp::prepare_experts_input,
+// MoeOp::input_prepared) gives the slots of the sequence on the same device, and the experts'
+// op then launches no quantize of its own; a MoeOp marked prepared after a routing that did not
+// prepare quantizes as before.
+TEST_F(CudaBackendTest, MoeRouteFusedQuantizesTheExpertsInput) {
+  const int64_t dim = 512, ffn = 256, n_expert = 8, K = 2;
+  uint32_t seed = 7700;
+  const float gate_scale = 1.0f / std::sqrt(float(dim));
+  const auto router_dev = to_device(gpu(), gaussian(size_t(n_expert * dim), ++seed, 0.05f));
+  const auto gate_dev =
+      to_device(gpu(), make_weights(DType::Q4_K, n_expert * ffn, dim, ++seed, gate_scale));
+  const auto up_dev =
+      to_device(gpu(), make_weights(DType::Q4_K, n_expert * ffn, dim, ++seed, gate_scale));
+  const auto down_dev =
+      to_device(gpu(), make_weights(DType::Q6_K, n_expert * dim, ffn, ++seed, 0.0625f));
+  for (int64_t n_tokens : {1, 3}) {
+    const auto x_dev = to_device(gpu(), gaussian(size_t(n_tokens * dim), ++seed));
+    const size_t n_chosen = size_t(n_tokens * K), slot_floats = size_t(n_tokens * K * dim);
+    MoeRouteOp route{.logits = nullptr,
+                     .bias = nullptr,
+                     .n_tokens = n_tokens,
+                     .n_expert = n_expert,
+                     .top_k = K,
+                     .gating = MoeGating::Softmax,
+                     .n_groups = 1,
+                     .n_groups_used = 1,
+                     .normalize = false,
+                     .scale = 1.0f,
+                     .expert_ids = nullptr,
+                     .expert_weights = nullptr};
+    route.router = weight_view(DType::F32, router_dev.data(), n_expert, dim);
+    route.input = x_dev.data();
+    MoeOp moe{.input = x_dev.data(),
+              .gate = weight_view(DType::Q4_K, gate_dev.data(), ffn, dim, n_expert),
+              .up = weight_view(DType::Q4_K, up_dev.data(), ffn, dim, n_expert),
+              .down = weight_view(DType::Q6_K, down_dev.data(), dim, ffn, n_expert),
+              .expert_ids = nullptr,
+              .local_index = nullptr,
+              .n_expert = n_expert,
+              .n_tokens = n_tokens,
+              .top_k = K,
+              .dim = dim,
+              .ffn_dims = ffn,
+              .slots = nullptr,
+              .kernels = KernelChoice::ByTokenCount,
+              .activations = ActivationBits::Eight};
+    std::vector<float> slots[2];
+    std::vector<int32_t> ids[2];
+    for (bool fused : {false, true}) {
+      const auto logits_dev = poisoned(gpu(), size_t(n_tokens * n_expert));
+      const auto ids_dev = to_device(gpu(), std::vector<int32_t>(n_chosen, -7));
+      const auto weights_dev = poisoned(gpu(), n_chosen);
+      const auto slots_dev = poisoned(gpu(), slot_floats);
+      MoeRouteOp r = route;
+      r.logits = logits_dev.data(), r.expert_ids = ids_dev.data();
+      r.expert_weights = weights_dev.data();
+      r.prepare_experts_input = fused;
+      MoeOp m = moe;
+      m.expert_ids = ids_dev.data(), m.slots = slots_dev.data();
+      m.input_prepared = fused;
+      gpu().moe_route(r);
+      gpu().moe(m);
+      slots[fused] = to_host(gpu(), slots_dev);
+      ids[fused] = to_host(gpu(), ids_dev);
+    }
+    const std::string context = fmt::format("n_tokens={}", n_tokens);
+    EXPECT_EQ(ids[1], ids[0]) << context << ": choices";
+    EXPECT_TRUE(same_bits(slots[1], slots[0])) << context << ": slots";
+    auto kernels = [&](bool prepare, bool prepared) {
+      return kernel_list(kernels_for([&](cuda::OpLaunches& ops) {
+        MoeRouteOp r = route;
+        r.prepare_experts_input = prepare;
+        MoeOp m = moe;
+        m.input_prepared = prepared;
+        ops.moe_route(r);
+        ops.moe(m);
+      }));
+    };
+    EXPECT_EQ(kernels(true, true),
+              "router_route_kernel expert_gate_up_rows quantize_q8_kernel expert_down_rows")
+        << context;
+    EXPECT_EQ(kernels(false, true),
+              "router_route_kernel quantize_q8_kernel expert_gate_up_rows quantize_q8_kernel "
+              "expert_down_rows")
+        << context;
+  }
+}
+
 // A rank given only the tokens routed to its experts (a run over ranks) computes them with the
 // kernels the whole step would choose (MoeOp::step_tokens), so its slots are the bits one machine
 // gets: here a step of 20 tokens (tiles on the GPU) and the rank's 7 (rows without step_tokens).
@@ -1065,9 +1215,10 @@ TEST_F(CudaBackendTest, MoeReduceFusedNextNormIsTheSequence) {
   }
 }
 
-// The fused latent store (the queries' rope, norm, rope and store in one launch) gives the CPU's
-// sequence's bits, in the queries, the rows and the cache: a prompt chunk beside another
-// sequence's token, a decode token past the end of a ring cache; plain rope, YaRN and NeoX.
+// The fused latent store (q LoRA's norm, the latent's norm, rope and store in one launch) gives
+// the CPU's sequence's bits, in the q LoRA rows, the latent rows and the cache: a prompt chunk
+// beside another sequence's token, a decode token past the end of a ring cache; plain rope, YaRN
+// and NeoX.
 TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
   uint32_t seed = 6200;
   const int64_t lora = 512, rope_dims = 64, row = lora + rope_dims, n_seq = 2, n_ctx = 16;
@@ -1090,11 +1241,13 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
       const std::vector<float> rows = gaussian(size_t(n_tokens * row), ++seed);
       const std::vector<float> norm_weight = gaussian(size_t(lora), ++seed);
       const std::vector<float> cache0 = gaussian(size_t(n_seq * n_ctx * row), ++seed);
-      // MLA's queries: per head nope dims, then the rope dims.
-      const int64_t heads = 5, nope = 32, q_row = nope + rope_dims;
-      const std::vector<float> queries = gaussian(size_t(n_tokens * heads * q_row), ++seed);
-      auto queries_dev = to_device(gpu(), queries);
-      std::vector<float> queries_cpu = queries;
+      // q LoRA's rows (DeepSeek-V3), normed in the same launch.
+      const int64_t q_lora = 1536;
+      const std::vector<float> q_rows = gaussian(size_t(n_tokens * q_lora), ++seed);
+      const std::vector<float> q_norm = gaussian(size_t(q_lora), ++seed);
+      auto q_rows_dev = to_device(gpu(), q_rows);
+      const auto q_norm_dev = to_device(gpu(), q_norm);
+      std::vector<float> q_rows_cpu = q_rows;
       auto rows_dev = to_device(gpu(), rows), cache_dev = to_device(gpu(), cache0);
       const auto weight_dev = to_device(gpu(), norm_weight);
       const auto positions_dev = to_device(gpu(), positions), seq_dev = to_device(gpu(), seq_ids);
@@ -1116,11 +1269,9 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
                           .positions = positions_dev.data(),
                           .seq_ids = seq_dev.data(),
                           .n_tokens = n_tokens,
-                          .queries = queries_dev.data(),
-                          .query_heads = heads,
-                          .query_head_stride = q_row,
-                          .query_token_stride = heads * q_row,
-                          .query_offset = nope});
+                          .query_lora = q_rows_dev.data(),
+                          .query_lora_norm = q_norm_dev.data(),
+                          .query_lora_dims = q_lora});
       cpu_.store_latent({.rows = rows_cpu.data(),
                          .norm_weight = norm_weight.data(),
                          .norm_dims = lora,
@@ -1130,15 +1281,13 @@ TEST_F(CudaBackendTest, LatentStoreFusedIsExact) {
                          .positions = positions.data(),
                          .seq_ids = seq_ids.data(),
                          .n_tokens = n_tokens,
-                         .queries = queries_cpu.data(),
-                         .query_heads = heads,
-                         .query_head_stride = q_row,
-                         .query_token_stride = heads * q_row,
-                         .query_offset = nope});
+                         .query_lora = q_rows_cpu.data(),
+                         .query_lora_norm = q_norm.data(),
+                         .query_lora_dims = q_lora});
       const std::string where = "n_tokens=" + std::to_string(n_tokens) +
                                 " ext_factor=" + std::to_string(rope.ext_factor) +
                                 (rope.neox ? " neox" : "");
-      EXPECT_TRUE(same_bits(to_host(gpu(), queries_dev), queries_cpu)) << where;
+      EXPECT_TRUE(same_bits(to_host(gpu(), q_rows_dev), q_rows_cpu)) << where;
       EXPECT_TRUE(same_bits(to_host(gpu(), rows_dev), rows_cpu)) << where;
       EXPECT_TRUE(same_bits(to_host(gpu(), cache_dev), cache_cpu)) << where;
     }

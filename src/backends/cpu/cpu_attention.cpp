@@ -42,6 +42,7 @@ void CpuBackend::mla_attention(const MlaAttentionOp& op) {
   const int64_t T = op.n_tokens, H = op.n_heads, nope = op.nope_dims;
   const int64_t lora = op.cache.kv_lora_rank, rope = op.cache.rope_dims, row = op.cache.row();
   const int64_t q_stride = nope + rope;
+  if (op.rotate_queries) this->rope(query_rope(op));  // MlaAttentionOp::rotate_queries
 
   // Absorb the key up-projection into the query, all heads as one parallel job (at decode each
   // head's matmul is tiny, and a fork/join per head cost more than the arithmetic):

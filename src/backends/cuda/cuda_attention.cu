@@ -68,24 +68,19 @@ __global__ void kv_store_kernel(KvStoreOp op) {
       dst[c.k_dims + i] = op.values[t * c.v_dims + i];
 }
 
-// LatentStoreOp in one launch, a block of kNormThreads per token: rope_kernel's steps on the
-// query heads when asked, rms_norm_kernel's steps on the latent dims, rope_kernel's on the rope
-// dims after them, then kv_store_kernel's copy, each through the same device functions so the bits
-// are the sequence's.
+// LatentStoreOp in one launch, a block of kNormThreads per token: rms_norm_kernel's steps on the
+// q LoRA row when asked and on the latent dims, rope_kernel's on the rope dims after them, then
+// kv_store_kernel's copy, each through the same device functions so the bits are the sequence's.
 __global__ void __launch_bounds__(kNormThreads)
     latent_store_kernel(LatentStoreOp op, float low, float high) {
   const int64_t t = blockIdx.x, row = op.cache.row();
-  if (op.queries) {  // rope_kernel's pairs of this token's query heads
-    const int64_t half = op.rope.rope_dims / 2;
-    for (int64_t idx = threadIdx.x; idx < op.query_heads * half; idx += kNormThreads)
-      rope_pair(op.rope, low, high, float(op.positions[t]), idx % half,
-                op.queries + t * op.query_token_stride + (idx / half) * op.query_head_stride +
-                    op.query_offset);
+  if (op.query_lora) {
+    float* q = op.query_lora + t * op.query_lora_dims;
+    block_rms_norm(q, q, op.query_lora_norm, op.query_lora_dims, op.eps);
+    __syncthreads();  // block_rms_scale's sums are read before the next norm writes them
   }
   float* x = op.rows + t * row;
-  const float scale = block_rms_scale(x, op.norm_dims, op.eps);  // its barrier: every read done
-  for (int64_t i = threadIdx.x; i < op.norm_dims; i += kNormThreads)
-    x[i] = __fmul_rn(__fmul_rn(x[i], scale), op.norm_weight[i]);
+  block_rms_norm(x, x, op.norm_weight, op.norm_dims, op.eps);
   for (int64_t i = threadIdx.x; i < op.rope.rope_dims / 2; i += kNormThreads)
     rope_pair(op.rope, low, high, float(op.positions[t]), i, x + op.norm_dims);
   __syncthreads();  // the row whole before it is copied
@@ -152,6 +147,11 @@ struct MlaArgs {
   float* o_lat;    // [T, H, lora]
   float* partial;  // parallel mode: [T, H, max_splits, 2 + lora] (max, sum, unnormalized sums)
   int64_t max_splits, split_keys;
+  // MlaAttentionOp::rotate_queries: q's rope dims rotated as they are loaded (yarn_ramp's low
+  // and high for rope_rotate).
+  bool rotate_queries;
+  RopeParams rope;
+  float rope_low, rope_high;
 };
 
 // What attention over a range of keys leaves for one head: the running maximum score, the sum
@@ -199,16 +199,33 @@ size_t smem_bytes(int64_t row) {
   return size_t((kGroup + kKeyTile) * row + kGroup * kKeyTile + kGroup) * sizeof(float);
 }
 
-// The queries [q_lat | q_rope] of token t's heads h0 .. h0 + n_heads - 1 into shared memory.
+// The queries [q_lat | q_rope] of token t's heads h0 .. h0 + n_heads - 1 into shared memory,
+// q_rope through rope_kernel's steps when they are still to be rotated (each block rotates its
+// own copy; q itself is left as it was).
 __device__ void load_queries(const MlaArgs& a, int64_t t, int64_t h0, int n_heads, const Smem& sm) {
   const int64_t lora = a.cache.kv_lora_rank, rope = a.cache.rope_dims, row = lora + rope;
-  for (int64_t i = threadIdx.x; i < kGroup * row; i += kThreads) {
-    const int64_t g = i / row, c = i % row, h = h0 + g;
+  const int64_t loaded = a.rotate_queries ? lora : row;  // columns copied as they are
+  for (int64_t i = threadIdx.x; i < kGroup * loaded; i += kThreads) {
+    const int64_t g = i / loaded, c = i % loaded, h = h0 + g;
     float v = 0.0f;
     if (g < n_heads)
       v = c < lora ? a.q_lat[(t * a.n_heads + h) * lora + c]
                    : a.q[(t * a.n_heads + h) * a.q_stride + a.nope + c - lora];
-    sm.query[i] = v;
+    sm.query[g * row + c] = v;
+  }
+  if (!a.rotate_queries) return;
+  const int64_t half = rope / 2;
+  for (int64_t i = threadIdx.x; i < kGroup * half; i += kThreads) {
+    const int64_t g = i / half, pair = i % half;
+    const int64_t first = rope_first(a.rope, pair), second = rope_second(a.rope, pair);
+    float* out = sm.query + g * row + lora;
+    if (g >= n_heads) {
+      out[first] = out[second] = 0.0f;
+      continue;
+    }
+    const float* x = a.q + (t * a.n_heads + h0 + g) * a.q_stride + a.nope;
+    rope_rotate(a.rope, a.rope_low, a.rope_high, float(a.positions[t]), pair, x[first], x[second],
+                &out[first], &out[second]);
   }
 }
 
@@ -450,14 +467,30 @@ int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n
 void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
                              const KvLayerView& cache, const int32_t* positions,
                              const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads, float scale,
-                             float* o_lat, float* partial, cudaStream_t stream) {
+                             const RopeParams* query_rope, float* o_lat, float* partial,
+                             cudaStream_t stream) {
   if (cache.kv_lora_rank > int64_t(kMaxColumns) * kThreads)
     cuda_failed(cudaErrorInvalidValue, "MLA with kv_lora_rank above 1024", __FILE__, __LINE__);
   const int64_t max_splits = (cache.n_ctx + split_keys(cache.n_ctx) - 1) / split_keys(cache.n_ctx);
   const int64_t n_groups = (n_heads + kGroup - 1) / kGroup;
-  const MlaArgs args{q_lat,   q,       q_stride, nope,    cache,      positions,
-                     seq_ids, n_heads, scale,    o_lat,   partial,    max_splits,
-                     split_keys(cache.n_ctx)};
+  const YarnRamp ramp = query_rope ? yarn_ramp(*query_rope) : YarnRamp{};
+  const MlaArgs args{.q_lat = q_lat,
+                     .q = q,
+                     .q_stride = q_stride,
+                     .nope = nope,
+                     .cache = cache,
+                     .positions = positions,
+                     .seq_ids = seq_ids,
+                     .n_heads = n_heads,
+                     .scale = scale,
+                     .o_lat = o_lat,
+                     .partial = partial,
+                     .max_splits = max_splits,
+                     .split_keys = split_keys(cache.n_ctx),
+                     .rotate_queries = query_rope != nullptr,
+                     .rope = query_rope ? *query_rope : RopeParams{},
+                     .rope_low = ramp.low,
+                     .rope_high = ramp.high};
   const int64_t row = cache.kv_lora_rank + cache.rope_dims;
   const size_t shared = smem_bytes(row);
   // kv_lora up to 512 (every DeepSeek): two latent columns per thread; up to 1024: four.

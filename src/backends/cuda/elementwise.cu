@@ -28,11 +28,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormOp op) {
     const float* add = op.add + r * op.input_stride;
     for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads) sum[i] = __fadd_rn(sum[i], add[i]);
   }
-  const float* x = op.input + r * op.input_stride;
-  float* y = op.output + r * op.output_stride;
-  const float scale = block_rms_scale(x, op.dim, op.eps);
-  for (int64_t i = threadIdx.x; i < op.dim; i += kNormThreads)
-    y[i] = __fmul_rn(__fmul_rn(x[i], scale), op.weight[i]);
+  block_rms_norm(op.input + r * op.input_stride, op.output + r * op.output_stride, op.weight,
+                 op.dim, op.eps);
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {

@@ -127,9 +127,11 @@ void expert_down_q8(DType type, const void* down, int64_t dim, int64_t ffn, uint
 // kernel, the routing by the block that finishes last, counted on `done` (one device counter, 0
 // between launches: it is left 0). For F32 routers and up to 8 tokens (can_route_with_router).
 bool can_route_with_router(const MoeRouteOp& op);
-// `m`: the router's product as matmul_rows would take it (MoeRouteOp::router's).
+// `m`: the router's product as matmul_rows would take it (MoeRouteOp::router's). `input_q8`
+// (or null): the router's input also quantized there, quantize_q8's bits
+// (MoeRouteOp::prepare_experts_input; the router's columns a multiple of 32).
 void router_then_route(const MatmulLaunch& m, const MoeRouteOp& op, unsigned* done,
-                       cudaStream_t stream);
+                       blocks::ActQ8* input_q8, cudaStream_t stream);
 
 // ---- cuda_moe.cu ----
 
@@ -164,11 +166,14 @@ void gqa_attention(const AttentionOp& op, cudaStream_t stream);
 // folded in order: each result summed in one fixed order, the same in a prompt and alone.
 // `partial` (mla_partial_floats floats, or null when that is 0): the splits run in parallel
 // blocks and a second kernel folds them (decode); without it one block folds them as it goes.
+// `query_rope` (or null): q_rope is still to be rotated by these params, as it is loaded
+// (MlaAttentionOp::rotate_queries; q is not written).
 int64_t mla_partial_floats(const KvLayerView& cache, int64_t n_tokens, int64_t n_heads);
 void mla_scores_softmax_sums(const float* q_lat, const float* q, int64_t q_stride, int64_t nope,
                              const KvLayerView& cache, const int32_t* positions,
                              const int32_t* seq_ids, int64_t n_tokens, int64_t n_heads, float scale,
-                             float* o_lat, float* partial, cudaStream_t stream);
+                             const RopeParams* query_rope, float* o_lat, float* partial,
+                             cudaStream_t stream);
 
 // ---- elementwise.cu ----
 

@@ -180,15 +180,32 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize)
 
 // ---- the router: its logits, then in the block that finishes last the routing ----
 
+// Blocks of 32 activations quantized (blocks::quantize_act32), a thread each, the grid's threads
+// striding over them: quantize_q8_kernel's steps, also run inside the router's launch.
+__device__ __forceinline__ void quantize_blocks_q8(const float* x, int64_t n_blocks, bool aligned,
+                                                   blocks::ActQ8* out) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < n_blocks;
+       b += int64_t(gridDim.x) * blockDim.x) {
+    float v[32];
+    stage<32>(x + 32 * b, aligned, v);
+    blocks::ActQ8 q;
+    blocks::quantize_act32(v, q);
+    out[b] = q;
+  }
+}
+
 // MoeRouteOp with its router product: rows_kernel's products for the step's tokens (F32 weights,
 // as GGUF files keep routers), then the block that finishes last (counted on `done`, which it
 // resets for the next launch) adds the bias as add_row_bias_kernel does and routes each token, a
-// warp each, with route_kernel's steps: the bits of the three launches it replaces.
+// warp each, with route_kernel's steps: the bits of the three launches it replaces. With
+// `input_q8`, every block first quantizes its share of the input for the experts
+// (MoeRouteOp::prepare_experts_input), as quantize_q8_kernel does.
 // (Min one block an SM: without it ptxas held the kernel to 64 registers and spilled.)
 template <int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarpSize, 1)
-    router_route_kernel(MatmulLaunch m, bool aligned, MoeRouteOp op, RouteParams p,
-                        unsigned* done) {
+    router_route_kernel(MatmulLaunch m, bool aligned, MoeRouteOp op, RouteParams p, unsigned* done,
+                        blocks::ActQ8* input_q8) {
+  if (input_q8) quantize_blocks_q8(m.input, m.n_tokens * m.cols / 32, aligned, input_q8);
   rows_products<blocks::Decoder<DType::F32>, NT, default_rows_per_warp(NT)>(m, 0, aligned);
   __shared__ bool last;
   __threadfence();  // this block's logits before its count
@@ -591,14 +608,7 @@ void launch_expert_down(const void* down, int64_t dim, int64_t ffn, uint64_t row
 // One thread per block of 32 activations.
 __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, bool aligned,
                                    blocks::ActQ8* out) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < n_blocks;
-       b += int64_t(gridDim.x) * blockDim.x) {
-    float v[32];
-    stage<32>(x + 32 * b, aligned, v);
-    blocks::ActQ8 q;
-    blocks::quantize_act32(v, q);
-    out[b] = q;
-  }
+  quantize_blocks_q8(x, n_blocks, aligned, out);
 }
 
 // The tiled path's activation, after its gate and up products.
@@ -689,14 +699,18 @@ bool can_route_with_router(const MoeRouteOp& op) {
 }
 
 void router_then_route(const MatmulLaunch& m, const MoeRouteOp& op, unsigned* done,
-                       cudaStream_t stream) {
+                       blocks::ActQ8* input_q8, cudaStream_t stream) {
   const RouteParams p = route_params(op);
+  // The quantized input is read as one run of n_tokens * cols floats, as quantize_q8 reads it.
+  if (input_q8 && (m.input_stride != m.cols || m.cols % 32 != 0))
+    cuda_failed(cudaErrorInvalidValue, "a router input to quantize that is not whole rows of 32",
+                __FILE__, __LINE__);
   const bool aligned = aligned16(m.input) && m.input_stride % 4 == 0;
   const size_t scratch = size_t(kRowsPerBlock * route_smem_floats(p)) * sizeof(float);
   auto go = [&](auto kernel, int nt) {
     const int64_t per_block = kRowsPerBlock * default_rows_per_warp(nt);
     launch("router_route_kernel", kernel, unsigned((m.rows + per_block - 1) / per_block),
-           kRowsPerBlock * kWarpSize, scratch, stream, m, aligned, op, p, done);
+           kRowsPerBlock * kWarpSize, scratch, stream, m, aligned, op, p, done, input_q8);
   };
   switch (op.n_tokens) {
     case 1:

@@ -43,6 +43,10 @@ MatmulLaunch launch_of(const MatmulOp& op) {
 
 }  // namespace
 
+blocks::ActQ8* OpLaunches::input_q8(int64_t n) {
+  return static_cast<blocks::ActQ8*>(scratch_(Scratch::InputQ8, size_t(n / 32) * kActQ8Bytes));
+}
+
 void OpLaunches::get_rows(const WeightView& table, const int32_t* ids, int64_t n, float* output) {
   if (n == 0) return;
   cuda::get_rows(table, ids, n, output, stream_);
@@ -118,7 +122,8 @@ void OpLaunches::mla_attention(const MlaAttentionOp& op) {
   float* partial =
       partial_floats ? scratch<float>(Scratch::AttentionSplits, partial_floats) : nullptr;
   mla_scores_softmax_sums(q_lat, op.q, q_stride, op.nope_dims, op.cache, op.positions, op.seq_ids,
-                          T, H, op.scale, o_lat, partial, stream_);
+                          T, H, op.scale, op.rotate_queries ? &op.rope : nullptr, o_lat, partial,
+                          stream_);
   const MatmulLaunch expand{.type = op.v_b.type,
                             .weights = op.v_b.data,
                             .rows = op.v_b.rows,
@@ -142,10 +147,20 @@ void OpLaunches::attention(const AttentionOp& op) {
 }
 
 void OpLaunches::moe_route(const MoeRouteOp& op) {
+  prepared_input_ = nullptr;
   if (op.n_tokens == 0) return;
-  if (op.router.data && !tiled(op.kernels, op.n_tokens) && can_route_with_router(op))
+  if (op.router.data && !tiled(op.kernels, op.n_tokens) && can_route_with_router(op)) {
+    // The experts' 8-bit input quantized in the same launch, for the moe that follows.
+    const int64_t n = op.n_tokens * op.router.cols;
+    blocks::ActQ8* q8 = nullptr;
+    if (op.prepare_experts_input && op.router.cols % 32 == 0) {
+      q8 = input_q8(n);
+      prepared_input_ = op.input;
+      prepared_floats_ = n;
+    }
     return router_then_route(launch_of(router_product(op)), op,
-                             scratch<unsigned>(Scratch::RouteDone, 1), stream_);
+                             scratch<unsigned>(Scratch::RouteDone, 1), q8, stream_);
+  }
   if (op.router.data) matmul(router_product(op));  // the sequence MoeRouteOp::router stands for
   cuda::moe_route(op, stream_);
 }
@@ -156,6 +171,10 @@ void OpLaunches::moe_route(const MoeRouteOp& op) {
 // shared experts (MoeOp::shared) among them at decode when their matrices are in the routed ones'
 // formats. CudaBackend::moe has checked the formats (gate and up alike, rows a multiple of 8).
 void OpLaunches::moe(const MoeOp& op) {
+  // The router's launch quantized this input already (MoeOp::input_prepared).
+  const bool input_quantized =
+      op.input_prepared && prepared_input_ == op.input && prepared_floats_ == op.n_tokens * op.dim;
+  prepared_input_ = nullptr;
   const int64_t n_slots = op.n_tokens * op.top_k, held = op.gate.n_mats;
   if (n_slots == 0) return;
   const bool use_tiles = tiled(op.kernels, op.step_tokens > 0 ? op.step_tokens : op.n_tokens);
@@ -209,11 +228,10 @@ void OpLaunches::moe(const MoeOp& op) {
   // (MoeOp::activations; quant/block_dot_q8.h): the inputs quantized once per product.
   const bool eight = op.activations == ActivationBits::Eight && !use_tiles;
   if (eight && matmul_supports_q8(op.gate.type) && op.dim % 32 == 0) {
-    auto* input_q8 = static_cast<blocks::ActQ8*>(
-        scratch_(Scratch::InputQ8, size_t(op.n_tokens * (op.dim / 32)) * kActQ8Bytes));
-    quantize_q8(op.input, op.n_tokens * op.dim, input_q8, stream_);
+    blocks::ActQ8* q8 = input_q8(op.n_tokens * op.dim);
+    if (!input_quantized) quantize_q8(op.input, op.n_tokens * op.dim, q8, stream_);
     expert_gate_up_q8(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim,
-                      op.gate.row_bytes, op.gate.matrix_bytes(), input_q8, s, act, biases, stream_);
+                      op.gate.row_bytes, op.gate.matrix_bytes(), q8, s, act, biases, stream_);
   } else {
     expert_gate_up(op.gate.type, op.gate.data, op.up.data, op.ffn_dims, op.dim, op.gate.row_bytes,
                    op.gate.matrix_bytes(), op.input, s, gate_out, up_out, act, use_tiles, biases,

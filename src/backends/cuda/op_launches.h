@@ -13,6 +13,10 @@
 
 #include "core/backend.h"
 
+namespace tandem::blocks {
+struct ActQ8;  // quant/block_dot_q8.h
+}  // namespace tandem::blocks
+
 namespace tandem::cuda {
 
 // The kernels' own scratch (CudaBackend keeps each in device memory, grown on demand, zeroed
@@ -64,8 +68,14 @@ class OpLaunches {
   T* scratch(Scratch which, int64_t n) {
     return static_cast<T*>(scratch_(which, size_t(n) * sizeof(T)));
   }
+  // The experts' quantized input (Scratch::InputQ8) for `n` floats.
+  blocks::ActQ8* input_q8(int64_t n);
   cudaStream_t stream_;
   ScratchFn scratch_;
+  // What the last moe_route quantized into input_q8 (MoeRouteOp::prepare_experts_input), for the
+  // moe after it; null when nothing is.
+  const float* prepared_input_ = nullptr;
+  int64_t prepared_floats_ = 0;
 };
 
 }  // namespace tandem::cuda

@@ -1,7 +1,8 @@
 #pragma once
 // Steps on one row shared by the CUDA kernels that run them alone (rms_norm_kernel, rope_kernel)
-// and the fused kernels that run them inside a longer launch (latent_store_kernel), so that a
-// fused op gives the bits of the sequence it replaces. Device code: included by .cu files only.
+// and the fused kernels that run them inside a longer launch (latent_store_kernel, the MLA
+// kernels' query loads), so that a fused op gives the bits of the sequence it replaces. Device
+// code: included by .cu files only.
 #include <cstdint>
 
 #include "backends/rope_angles.h"
@@ -28,17 +29,38 @@ __device__ inline float block_rms_scale(const float* x, int64_t dim, float eps) 
   return float(1.0 / sqrt(total / double(dim) + double(eps)));
 }
 
-// Rotates pair i of a head's rotated dims (`x` their first) at `position`; low and high from
-// yarn_ramp(p). Pair i is dims (2i, 2i + 1), or (i, i + half) in the NeoX layout.
-__device__ inline void rope_pair(const RopeParams& p, float low, float high, float position,
-                                 int64_t i, float* x) {
-  const int64_t half = p.rope_dims / 2;
+// rms_norm_kernel's row: y = x * block_rms_scale(x) * w with two roundings, in place when y is x
+// (each thread writes only what it read, after the scale's barrier).
+__device__ inline void block_rms_norm(const float* x, float* y, const float* w, int64_t dim,
+                                      float eps) {
+  const float scale = block_rms_scale(x, dim, eps);
+  for (int64_t i = threadIdx.x; i < dim; i += kNormThreads)
+    y[i] = __fmul_rn(__fmul_rn(x[i], scale), w[i]);
+}
+
+// Where pair i of a head's rotated dims lies: dims (2i, 2i + 1), or (i, i + half) in the NeoX
+// layout.
+__device__ inline int64_t rope_first(const RopeParams& p, int64_t i) {
+  return p.neox ? i : 2 * i;
+}
+__device__ inline int64_t rope_second(const RopeParams& p, int64_t i) {
+  return p.neox ? i + p.rope_dims / 2 : 2 * i + 1;
+}
+
+// Pair i (x0, x1) rotated at `position` into (*y0, *y1); low and high from yarn_ramp(p).
+__device__ inline void rope_rotate(const RopeParams& p, float low, float high, float position,
+                                   int64_t i, float x0, float x1, float* y0, float* y1) {
   float c, s;
   rope_cos_sin(p, low, high, position, i, &c, &s);
-  const int64_t first = p.neox ? i : 2 * i, second = p.neox ? i + half : 2 * i + 1;
-  const float x0 = x[first], x1 = x[second];
-  x[first] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  x[second] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  *y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// Rotates pair i of a head's rotated dims (`x` their first) in place.
+__device__ inline void rope_pair(const RopeParams& p, float low, float high, float position,
+                                 int64_t i, float* x) {
+  const int64_t first = rope_first(p, i), second = rope_second(p, i);
+  rope_rotate(p, low, high, position, i, x[first], x[second], &x[first], &x[second]);
 }
 
 }  // namespace tandem::cuda
