@@ -102,12 +102,28 @@ void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n
 void CpuBackend::matmul(const MatmulOp& op) {
   const ActPrecision precision =
       op.activations == ActivationBits::Eight ? ActPrecision::Int8 : ActPrecision::Int16;
-  matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels, precision);
+  if (op.second.data) {
+    // MatmulOp::second: both products in one parallel job (each as its own matmul computes it;
+    // the input's activations prepared once when the two take the same).
+    auto args_of = [&](const WeightView& w, float* output) {
+      return cpu::MatmulArgs{.weight_type = w.type,
+                             .weights = w.data,
+                             .rows = w.rows,
+                             .cols = w.cols,
+                             .input = op.input,
+                             .n_tokens = op.n_tokens,
+                             .output = output,
+                             .precision = precision,
+                             .kernels = op.kernels};
+    };
+    matmul_args_.assign({args_of(op.weight, op.output), args_of(op.second, op.second_output)});
+    cpu::matmul_many(matmul_args_, pool_);
+  } else {
+    matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels, precision);
+  }
   if (op.bias)
     for (int64_t t = 0; t < op.n_tokens; ++t)
       add(op.output + t * op.weight.rows, op.bias, op.weight.rows);
-  if (op.second.data)  // MatmulOp::second: the second product, as its own matmul
-    matmul_rows(op.second, op.input, op.n_tokens, op.second_output, op.kernels, precision);
 }
 
 void CpuBackend::rms_norm(const RmsNormOp& op) {

@@ -26,11 +26,12 @@ void CpuBackend::moe_route(const MoeRouteOp& op) {
 }
 
 void CpuBackend::moe(const MoeOp& op) {
-  if (op.shared.gate.data) {  // the shared experts first, as SharedExpertsOp defines them
-    moe(shared_experts_moe(op));
-    moe_reduce(shared_experts_reduce(op));
-  }
   const int64_t T = op.n_tokens, K = op.top_k, D = op.dim, F = op.ffn_dims;
+  // The shared experts (SharedExpertsOp) ride in the routed experts' parallel jobs, as one more
+  // expert that every token takes, straight from `input` into their slot: each product is the
+  // one shared_experts_moe(op) runs (same kernel, rows and activations), so the bits are too.
+  const SharedExpertsOp& shared = op.shared;
+  const int64_t shared_ffn = shared.gate.data ? shared.ffn_dims : 0;
   const int64_t held = op.gate.n_mats;
   // Slots grouped by the expert's local matrix, so each held expert's weights are read once.
   if (index_scratch_.size() < size_t(held + 1 + T * K)) index_scratch_.resize(size_t(held + 1 + T * K));
@@ -49,10 +50,14 @@ void CpuBackend::moe(const MoeOp& op) {
   for (int64_t s = 0; s < T * K; ++s)
     if (const int32_t m = local(s); m >= 0) order[expert_fill_[size_t(m)]++] = int32_t(s);
 
+  const int64_t n_slots = offsets[held];
   float* x = grow(scratch_a_, size_t(T * K * D));
-  float* gate = grow(scratch_b_, size_t(T * K * F));
-  float* up = grow(scratch_c_, size_t(T * K * F));
+  // The shared experts' gate and up rows after the routed slots' (one activation job for both).
+  float* gate = grow(scratch_b_, size_t(n_slots * F + T * shared_ffn));
+  float* up = grow(scratch_c_, size_t(n_slots * F + T * shared_ffn));
   float* down = grow(scratch_d_, size_t(T * K * D));
+  float* shared_gate = gate + n_slots * F;
+  float* shared_up = up + n_slots * F;
   // Expert m's n tokens occupy rows [first, first + n) of x, gate, up and down. All experts'
   // gate and up projections run as one parallel job, then all the down projections: at decode
   // the threads share out a dozen small matrices instead of meeting after each one.
@@ -75,8 +80,11 @@ void CpuBackend::moe(const MoeOp& op) {
     matmul_args_.push_back(args_of(op.gate.matrix(m), x + first * D, n, gate + first * F));
     matmul_args_.push_back(args_of(op.up.matrix(m), x + first * D, n, up + first * F));
   });
+  if (shared_ffn > 0) {
+    matmul_args_.push_back(args_of(shared.gate, op.input, T, shared_gate));
+    matmul_args_.push_back(args_of(shared.up, op.input, T, shared_up));
+  }
   cpu::matmul_many(matmul_args_, pool_);
-  const int64_t n_slots = offsets[held];
   // Biases by the local matrix of each sorted slot's expert: a row each, added in place.
   auto add_bias = [&](float* rows, const float* bias, int64_t width) {
     if (!bias) return;
@@ -86,15 +94,20 @@ void CpuBackend::moe(const MoeOp& op) {
   };
   add_bias(gate, op.gate_bias, F);
   add_bias(up, op.up_bias, F);
-  if (op.activation == FfnActivation::SwiGluClamped)
+  // The shared experts' activation is SwiGLU (shared_experts_moe).
+  if (op.activation == FfnActivation::SwiGluClamped) {
     swiglu_clamped(gate, up, n_slots * F, pool_);
-  else
-    silu_mul(gate, up, n_slots * F, pool_);
+    if (shared_ffn > 0) silu_mul(shared_gate, shared_up, T * shared_ffn, pool_);
+  } else {
+    silu_mul(gate, up, n_slots * F + T * shared_ffn, pool_);
+  }
   matmul_args_.clear();
   for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
     matmul_args_.push_back(args_of(op.down.matrix(m), gate + first * F, n, down + first * D));
   });
+  if (shared_ffn > 0) matmul_args_.push_back(args_of(shared.down, shared_gate, T, shared.slot));
   cpu::matmul_many(matmul_args_, pool_);
+  if (shared_ffn > 0) moe_reduce(shared_experts_reduce(op));
   add_bias(down, op.down_bias, D);
   for (int64_t i = 0; i < n_slots; ++i)
     std::copy_n(down + i * D, D, op.slots + int64_t(order[i]) * D);
