@@ -72,6 +72,7 @@ MoeReduceOp shared_experts_reduce(const MoeOp& routed) {
 }
 
 RopeOp query_rope(const MlaAttentionOp& op) {
+  TANDEM_CHECK(op.rope.rope_dims == op.cache.rope_dims);  // the queries' rope dims are the keys'
   const int64_t q_row = op.nope_dims + op.cache.rope_dims;
   return {.data = op.q,
           .positions = op.positions,

@@ -480,6 +480,7 @@ void CudaBackend::mla_attention(const MlaAttentionOp& op) {
   if (op.n_tokens == 0) return;
   check_columns(op.k_b, "attn_k_b");
   check_columns(op.v_b, "attn_v_b");
+  TANDEM_CHECK(!op.rotate_queries || op.rope.rope_dims == op.cache.rope_dims);
   activate();
   ops_->mla_attention(op);
 }

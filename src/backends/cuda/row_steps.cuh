@@ -15,7 +15,8 @@ constexpr int kNormThreads = 256;
 // 1 / sqrt(mean(x[0, dim)^2) + eps) for a block of kNormThreads threads, every thread getting it.
 // The sum of squares in double, as the CPU: each thread's share in order, a shuffle tree in each
 // warp, then the warps' sums in order (one barrier; the H200 profile had the eight-barrier tree
-// at 6 us a launch for a 2048-wide row). Call it once per block: its shared sums are not reset.
+// at 6 us a launch for a 2048-wide row). A block that calls it twice puts a barrier between:
+// the second call writes the shared sums the first one's threads may still be reading.
 __device__ inline float block_rms_scale(const float* x, int64_t dim, float eps) {
   constexpr int kWarps = kNormThreads / 32;
   __shared__ double warp_sums[kWarps];
