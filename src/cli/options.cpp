@@ -54,8 +54,9 @@ void add_precision_option(CLI::App* cmd, EngineOptions& options) {
          },
          "activations of the CPU's quantized products: ffn-int8 (default: the experts' and FFNs' "
          "products with 8-bit activations, as llama.cpp takes them everywhere, and the attention "
-         "projections of qwen3moe and gpt-oss; the other attention, router and output head with "
-         "16-bit) or int16 (every product with 16-bit activations: closest "
+         "projections of models with softmax routers: qwen3moe, gpt-oss, DeepSeek-V2; the other "
+         "attention, router and output head with 16-bit) or int16 (every product with 16-bit "
+         "activations: closest "
          "to F32, prompts ~1.15x slower). GPUs follow it for the experts at decode (8-bit "
          "activations with ffn-int8) and multiply F32 activations elsewhere")
       ->check(CLI::IsMember({"ffn-int8", "int16"}))

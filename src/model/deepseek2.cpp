@@ -135,6 +135,7 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
   const int64_t T = s.n_tokens, heads = hp_.n_head, nope = hp_.qk_nope_dim;
   const int64_t lora = hp_.kv_lora_rank, kv_row = hp_.kv_cache_dims(), q_row = hp_.qk_head_dim();
   const float eps = hp_.rms_norm_eps;
+  const ActivationBits bits = projection_bits();
   const float* h = s.h;
   float* q = ws.get(W::kQuery, T * heads * q_row);
   float* kv = ws.get(W::kLatent, T * kv_row);
@@ -149,6 +150,7 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
              .output = q_a ? q_a : q,
              .n_tokens = T,
              .kernels = batch.kernels,
+             .activations = bits,
              .second = l.kv_a_mqa,
              .second_output = kv});
   // The latent (normalized) and the shared rope key of each token, stored; q_a's norm in the
@@ -166,8 +168,12 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
                    .query_lora_norm = q_a ? l.q_a_norm : nullptr,
                    .query_lora_dims = q_lora});
   if (q_a)
-    be.matmul(
-        {.weight = l.q_b, .input = q_a, .output = q, .n_tokens = T, .kernels = batch.kernels});
+    be.matmul({.weight = l.q_b,
+               .input = q_a,
+               .output = q,
+               .n_tokens = T,
+               .kernels = batch.kernels,
+               .activations = bits});
   // The queries' rope inside the attention op.
   be.mla_attention({.q = q,
                     .k_b = l.k_b,
@@ -188,7 +194,8 @@ void Deepseek2Model::attention(const Layer& l, LayerStep& s) {
              .input = attn,
              .output = out,
              .n_tokens = T,
-             .kernels = batch.kernels});
+             .kernels = batch.kernels,
+             .activations = bits});
 }
 
 void Deepseek2Model::bind_attention(Layer& l, uint32_t il, Backend& on) {
@@ -291,15 +298,26 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
   const int64_t T = int64_t(batch.tokens.size()), embd = hp_.n_embd, nope = hp_.qk_nope_dim;
   const int64_t lora = hp_.kv_lora_rank, kv_row = hp_.kv_cache_dims(), q_row = hp_.qk_head_dim();
   const float eps = hp_.rms_norm_eps;
+  const ActivationBits bits = projection_bits();
   // On the layer's device: the queries' input (q_a normed, or h itself without q LoRA) and the
   // normed, roped latent of each token, stored in its cache (q_a's norm in the same op).
   const int64_t q_in = hp_.q_lora_rank > 0 ? hp_.q_lora_rank : embd;
   float* q_a = hp_.q_lora_rank > 0 ? ws.get(W::kQueryLora, T * q_in) : nullptr;
   if (q_a)
-    be.matmul({.weight = l.q_a, .input = h, .output = q_a, .n_tokens = T, .kernels = batch.kernels});
+    be.matmul({.weight = l.q_a,
+               .input = h,
+               .output = q_a,
+               .n_tokens = T,
+               .kernels = batch.kernels,
+               .activations = bits});
   const float* q_input = q_a ? q_a : h;
   float* kv = ws.get(W::kLatent, T * kv_row);
-  be.matmul({.weight = l.kv_a_mqa, .input = h, .output = kv, .n_tokens = T, .kernels = batch.kernels});
+  be.matmul({.weight = l.kv_a_mqa,
+             .input = h,
+             .output = kv,
+             .n_tokens = T,
+             .kernels = batch.kernels,
+             .activations = bits});
   be.store_latent({.rows = kv,
                    .norm_weight = l.kv_a_norm,
                    .norm_dims = lora,
@@ -326,8 +344,12 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
                     .n_tokens = T});
     float* q = dws.get(W::kQuery, T * n * q_row);
     float* attn = dws.get(W::kAttention, T * n * hp_.v_head_dim);
-    dev.matmul(
-        {.weight = shard.q, .input = input, .output = q, .n_tokens = T, .kernels = batch.kernels});
+    dev.matmul({.weight = shard.q,
+                .input = input,
+                .output = q,
+                .n_tokens = T,
+                .kernels = batch.kernels,
+                .activations = bits});
     dev.mla_attention({.q = q,
                        .k_b = shard.k_b,
                        .v_b = shard.v_b,
@@ -343,8 +365,12 @@ void Deepseek2Model::split_attention(uint32_t il, const Batch& batch, const KvLa
                        .kernels = batch.kernels,
                        .rotate_queries = true,
                        .rope = rope_});
-    dev.matmul({.weight = shard.attn_output, .input = attn, .output = partial, .n_tokens = T,
-                .kernels = batch.kernels});
+    dev.matmul({.weight = shard.attn_output,
+                .input = attn,
+                .output = partial,
+                .n_tokens = T,
+                .kernels = batch.kernels,
+                .activations = bits});
   };
   for (HeadShard& shard : l.head_shards) {
     Backend& dev = *shard.device;

@@ -43,6 +43,13 @@ class Deepseek2Model final : public Transformer {
                        const float* h, float* out);
   // The copy of `cache` on a share's device (allocated the first time that cache is seen).
   const KvLayerView& cache_copy(HeadShard& shard, const KvLayerView& cache);
+  // The activation bits of the attention projections (q, q_a/q_b, kv_a, output): the FFNs'
+  // under a softmax router (V2, V2-Lite, Coder-V2: their fixtures pass at 8 bits, as qwen3moe's
+  // and gpt-oss's do), 16 under V3's sigmoid group selection, which flips experts on the small
+  // errors 8 bits make (docs/correctness.md).
+  ActivationBits projection_bits() const {
+    return hp_.gating == ExpertGating::Softmax ? ffn_activations() : ActivationBits::Sixteen;
+  }
 
   Deepseek2Hparams hp_;
   std::vector<Layer> layers_;

@@ -87,11 +87,12 @@ struct Batch {
 // fixtures (docs/correctness.md "Precision"): with the feed-forward products in 8 bits every
 // fixture check passes, closer to the exact references than llama.cpp; with every product in 8
 // bits a V3 and a GLM-4.5 check fail (their sigmoid expert selection flips on small errors), so
-// their attention keeps 16. qwen3moe's and gpt-oss's softmax routers pass with the attention
-// projections in 8 bits too (GqaConfig::projections_like_ffn); router and output head keep 16.
+// their attention keeps 16. qwen3moe's, gpt-oss's and DeepSeek-V2's softmax routers pass with
+// the attention projections in 8 bits too (GqaConfig::projections_like_ffn,
+// Deepseek2Model::projection_bits); router and output head keep 16.
 enum class PrecisionPolicy : uint8_t {
   FfnInt8,  // default: routed experts, shared experts and dense FFNs in 8 bits (and the attention
-            // projections of qwen3moe and gpt-oss), the rest in 16
+            // projections of softmax-routed models), the rest in 16
   Int16,    // every product in 16 bits: the closest to the F32 reference (~1e-3 logits)
 };
 

@@ -60,6 +60,8 @@ class Transformer : public Model {
   static constexpr int64_t kMaxGraphTokens = 64;
 
  protected:
+  // The FFNs' activation bits under the precision policy (set_precision).
+  ActivationBits ffn_activations() const { return ffn_activations_; }
   struct Workspace;
   struct StepInputs;
   struct ExpertShard;
@@ -88,7 +90,7 @@ class Transformer : public Model {
     bool needs_sinks = false;
     // The q/k/v/output projections take the FFNs' activation bits (8 under ffn-int8) rather than
     // 16: for architectures whose quantized fixtures pass so (qwen3moe, gpt-oss: softmax routing;
-    // not deepseek2 or glm4moe, whose sigmoid selection flips experts on small errors).
+    // not glm4moe, whose sigmoid selection flips experts on small errors).
     bool projections_like_ffn = false;
   };
   struct GqaWeights {

@@ -5,8 +5,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "forwarding_backend.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "runtime/kv_cache.h"
@@ -89,6 +94,61 @@ TEST(Deepseek2Forward, PrefillInOneBatchEqualsTokenByToken) {
     for (size_t k = 0; k < hp.n_vocab; ++k) max_diff = std::max(max_diff, std::abs(logits[k] - batched[i * hp.n_vocab + k]));
   }
   EXPECT_LT(max_diff, 1e-3f);
+}
+
+// The activation bits each matmul of a step was given, by weight.
+class MatmulBits final : public test::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::vector<std::pair<const void*, ActivationBits>> seen;
+  void matmul(const MatmulOp& op) override {
+    seen.emplace_back(op.weight.data, op.activations);
+    ForwardingBackend::matmul(op);
+  }
+};
+
+// The attention projections take the FFNs' bits under a softmax router (small-v2: V2-Lite's
+// shape) and 16 under V3's sigmoid group selection (small-v3), and 16 everywhere under int16
+// (docs/correctness.md, Precision).
+TEST(Deepseek2Forward, AttentionProjectionsTakeTheFfnBitsUnderASoftmaxRouterOnly) {
+  struct Case {
+    const char* fixture;
+    PrecisionPolicy policy;
+    ActivationBits expected;
+  };
+  for (const Case c :
+       {Case{"small-v2-Q8_0.gguf", PrecisionPolicy::FfnInt8, ActivationBits::Eight},
+        Case{"small-v2-Q8_0.gguf", PrecisionPolicy::Int16, ActivationBits::Sixteen},
+        Case{"small-v3-Q8_0.gguf", PrecisionPolicy::FfnInt8, ActivationBits::Sixteen}}) {
+    const auto file = gguf::GgufFile::open(test::fixture(c.fixture).string());
+    cpu::CpuBackend cpu(2);
+    MatmulBits backend(cpu);
+    Deepseek2Model model(file, backend);
+    model.set_precision(c.policy);
+    KvCache cache(backend, model.info().kv, 16, 1, 16);
+    const int32_t token = 1, pos = 0, seq = 0, row = 0;
+    std::vector<float> logits(model.hparams().n_vocab);
+    model.forward({.tokens = {&token, 1},
+                   .positions = {&pos, 1},
+                   .seq_ids = {&seq, 1},
+                   .logit_rows = {&row, 1}},
+                  cache.views(), logits.data());
+    const std::string name = std::string(c.fixture) + " " + precision_policy_name(c.policy);
+    auto bits_of = [&](const std::string& tensor) {
+      const gguf::TensorInfo* info = file.find_tensor(tensor);
+      const void* data = info ? info->data : nullptr;
+      for (const auto& [weight, bits] : backend.seen)
+        if (weight == data) return std::optional<ActivationBits>(bits);
+      return std::optional<ActivationBits>();
+    };
+    const bool q_lora = model.hparams().q_lora_rank > 0;
+    for (const char* tensor :
+         {q_lora ? "blk.1.attn_q_a.weight" : "blk.1.attn_q.weight", "blk.1.attn_output.weight"}) {
+      const std::optional<ActivationBits> bits = bits_of(tensor);
+      ASSERT_TRUE(bits.has_value()) << name << ": no matmul of " << tensor;
+      EXPECT_EQ(*bits, c.expected) << name << ": " << tensor;
+    }
+  }
 }
 
 }  // namespace
