@@ -88,6 +88,7 @@ void Backend::store_latent(const LatentStoreOp& op) {
   const int64_t row = op.cache.row();
   TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
                op.cache.rope_dims == op.rope.rope_dims);
+  TANDEM_CHECK(!op.query_lora || (op.query_lora_norm && op.query_lora_dims > 0));
   if (op.query_lora)
     rms_norm({.input = op.query_lora,
               .weight = op.query_lora_norm,

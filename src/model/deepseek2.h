@@ -46,9 +46,11 @@ class Deepseek2Model final : public Transformer {
   // The activation bits of the attention projections (q, q_a/q_b, kv_a, output): the FFNs'
   // under a softmax router (V2, V2-Lite, Coder-V2: their fixtures pass at 8 bits, as qwen3moe's
   // and gpt-oss's do), 16 under V3's sigmoid group selection, which flips experts on the small
-  // errors 8 bits make (docs/correctness.md).
+  // errors 8 bits make, and in a file without experts, which no fixture measured
+  // (docs/correctness.md).
   ActivationBits projection_bits() const {
-    return hp_.gating == ExpertGating::Softmax ? ffn_activations() : ActivationBits::Sixteen;
+    return hp_.n_expert > 0 && hp_.gating == ExpertGating::Softmax ? ffn_activations()
+                                                                   : ActivationBits::Sixteen;
   }
 
   Deepseek2Hparams hp_;

@@ -323,12 +323,14 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
   const int64_t embd = info_.n_embd, k = info_.n_expert_used, slot_floats = T * k * embd;
   int32_t* ids = ws.ints(W::kExpertIds, T * k);
   float* weights = ws.get(W::kExpertWeights, T * k);
-  route(l, h, T, kernels, ids, weights, l.route_counts, /*prepare_experts_input=*/true);
+  const bool own_shard = std::any_of(l.shards.begin(), l.shards.end(),
+                                     [&](const ExpertShard& shard) { return shard.device == &be; });
+  // The experts here take `h` at 8 bits: the routing may quantize it for them.
+  route(l, h, T, kernels, ids, weights, l.route_counts,
+        /*prepare_experts_input=*/own_shard && ffn_activations_ == ActivationBits::Eight);
   if (be.uses_host_memory()) read_ahead_on_host(l, h, ids, T, kernels);
 
   float* slots = ws.get(W::kSlots, slot_floats);
-  const bool own_shard = std::any_of(l.shards.begin(), l.shards.end(),
-                                     [&](const ExpertShard& shard) { return shard.device == &be; });
   if (own_shard && (l.shards.size() > 1 || !l.expert_peers.empty())) be.zero(slots, slot_floats);
   // With copies of experts, each device first works out which of its experts it computes this
   // step (all of them reach the same answer from the same routing). A step with as many slots as
@@ -414,7 +416,7 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
       const SharedExpertsOp shared = own.shared;
       own = op_for(shard, h, ids, slots);
       own.shared = shared;
-      own.input_prepared = true;  // by route() above (MoeRouteOp::prepare_experts_input)
+      own.input_prepared = ffn_activations_ == ActivationBits::Eight;  // by route() above
     }
   if (own.gate.data) {
     be.moe(own);

@@ -1,5 +1,6 @@
 // core/backend.h's fused ops give the bits of the sequences they replace (issue 27: GPUs launch
-// them as one kernel; the CPU runs the sequence, and these tests pin down that definition): a
+// them as one kernel; the CPU runs the sequence, or for MoeOp::shared and MatmulOp::second the
+// same products in one parallel job, and these tests pin down that definition): a
 // MoE layer's slot sum with the residual add and the shared experts' add (MoeReduceOp::residual,
 // ::shared) against moe_reduce, add, add; an MLA latent made ready and stored with q LoRA's norm
 // (LatentStoreOp) against rms_norm, rms_norm, rope, kv_store; MLA with its queries' rope
@@ -288,26 +289,33 @@ TEST(FusedOps, MatmulWithASecondProductIsTwoMatmuls) {
                       .row_bytes = row_bytes(DType::Q4_K, uint64_t(cols))};
   };
   for (int64_t n_tokens : {1, 5, 40}) {
-    const std::vector<float> x = gaussian(size_t(n_tokens * cols), 122 + uint32_t(n_tokens));
-    std::vector<float> a_seq(size_t(n_tokens * rows)), b_seq(size_t(n_tokens * second_rows));
-    cpu.matmul({.weight = view(w1, rows),
-                .input = x.data(),
-                .output = a_seq.data(),
-                .n_tokens = n_tokens});
-    cpu.matmul({.weight = view(w2, second_rows),
-                .input = x.data(),
-                .output = b_seq.data(),
-                .n_tokens = n_tokens});
-    std::vector<float> a(a_seq.size()), b(b_seq.size());
-    cpu.matmul({.weight = view(w1, rows),
-                .input = x.data(),
-                .output = a.data(),
-                .n_tokens = n_tokens,
-                .second = view(w2, second_rows),
-                .second_output = b.data()});
-    EXPECT_TRUE(same_bits(a, a_seq)) << n_tokens << " tokens";
-    EXPECT_TRUE(same_bits(b, b_seq)) << n_tokens << " tokens";
-    EXPECT_FALSE(same_bits(a, b)) << "the two products are different matrices";
+    for (ActivationBits bits : {ActivationBits::Sixteen, ActivationBits::Eight}) {
+      const std::vector<float> x = gaussian(size_t(n_tokens * cols), 122 + uint32_t(n_tokens));
+      std::vector<float> a_seq(size_t(n_tokens * rows)), b_seq(size_t(n_tokens * second_rows));
+      cpu.matmul({.weight = view(w1, rows),
+                  .input = x.data(),
+                  .output = a_seq.data(),
+                  .n_tokens = n_tokens,
+                  .activations = bits});
+      cpu.matmul({.weight = view(w2, second_rows),
+                  .input = x.data(),
+                  .output = b_seq.data(),
+                  .n_tokens = n_tokens,
+                  .activations = bits});
+      std::vector<float> a(a_seq.size()), b(b_seq.size());
+      cpu.matmul({.weight = view(w1, rows),
+                  .input = x.data(),
+                  .output = a.data(),
+                  .n_tokens = n_tokens,
+                  .activations = bits,
+                  .second = view(w2, second_rows),
+                  .second_output = b.data()});
+      const std::string where = std::to_string(n_tokens) + " tokens, " +
+                                (bits == ActivationBits::Eight ? "8" : "16") + "-bit";
+      EXPECT_TRUE(same_bits(a, a_seq)) << where;
+      EXPECT_TRUE(same_bits(b, b_seq)) << where;
+      EXPECT_FALSE(same_bits(a, b)) << "the two products are different matrices";
+    }
   }
 }
 
@@ -418,49 +426,64 @@ TEST(FusedOps, MoeWithSharedExpertsIsSharedMoeReduceThenRoutedMoe) {
   const std::vector<uint8_t> sh_gate = weights(shared_ffn, dim, 153),
                              sh_up = weights(shared_ffn, dim, 154);
   const std::vector<uint8_t> sh_down = weights(dim, shared_ffn, 155);
-  for (int64_t n_tokens : {1, 5}) {
-    const std::vector<float> x = gaussian(size_t(n_tokens * dim), 156 + uint32_t(n_tokens));
-    std::vector<int32_t> ids(size_t(n_tokens * top_k));
-    for (size_t k = 0; k < ids.size(); ++k) ids[k] = int32_t((k * 3 + 1) % n_expert);
-    const std::vector<int32_t> zeros(size_t(n_tokens), 0);
-    const std::vector<float> ones(size_t(n_tokens), 1.0f);
-    std::vector<float> slot_scratch(size_t(n_tokens * dim));
-    MoeOp op{.input = x.data(),
-             .gate = view(gate, ffn, dim, n_expert),
-             .up = view(up, ffn, dim, n_expert),
-             .down = view(down, dim, ffn, n_expert),
-             .expert_ids = ids.data(),
-             .local_index = nullptr,
-             .n_expert = n_expert,
-             .n_tokens = n_tokens,
-             .top_k = top_k,
-             .dim = dim,
-             .ffn_dims = ffn,
-             .slots = nullptr};
-    op.shared = {.gate = view(sh_gate, shared_ffn, dim, 1),
-                 .up = view(sh_up, shared_ffn, dim, 1),
-                 .down = view(sh_down, dim, shared_ffn, 1),
-                 .ffn_dims = shared_ffn,
-                 .zero_ids = zeros.data(),
-                 .one_weights = ones.data(),
-                 .slot = slot_scratch.data(),
-                 .output = nullptr};
-    std::vector<float> slots_seq(size_t(n_tokens * top_k * dim)),
-        shared_seq(size_t(n_tokens * dim));
-    MoeOp seq = op;
-    seq.slots = slots_seq.data(), seq.shared.output = shared_seq.data();
-    cpu.moe(shared_experts_moe(seq));
-    cpu.moe_reduce(shared_experts_reduce(seq));
-    seq.shared = {};
-    cpu.moe(seq);
+  // Decode and prompt sizes (8-bit activations take the token-lanes kernels from a few tokens
+  // on), both precisions, and a local index that leaves expert 1 to another device.
+  const std::vector<int32_t> local = {0, -1, 1, 2};
+  for (int64_t n_tokens : {1, 5, 24}) {
+    for (ActivationBits bits : {ActivationBits::Sixteen, ActivationBits::Eight}) {
+      for (bool some_elsewhere : {false, true}) {
+        const std::vector<float> x = gaussian(size_t(n_tokens * dim), 156 + uint32_t(n_tokens));
+        std::vector<int32_t> ids(size_t(n_tokens * top_k));
+        for (size_t k = 0; k < ids.size(); ++k) ids[k] = int32_t((k * 3 + k / 5) % n_expert);
+        const std::vector<int32_t> zeros(size_t(n_tokens), 0);
+        const std::vector<float> ones(size_t(n_tokens), 1.0f);
+        const int64_t held = some_elsewhere ? 3 : n_expert;
+        MoeOp op{.input = x.data(),
+                 .gate = view(gate, ffn, dim, held),
+                 .up = view(up, ffn, dim, held),
+                 .down = view(down, dim, ffn, held),
+                 .expert_ids = ids.data(),
+                 .local_index = some_elsewhere ? local.data() : nullptr,
+                 .n_expert = n_expert,
+                 .n_tokens = n_tokens,
+                 .top_k = top_k,
+                 .dim = dim,
+                 .ffn_dims = ffn,
+                 .slots = nullptr,
+                 .activations = bits};
+        op.shared = {.gate = view(sh_gate, shared_ffn, dim, 1),
+                     .up = view(sh_up, shared_ffn, dim, 1),
+                     .down = view(sh_down, dim, shared_ffn, 1),
+                     .ffn_dims = shared_ffn,
+                     .zero_ids = zeros.data(),
+                     .one_weights = ones.data(),
+                     .slot = nullptr,
+                     .output = nullptr};
+        std::vector<float> slots_seq(size_t(n_tokens * top_k * dim)),
+            shared_seq(size_t(n_tokens * dim)), slot_seq(size_t(n_tokens * dim));
+        MoeOp seq = op;
+        seq.slots = slots_seq.data(), seq.shared.output = shared_seq.data();
+        seq.shared.slot = slot_seq.data();
+        cpu.moe(shared_experts_moe(seq));
+        cpu.moe_reduce(shared_experts_reduce(seq));
+        seq.shared = {};
+        cpu.moe(seq);
 
-    std::vector<float> slots(slots_seq.size()), shared(shared_seq.size());
-    MoeOp fused = op;
-    fused.slots = slots.data(), fused.shared.output = shared.data();
-    cpu.moe(fused);
-    EXPECT_TRUE(same_bits(slots, slots_seq)) << n_tokens << " tokens: routed slots";
-    EXPECT_TRUE(same_bits(shared, shared_seq)) << n_tokens << " tokens: shared experts";
-    EXPECT_FALSE(same_bits(shared, std::vector<float>(shared.size(), 0.0f))) << "not written";
+        std::vector<float> slots(slots_seq.size()), shared(shared_seq.size()),
+            slot(slot_seq.size());
+        MoeOp fused = op;
+        fused.slots = slots.data(), fused.shared.output = shared.data();
+        fused.shared.slot = slot.data();
+        cpu.moe(fused);
+        const std::string where = std::to_string(n_tokens) + " tokens, " +
+                                  (bits == ActivationBits::Eight ? "8" : "16") + "-bit" +
+                                  (some_elsewhere ? ", expert 1 elsewhere" : "");
+        EXPECT_TRUE(same_bits(slots, slots_seq)) << where << ": routed slots";
+        EXPECT_TRUE(same_bits(shared, shared_seq)) << where << ": shared experts";
+        EXPECT_FALSE(same_bits(shared, std::vector<float>(shared.size(), 0.0f)))
+            << where << ": not written";
+      }
+    }
   }
 }
 

@@ -239,22 +239,14 @@ TEST_F(CudaBackendTest, KvStoreAndMlaAttentionMatchCpu) {
 }
 
 // The queries' rope inside MLA (MlaAttentionOp::rotate_queries: each block rotates its copy as
-// it loads them) gives the bits of rope then attention on the same device: a decode token (the
-// split kernels) and a prompt chunk (one block a token's splits); plain rope, YaRN and NeoX.
+// it loads them) gives the bits of rope then attention on the same device: a decode token and a
+// prompt chunk, with a cache long enough for split kernels (96) and one short enough for the
+// one-block-a-token kernel (64), 16 heads and 12 (a head group half padding); plain rope, YaRN
+// and NeoX.
 TEST_F(CudaBackendTest, MlaAttentionFusedQueryRopeIsTheSequence) {
-  const int64_t lora = 512, rope_dims = 64, nope = 128, v_head = 128, H = 16, n_ctx = 96;
+  const int64_t lora = 512, rope_dims = 64, nope = 128, v_head = 128;
   const int64_t row = lora + rope_dims, q_stride = nope + rope_dims;
   uint32_t seed = 6400;
-  const auto k_b_dev = to_device(
-      gpu(), make_weights(DType::Q8_0, H * lora, nope, ++seed, 1.0f / std::sqrt(float(nope))));
-  const auto v_b_dev = to_device(
-      gpu(), make_weights(DType::Q8_0, H * v_head, lora, ++seed, 1.0f / std::sqrt(float(lora))));
-  const auto cache_dev = to_device(gpu(), gaussian(size_t(n_ctx * row), ++seed));
-  const KvLayerView cache{.data = cache_dev.data(),
-                          .n_seq = 1,
-                          .n_ctx = n_ctx,
-                          .kv_lora_rank = lora,
-                          .rope_dims = rope_dims};
   const RopeParams yarn{.rope_dims = rope_dims,
                         .freq_base = 10000.0f,
                         .freq_scale = 0.025f,
@@ -263,38 +255,55 @@ TEST_F(CudaBackendTest, MlaAttentionFusedQueryRopeIsTheSequence) {
   const RopeParams neox{.rope_dims = rope_dims, .neox = true};
   std::vector<int32_t> chunk(20);
   std::iota(chunk.begin(), chunk.end(), 40);
-  for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn, neox}) {
-    for (const std::vector<int32_t>& positions : {std::vector<int32_t>{70}, chunk}) {
-      const int64_t T = int64_t(positions.size());
-      const std::vector<float> q = gaussian(size_t(T * H * q_stride), ++seed);
-      const auto positions_dev = to_device(gpu(), positions);
-      const auto seq_dev = to_device(gpu(), std::vector<int32_t>(size_t(T), 0));
-      std::vector<float> out[3];
-      for (int run = 0; run < 3; ++run) {  // rope then attention; fused; unrotated
-        const auto q_dev = to_device(gpu(), q);
-        const auto out_dev = poisoned(gpu(), size_t(T * H * v_head));
-        MlaAttentionOp op{.q = q_dev.data(),
-                          .k_b = weight_view(DType::Q8_0, k_b_dev.data(), lora, nope, H),
-                          .v_b = weight_view(DType::Q8_0, v_b_dev.data(), v_head, lora, H),
-                          .cache = cache,
-                          .positions = positions_dev.data(),
-                          .seq_ids = seq_dev.data(),
-                          .n_tokens = T,
-                          .n_heads = H,
-                          .nope_dims = nope,
-                          .v_head_dims = v_head,
-                          .scale = 0.05f,
-                          .output = out_dev.data()};
-        op.rope = rope;
-        if (run == 0) gpu().rope(query_rope(op));
-        op.rotate_queries = run == 1;
-        gpu().mla_attention(op);
-        out[run] = to_host(gpu(), out_dev);
+  struct Shape {
+    int64_t n_ctx, heads;
+  };
+  for (const Shape shape : {Shape{96, 16}, Shape{64, 12}}) {
+    const int64_t n_ctx = shape.n_ctx, H = shape.heads;
+    const auto k_b_dev = to_device(
+        gpu(), make_weights(DType::Q8_0, H * lora, nope, ++seed, 1.0f / std::sqrt(float(nope))));
+    const auto v_b_dev = to_device(
+        gpu(), make_weights(DType::Q8_0, H * v_head, lora, ++seed, 1.0f / std::sqrt(float(lora))));
+    const auto cache_dev = to_device(gpu(), gaussian(size_t(n_ctx * row), ++seed));
+    const KvLayerView cache{.data = cache_dev.data(),
+                            .n_seq = 1,
+                            .n_ctx = n_ctx,
+                            .kv_lora_rank = lora,
+                            .rope_dims = rope_dims};
+    const std::vector<int32_t> decode = {int32_t(n_ctx) - 10};
+    for (const RopeParams& rope : {RopeParams{.rope_dims = rope_dims}, yarn, neox}) {
+      for (const std::vector<int32_t>& positions : {decode, chunk}) {
+        const int64_t T = int64_t(positions.size());
+        const std::vector<float> q = gaussian(size_t(T * H * q_stride), ++seed);
+        const auto positions_dev = to_device(gpu(), positions);
+        const auto seq_dev = to_device(gpu(), std::vector<int32_t>(size_t(T), 0));
+        std::vector<float> out[3];
+        for (int run = 0; run < 3; ++run) {  // rope then attention; fused; unrotated
+          const auto q_dev = to_device(gpu(), q);
+          const auto out_dev = poisoned(gpu(), size_t(T * H * v_head));
+          MlaAttentionOp op{.q = q_dev.data(),
+                            .k_b = weight_view(DType::Q8_0, k_b_dev.data(), lora, nope, H),
+                            .v_b = weight_view(DType::Q8_0, v_b_dev.data(), v_head, lora, H),
+                            .cache = cache,
+                            .positions = positions_dev.data(),
+                            .seq_ids = seq_dev.data(),
+                            .n_tokens = T,
+                            .n_heads = H,
+                            .nope_dims = nope,
+                            .v_head_dims = v_head,
+                            .scale = 0.05f,
+                            .output = out_dev.data()};
+          op.rope = rope;
+          if (run == 0) gpu().rope(query_rope(op));
+          op.rotate_queries = run == 1;
+          gpu().mla_attention(op);
+          out[run] = to_host(gpu(), out_dev);
+        }
+        const std::string context = fmt::format("n_ctx={} heads={} T={} ext_factor={}{}", n_ctx, H,
+                                                T, rope.ext_factor, rope.neox ? " neox" : "");
+        EXPECT_TRUE(same_bits(out[1], out[0])) << context;
+        EXPECT_FALSE(same_bits(out[2], out[0])) << context << ": rotating changes nothing?";
       }
-      const std::string context =
-          fmt::format("T={} ext_factor={}{}", T, rope.ext_factor, rope.neox ? " neox" : "");
-      EXPECT_TRUE(same_bits(out[1], out[0])) << context;
-      EXPECT_FALSE(same_bits(out[2], out[0])) << context << ": rotating changes nothing?";
     }
   }
 }
@@ -973,7 +982,9 @@ TEST_F(CudaBackendTest, MoeRouteFusedQuantizesTheExpertsInput) {
               .activations = ActivationBits::Eight};
     std::vector<float> slots[2];
     std::vector<int32_t> ids[2];
-    for (bool fused : {false, true}) {
+    // The fused run first: the unfused one would leave this very input's quantized copy in the
+    // scratch, where a router that quantized nothing would go unnoticed.
+    for (bool fused : {true, false}) {
       const auto logits_dev = poisoned(gpu(), size_t(n_tokens * n_expert));
       const auto ids_dev = to_device(gpu(), std::vector<int32_t>(n_chosen, -7));
       const auto weights_dev = poisoned(gpu(), n_chosen);

@@ -142,8 +142,14 @@ TEST(Deepseek2Forward, AttentionProjectionsTakeTheFfnBitsUnderASoftmaxRouterOnly
       return std::optional<ActivationBits>();
     };
     const bool q_lora = model.hparams().q_lora_rank > 0;
-    for (const char* tensor :
-         {q_lora ? "blk.1.attn_q_a.weight" : "blk.1.attn_q.weight", "blk.1.attn_output.weight"}) {
+    // (kv_a is q's or q_a's MatmulOp::second: the same op, the same bits.)
+    std::vector<std::string> tensors = {"blk.1.attn_output.weight"};
+    if (q_lora) {
+      tensors.insert(tensors.end(), {"blk.1.attn_q_a.weight", "blk.1.attn_q_b.weight"});
+    } else {
+      tensors.push_back("blk.1.attn_q.weight");
+    }
+    for (const std::string& tensor : tensors) {
       const std::optional<ActivationBits> bits = bits_of(tensor);
       ASSERT_TRUE(bits.has_value()) << name << ": no matmul of " << tensor;
       EXPECT_EQ(*bits, c.expected) << name << ": " << tensor;

@@ -472,6 +472,7 @@ void CudaBackend::store_latent(const LatentStoreOp& op) {
   check_cache(op.cache);
   TANDEM_CHECK(op.cache.k_dims == 0 && op.cache.kv_lora_rank == op.norm_dims &&
                op.cache.rope_dims == op.rope.rope_dims);
+  TANDEM_CHECK(!op.query_lora || (op.query_lora_norm && op.query_lora_dims > 0));
   activate();
   ops_->store_latent(op);
 }
