@@ -542,3 +542,46 @@ TEST(MatmulLanes, ATokensResultDoesNotDependOnItsCompanions) {
 
 }  // namespace
 }  // namespace tandem::cpu
+
+namespace tandem::cpu {
+namespace {
+
+// The tasks cover every row of every matrix once, in order, each inside one matrix and starting
+// on a 16-row boundary (interleaved groups); they shrink as the job goes, down to 16 rows at the
+// end; one thread gets one task a matrix.
+TEST(MatmulTasks, CoverEveryRowOnceLargestFirstOnSixteenRowBoundaries) {
+  const std::vector<int64_t> rows = {2048, 0, 1408, 1408, 77, 16, 102400};
+  for (int n_threads : {1, 2, 3, 16}) {
+    std::vector<RowTask> tasks;
+    cut_into_tasks(rows, n_threads, tasks);
+    size_t matmul = 0;
+    int64_t next = 0;
+    for (const RowTask& t : tasks) {
+      while (matmul < rows.size() && next == rows[matmul]) ++matmul, next = 0;
+      ASSERT_LT(matmul, rows.size()) << n_threads << " threads";
+      EXPECT_EQ(t.matmul, matmul);
+      EXPECT_EQ(t.first, next);
+      EXPECT_GT(t.last, t.first);
+      EXPECT_LE(t.last, rows[matmul]);
+      EXPECT_EQ(t.first % 16, 0);
+      if (n_threads == 1) {
+        EXPECT_EQ(t.last - t.first, rows[matmul]);
+      }
+      next = t.last;
+    }
+    while (matmul < rows.size() && next == rows[matmul]) ++matmul, next = 0;
+    EXPECT_EQ(matmul, rows.size()) << n_threads << " threads: rows left uncovered";
+    if (n_threads == 1) continue;
+    // The head's tasks (the last matrix, large) start large and shrink to 16 rows.
+    std::vector<int64_t> head;
+    for (const RowTask& t : tasks)
+      if (t.matmul == 6) head.push_back(t.last - t.first);
+    ASSERT_GE(head.size(), 2u);
+    EXPECT_TRUE(std::is_sorted(head.rbegin(), head.rend())) << n_threads << " threads";
+    EXPECT_GE(head.front(), 102400 / (2 * n_threads + 2));
+    EXPECT_EQ(head.back(), 16) << n_threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu

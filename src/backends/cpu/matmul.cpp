@@ -91,19 +91,7 @@ uint8_t* activation_scratch(size_t bytes) {
   return scratch.data();
 }
 
-// Rows per task: enough tasks (8 per thread) that threads finishing early pick up the slack,
-// but not so few rows that the per-task overhead shows; whole tiles of rows x all tokens, so
-// each weight row is fetched from memory once and reused from L1 for every token.
-int64_t rows_per_task(int64_t rows, int n_threads) {
-  if (n_threads == 1) return std::max<int64_t>(rows, 1);
-  const int64_t target_tasks = int64_t(n_threads) * 8;
-  // A multiple of 16: the interleaved formats store 16 rows together (and the token-lanes
-  // kernels take four at a time).
-  return std::clamp<int64_t>((rows + target_tasks - 1) / target_tasks + 15, 16, 256) / 16 * 16;
-}
-
-// One matmul made ready to run: its kernel, where its prepared activations are, and how its rows
-// are cut into tasks.
+// One matmul made ready to run: its kernel, where its prepared activations are, and its shape.
 struct ReadyMatmul {
   LanesRowsFn lanes = nullptr;  // set: the token-lanes path, with `tiles`
   const uint8_t* tiles = nullptr;
@@ -382,10 +370,11 @@ void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& po
   if (!kernel) return;
   uint8_t* scratch = activation_scratch(prepared_bytes(table, *kernel, args));
   const ReadyMatmul m = make_ready(table, *kernel, args, scratch, pool);
-  const int64_t tile_rows = rows_per_task(m.rows, pool.size());
-  const int64_t n_tasks = (m.rows + tile_rows - 1) / tile_rows;
-  pool.parallel_for(n_tasks, [&](int64_t task, int) {
-    run_rows(m, task * tile_rows, std::min(m.rows, (task + 1) * tile_rows));
+  thread_local std::vector<RowTask> tasks_storage;
+  std::vector<RowTask>& tasks = tasks_storage;
+  cut_into_tasks(std::span(&m.rows, 1), pool.size(), tasks);
+  pool.parallel_for(int64_t(tasks.size()), [&](int64_t task, int) {
+    run_rows(m, tasks[size_t(task)].first, tasks[size_t(task)].last);
   });
 }
 
@@ -395,42 +384,54 @@ void run_matmul_many(const KernelTable& table, std::span<const MatmulArgs> args,
   // The caller's lists, reused from call to call; named through references because a worker
   // thread naming a thread_local would get its own (empty) copy.
   thread_local std::vector<ReadyMatmul> ready_storage;
-  thread_local std::vector<int64_t> first_task_storage;
+  thread_local std::vector<int64_t> rows_storage;
+  thread_local std::vector<RowTask> tasks_storage;
   std::vector<ReadyMatmul>& ready = ready_storage;
-  std::vector<int64_t>& first_task = first_task_storage;  // [ready.size() + 1]
+  std::vector<int64_t>& rows = rows_storage;  // [ready.size()]
+  std::vector<RowTask>& tasks = tasks_storage;
   ready.clear();
-  first_task.assign(1, 0);
+  rows.clear();
   thread_local std::vector<const FormatKernel*> kernels;  // nullptr: nothing to do
   kernels.clear();
   size_t scratch_bytes = 0;
-  int64_t total_rows = 0;
   for (const MatmulArgs& a : args) {
     kernels.push_back(checked_kernel(table, a));
-    if (!kernels.back()) continue;
-    scratch_bytes += prepared_bytes(table, *kernels.back(), a);
-    total_rows += a.rows;
+    if (kernels.back()) scratch_bytes += prepared_bytes(table, *kernels.back(), a);
   }
   uint8_t* scratch = activation_scratch(scratch_bytes);
-  const int64_t tile_rows = rows_per_task(total_rows, pool.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const FormatKernel* kernel = kernels[i];
     if (!kernel) continue;
     ready.push_back(make_ready(table, *kernel, args[i], scratch, pool,
                                ready.empty() ? nullptr : &ready.back()));
     scratch += prepared_bytes(table, *kernel, args[i]);
-    first_task.push_back(first_task.back() + (args[i].rows + tile_rows - 1) / tile_rows);
+    rows.push_back(args[i].rows);
   }
   if (ready.empty()) return;
-  pool.parallel_for(first_task.back(), [&](int64_t task, int) {
-    const size_t i = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
-                            first_task.begin()) - 1;
-    const ReadyMatmul& m = ready[i];
-    const int64_t first = (task - first_task[i]) * tile_rows;
-    run_rows(m, first, std::min(m.rows, first + tile_rows));
+  cut_into_tasks(rows, pool.size(), tasks);
+  pool.parallel_for(int64_t(tasks.size()), [&](int64_t task, int) {
+    const RowTask& t = tasks[size_t(task)];
+    run_rows(ready[t.matmul], t.first, t.last);
   });
 }
 
 }  // namespace
+
+void cut_into_tasks(std::span<const int64_t> rows, int n_threads, std::vector<RowTask>& tasks) {
+  tasks.clear();
+  int64_t left = 0;
+  for (int64_t r : rows) left += r;
+  const int64_t share = 2 * int64_t(n_threads);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t first = 0; first < rows[i];) {
+      const int64_t want = n_threads == 1 ? rows[i] : ((left + share - 1) / share + 15) / 16 * 16;
+      const int64_t last = std::min(rows[i], first + std::max<int64_t>(want, 16));
+      tasks.push_back({.matmul = i, .first = first, .last = last});
+      left -= last - first;
+      first = last;
+    }
+  }
+}
 
 size_t act_row_bytes(ActKind kind, int64_t cols) {
   size_t bytes = 0;
