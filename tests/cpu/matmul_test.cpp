@@ -578,7 +578,19 @@ TEST(MatmulTasks, CoverEveryRowOnceLargestFirstOnSixteenRowBoundaries) {
       if (t.matmul == 6) head.push_back(t.last - t.first);
     ASSERT_GE(head.size(), 2u);
     EXPECT_TRUE(std::is_sorted(head.rbegin(), head.rend())) << n_threads << " threads";
-    EXPECT_GE(head.front(), 102400 / (2 * n_threads + 2));
+    const int64_t share = 2 * n_threads;
+    EXPECT_EQ(head.front(), ((102400 + share - 1) / share + 15) / 16 * 16)
+        << n_threads << " threads";
+    // A quarter of all that is left, not of one matrix's rows: on two threads the first
+    // matrices are taken whole (each is under a quarter of the job).
+    if (n_threads == 2) {
+      EXPECT_EQ(tasks[0].matmul, 0u);
+      EXPECT_EQ(tasks[0].last, 2048);
+      EXPECT_EQ(tasks[1].matmul, 2u);
+      EXPECT_EQ(tasks[1].last, 1408);
+      EXPECT_EQ(tasks[2].matmul, 3u);
+      EXPECT_EQ(tasks[2].last, 1408);
+    }
     EXPECT_EQ(head.back(), 16) << n_threads << " threads";
   }
 }

@@ -324,7 +324,8 @@ void run_interleaved_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   const size_t plain_stride = row_bytes(m.row_type, uint64_t(m.cols));
   thread_local AlignedBuffer plain;
   if (m.lanes) {
-    constexpr int64_t kMostRows = 256;  // a one-thread task is the whole matrix
+    // Tasks can be larger: a whole matrix on one thread, a quarter of it first on two.
+    constexpr int64_t kMostRows = 256;
     const size_t bytes = size_t(std::min(last - first, kMostRows)) * plain_stride;
     if (plain.size() < bytes) plain = AlignedBuffer(bytes);
     for (int64_t part = first; part < last; part += kMostRows) {
@@ -418,6 +419,7 @@ void run_matmul_many(const KernelTable& table, std::span<const MatmulArgs> args,
 }  // namespace
 
 void cut_into_tasks(std::span<const int64_t> rows, int n_threads, std::vector<RowTask>& tasks) {
+  TANDEM_CHECK(n_threads >= 1);
   tasks.clear();
   int64_t left = 0;
   for (int64_t r : rows) left += r;
@@ -425,7 +427,7 @@ void cut_into_tasks(std::span<const int64_t> rows, int n_threads, std::vector<Ro
   for (size_t i = 0; i < rows.size(); ++i) {
     for (int64_t first = 0; first < rows[i];) {
       const int64_t want = n_threads == 1 ? rows[i] : ((left + share - 1) / share + 15) / 16 * 16;
-      const int64_t last = std::min(rows[i], first + std::max<int64_t>(want, 16));
+      const int64_t last = std::min(rows[i], first + want);
       tasks.push_back({.matmul = i, .first = first, .last = last});
       left -= last - first;
       first = last;

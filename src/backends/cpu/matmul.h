@@ -95,11 +95,11 @@ struct RowTask {
 // threads claim in order, largest first: each takes what is left divided by twice the thread
 // count (a quarter on two threads), rounded up to a multiple of 16 rows (the interleaved formats
 // store 16 rows together, the token-lanes kernels take four), and never crosses into the next
-// matrix; one thread takes each matrix whole. Large first tasks stream long runs of weights (tasks
-// of at most 256 rows, as before, decoded 7% slower on two threads: lite tg64, five rounds); small
-// last ones leave little waiting at the end, where equal tasks leave half of one a thread. Each
-// task is whole rows x all tokens, so each weight row is fetched once and reused from L1 for every
-// token.
+// matrix (so a matrix's last task may be shorter); one thread takes each matrix whole. Large first
+// tasks stream long runs of weights (tasks of at most 256 rows, as before, decoded 7% slower on two
+// threads: lite tg64, five rounds); small last ones leave little waiting at the end, where equal
+// tasks leave half of one a thread. Each task is whole rows x all tokens, so each weight row is
+// fetched once and reused from L1 for every token.
 void cut_into_tasks(std::span<const int64_t> rows, int n_threads, std::vector<RowTask>& tasks);
 
 }  // namespace tandem::cpu
