@@ -1,19 +1,22 @@
 // MLA attention on the CPU at decode: one token's heads against a KV cache of N tokens
 // (DeepSeek-V2-Lite's shapes: 16 heads, latent 512 + rope 64, nope 128, v_head 128), through
 // CpuBackend::mla_attention (absorbed key projection, scores, softmax, weighted sums, value
-// projection). Reports the cache bytes read per second: the cache is 2.25 KiB a token a layer,
-// so at long context attention reads as much as a layer's weights. cache:1 runs the same over a
-// BF16 cache (--cache-type-k/v bf16; half the bytes, vdpbf16ps): compare the two at one length
-// for the speed-up, bytes_per_second counting each cache's own bytes. layers:27 cycles through 27
-// caches as a decode step over lite's 27 layers does, so that they come from DRAM, not L3.
+// projection; the projections Q5_0 and Q4_K as in lite Q4_K_M). Reports the cache bytes read per
+// second: the cache is 2.25 KiB a token a layer, so at long context attention reads as much as a
+// layer's weights. cache:1 runs the same over a BF16 cache (--cache-type-k/v bf16; half the bytes,
+// vdpbf16ps): compare the two at one length for the speed-up, bytes_per_second counting each
+// cache's own bytes. layers:27 cycles through 27 caches as a decode step over lite's 27 layers
+// does, so that they come from DRAM, not L3.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/aligned_buffer.h"
 #include "core/backend.h"
 #include "core/half.h"
+#include "quant/quant.h"
 
 namespace tandem::cpu {
 namespace {
@@ -32,26 +35,45 @@ void BM_MlaAttentionDecode(benchmark::State& state) {
     return v;
   };
   const size_t cache_values = size_t(n_keys * (lora + rope));
-  std::vector<float> cache = random(cache_values * size_t(layers));
-  std::vector<uint16_t> cache16(bf16 ? cache.size() : 0);
-  for (size_t i = 0; i < cache16.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
-  std::vector<float> k_b = random(size_t(heads * lora * nope)), v_b = random(size_t(heads * v_head * lora));
+  // On 2 MiB pages, as the engine's KV cache (AlignedBuffer): on 4 KiB pages a VM with shadow
+  // page tables adds TLB misses a decode step does not have.
+  const std::vector<float> values = random(cache_values * size_t(layers));
+  AlignedBuffer cache_buffer(values.size() * (bf16 ? 2 : 4));
+  float* cache = cache_buffer.as<float>();
+  uint16_t* cache16 = cache_buffer.as<uint16_t>();
+  for (size_t i = 0; i < values.size(); ++i)
+    if (bf16)
+      cache16[i] = f32_to_bf16(values[i]);
+    else
+      cache[i] = values[i];
+  // The projections in the lite Q4_K_M file's formats (Q5_0 k_b, Q4_K v_b), so that their
+  // share of the time is the engine's (as F32 they took a third of it).
+  auto quantized = [&](DType type, int64_t rows, int64_t cols) {
+    const std::vector<float> weights = random(size_t(rows * cols));
+    std::vector<uint8_t> q(size_t(rows) * row_bytes(type, uint64_t(cols)));
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row(type, weights.data() + r * cols,
+                   q.data() + size_t(r) * row_bytes(type, uint64_t(cols)), cols);
+    return q;
+  };
+  const std::vector<uint8_t> k_b = quantized(DType::Q5_0, heads * lora, nope);
+  const std::vector<uint8_t> v_b = quantized(DType::Q4_K, heads * v_head, lora);
   std::vector<float> q = random(size_t(heads * (nope + rope))), out(size_t(heads * v_head));
   const int32_t position = int32_t(n_keys - 1), seq = 0;
   MlaAttentionOp op{.q = q.data(),
-                    .k_b = {.type = DType::F32,
+                    .k_b = {.type = DType::Q5_0,
                             .data = k_b.data(),
                             .cols = nope,
                             .rows = lora,
                             .n_mats = heads,
-                            .row_bytes = uint64_t(nope) * 4},
-                    .v_b = {.type = DType::F32,
+                            .row_bytes = row_bytes(DType::Q5_0, nope)},
+                    .v_b = {.type = DType::Q4_K,
                             .data = v_b.data(),
                             .cols = lora,
                             .rows = v_head,
                             .n_mats = heads,
-                            .row_bytes = uint64_t(lora) * 4},
-                    .cache = {.data = bf16 ? static_cast<void*>(cache16.data()) : cache.data(),
+                            .row_bytes = row_bytes(DType::Q4_K, lora)},
+                    .cache = {.data = cache_buffer.data(),
                               .n_seq = 1,
                               .n_ctx = n_keys,
                               .kv_lora_rank = lora,
@@ -67,8 +89,8 @@ void BM_MlaAttentionDecode(benchmark::State& state) {
                     .output = out.data()};
   int64_t layer = 0;
   for (auto _ : state) {
-    op.cache.data = bf16 ? static_cast<void*>(cache16.data() + size_t(layer) * cache_values)
-                         : static_cast<void*>(cache.data() + size_t(layer) * cache_values);
+    op.cache.data = bf16 ? static_cast<void*>(cache16 + size_t(layer) * cache_values)
+                         : static_cast<void*>(cache + size_t(layer) * cache_values);
     layer = layer + 1 == layers ? 0 : layer + 1;
     cpu.mla_attention(op);
     benchmark::DoNotOptimize(out.data());

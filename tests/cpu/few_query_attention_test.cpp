@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
+#include "core/half.h"
 #include "cpu/sum_bound.h"
 
 namespace tandem::cpu {
@@ -143,14 +144,16 @@ std::vector<double> exact_attention(const std::vector<float>& x, int64_t heads, 
   return out;
 }
 
-// Contexts inside one block, across blocks and across parts of several blocks (kAttendBlock
-// keys a block, parts of four), tokens of one call with different lengths.
+// Contexts inside one block, at its edge, across blocks and across parts of several blocks
+// (kAttendBlock keys a block, parts of four past four blocks, the last part one key), tokens of one
+// call with different lengths.
 TEST(FewQueryAttention, AttendMatchesExactSoftmaxAttention) {
   std::mt19937 rng(5);
   ThreadPool pool(3);
   const int64_t cols = 72, n_out = 64;
-  const std::vector<int32_t> last_key = {0, 126, 127, 128, 600, 1100, 2047, 2048};
-  const std::vector<float> keys = random_floats(size_t(2049 * cols), rng, -1, 1);
+  constexpr int32_t B = int32_t(kAttendBlock);
+  const std::vector<int32_t> last_key = {0, B - 2, B - 1, B, 600, 1100, 8 * B - 1, 8 * B};
+  const std::vector<float> keys = random_floats(size_t((8 * B + 1) * cols), rng, -1, 1);
   for (int64_t heads : {1, 16, 20}) {
     // Scores of a few units: the softmax is neither flat nor one-hot.
     const std::vector<float> x = random_floats(size_t(int64_t(last_key.size()) * heads * cols), rng, -1, 1);
@@ -219,7 +222,11 @@ TEST(FewQueryAttention, SoftmaxBlockMatchesDoubleExp) {
         std::vector<float> s = random_floats(size_t(n), rng, -60, 10);
         const std::vector<float> raw = s;
         float top = top_before;
-        const float sum = table.softmax_block(s.data(), n, 0.75f, &top);
+        // With bf16 weights asked for (but for one top): each term's f32_to_bf16, nothing past n.
+        const bool with_weights = top_before != 3.0f;
+        std::vector<uint16_t> weights16(size_t(n) + 16, 0x5555);
+        const float sum = table.softmax_block(s.data(), n, 0.75f, &top,
+                                              with_weights ? weights16.data() : nullptr);
         float expected_top = top_before;
         for (float v : raw) expected_top = std::max(expected_top, v * 0.75f);
         const std::string where = std::string(cpu_isa_name(isa)) + " n " + std::to_string(n);
@@ -232,6 +239,10 @@ TEST(FewQueryAttention, SoftmaxBlockMatchesDoubleExp) {
           EXPECT_NEAR(s[size_t(j)], e, 4e-7 * e + 1e-40) << where << " j " << j;
         }
         EXPECT_NEAR(sum, exact_sum, double(n + 4) * 1.2e-7 * exact_sum + 1e-40) << where;
+        for (int64_t j = 0; j < n + 16; ++j) {
+          const uint16_t expected = with_weights && j < n ? f32_to_bf16(s[size_t(j)]) : 0x5555;
+          ASSERT_EQ(weights16[size_t(j)], expected) << where << " weight " << j;
+        }
       }
     }
   }
@@ -242,11 +253,36 @@ TEST(FewQueryAttention, SoftmaxBlockMatchesDoubleExp) {
 TEST(FewQueryAttention, SoftmaxBlockKeepsNan) {
   for (CpuIsa isa : supported_cpu_isas()) {
     std::vector<float> s = {1.0f, 2.0f, NAN, 0.5f, 3.0f};
+    std::vector<uint16_t> weights16(s.size());
     float top = -INFINITY;
-    const float sum = kernel_table(isa).softmax_block(s.data(), int64_t(s.size()), 1.0f, &top);
+    const float sum =
+        kernel_table(isa).softmax_block(s.data(), int64_t(s.size()), 1.0f, &top, weights16.data());
     EXPECT_TRUE(std::isnan(sum)) << cpu_isa_name(isa);
     EXPECT_TRUE(std::isnan(s[2])) << cpu_isa_name(isa);
+    EXPECT_TRUE(std::isnan(bf16_to_f32(weights16[2]))) << cpu_isa_name(isa);
   }
+}
+
+// A part's sums rescaled and the next block's added: the multiply and the add rounded apart on
+// every level (a fused multiply-add would differ in the last bit), nothing written past n.
+TEST(FewQueryAttention, ScaleAddRoundsTheProductAndTheSumApart) {
+  std::mt19937 rng(12);
+  for (CpuIsa isa : supported_cpu_isas())
+    for (int64_t n : {1, 15, 16, 64, 70}) {
+      const std::vector<float> before = random_floats(size_t(n) + 5, rng, -3, 3);
+      const std::vector<float> in = random_floats(size_t(n), rng, -3, 3);
+      const float scale = 0.318f;
+      std::vector<float> out = before;
+      kernel_table(isa).scale_add(out.data(), in.data(), scale, n);
+      for (int64_t i = 0; i < n + 5; ++i) {
+        float expected = before[size_t(i)];
+        if (i < n) {
+          volatile float scaled = before[size_t(i)] * scale;  // rounded here, not fused below
+          expected = scaled + in[size_t(i)];
+        }
+        ASSERT_EQ(out[size_t(i)], expected) << cpu_isa_name(isa) << " n " << n << " i " << i;
+      }
+    }
 }
 
 }  // namespace

@@ -77,11 +77,11 @@ struct Part {
   float* acc = nullptr;  // [heads, n_out]
 };
 
-// Keys per part (a task's work, its blocks merged as it goes): one block up to 1024 keys, so
-// that a short context still gives the threads several tasks; four beyond (fewer, larger tasks
-// measured faster at 4096 keys: 0.77 against 0.83-0.91 ms a layer), which also keeps the parts
-// held for the final merge small however long the context. It depends on the token's own key
-// count only, so a token's result still does not depend on its call mates.
+// Keys per part (a task's work, its blocks merged as it goes): one block up to 1024 keys (at most
+// four parts), so that a short context still gives the threads several tasks; four blocks beyond
+// (fewer, larger tasks measured faster at 4096 keys: 0.77 against 0.83-0.91 ms a layer), which also
+// keeps the parts held for the final merge small however long the context. It depends on the
+// token's own key count only, so a token's result still does not depend on its call mates.
 int64_t part_keys(int64_t n_keys) {
   return n_keys <= 1024 ? kAttendBlock : 4 * kAttendBlock;
 }
@@ -191,17 +191,14 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
       // down when this block raised it (by exactly 1 when it did not).
       for (int64_t h = 0; h < H; ++h) {
         float top = first_block ? -INFINITY : out.max[h];
+        // bf16: the weights as the bf16 sums take them (the sum is of the F32 ones).
+        uint16_t* w = bf16 ? weights16.data() + h * (kAttendBlock + 1) : nullptr;
         const float sum =
-            table.softmax_block(scores.data() + h * kAttendBlock, n_keys, a.scale, &top);
+            table.softmax_block(scores.data() + h * kAttendBlock, n_keys, a.scale, &top, w);
+        if (w) w[n_keys] = 0;
         old_scale[h] = first_block ? 0.0f : std::exp(out.max[h] - top);
         out.sum[h] = first_block ? sum : out.sum[h] * old_scale[h] + sum;
         out.max[h] = top;
-        if (bf16) {  // the weights as the bf16 sums take them (the sum above is of the F32 ones)
-          uint16_t* w = weights16.data() + h * (kAttendBlock + 1);
-          for (int64_t j = 0; j < n_keys; ++j)
-            w[j] = f32_to_bf16(scores[size_t(h * kAttendBlock + j)]);
-          w[n_keys] = 0;
-        }
       }
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t rows_at = row * value_stride + g * a.value_group_offset;
@@ -227,8 +224,8 @@ void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool)
       }
       if (!first_block)
         for (int64_t h = 0; h < H; ++h)
-          for (int64_t c = 0; c < a.n_out; ++c)
-            out.acc[h * a.n_out + c] = out.acc[h * a.n_out + c] * old_scale[h] + block_acc[size_t(h * a.n_out + c)];
+          table.scale_add(out.acc + h * a.n_out, block_acc.data() + h * a.n_out, old_scale[h],
+                          a.n_out);
       first += n_keys;
     }
   });
@@ -314,12 +311,21 @@ void weighted_sums_64_bf16_portable(const uint16_t* const* p, int n_queries, con
     }
 }
 
-float softmax_block_portable(float* s, int64_t n, float scale, float* top) {
+float softmax_block_portable(float* s, int64_t n, float scale, float* top, uint16_t* weights16) {
   float t = *top, sum = 0;
   for (int64_t j = 0; j < n; ++j) t = std::max(t, s[j] *= scale);
   for (int64_t j = 0; j < n; ++j) sum += s[j] = std::exp(s[j] - t);
+  if (weights16)
+    for (int64_t j = 0; j < n; ++j) weights16[j] = f32_to_bf16(s[j]);
   *top = t;
   return sum;
+}
+
+void scale_add_portable(float* out, const float* in, float scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float scaled = out[i] * scale;  // x86-64's baseline has no fma to contract this into
+    out[i] = scaled + in[i];
+  }
 }
 
 void attend(const AttendArgs& args, ThreadPool& pool) {

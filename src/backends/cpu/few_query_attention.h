@@ -59,7 +59,10 @@ struct WeightedSumsArgs {
 // parallel job over (token, part). A token's result depends only on its queries and its own keys
 // (the blocks start at its first key whatever the call, and a block stops at the ring's end), so it
 // is the same alone and among others.
-constexpr int64_t kAttendBlock = 128;
+// 256 keys (295 KiB of MLA's bf16 rows, in L2 for the sums): against 128, half the blocks' fixed
+// work (the softmax calls, the sums' calls, the rescale of the part's sums), MLA attention at 4096
+// keys ~10% faster (attention_bench).
+constexpr int64_t kAttendBlock = 256;
 
 struct AttendArgs {
   const float* x = nullptr;  // [n_tokens * heads, x_stride]: token t's head h at row t * heads + h

@@ -322,7 +322,19 @@ void weighted_sums_64_bf16_avx512(const uint16_t* const* p, int n_queries, const
   }
 }
 
-float softmax_block_avx512(float* s, int64_t n, float scale, float* top) {
+// f32_to_bf16 (core/half.h) of 16 floats: round to nearest even, a NaN kept quiet.
+__m256i round_to_bf16(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+float softmax_block_avx512(float* s, int64_t n, float scale, float* top, uint16_t* weights16) {
   const __m512 scale_v = _mm512_set1_ps(scale);
   auto mask = [&](int64_t j) {
     return __mmask16((uint32_t(1) << std::min<int64_t>(16, n - j)) - 1);
@@ -341,10 +353,24 @@ float softmax_block_avx512(float* s, int64_t n, float scale, float* top) {
     const __mmask16 m = mask(j);
     const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top_v));
     _mm512_mask_storeu_ps(s + j, m, e);
+    if (weights16) _mm256_mask_storeu_epi16(weights16 + j, m, round_to_bf16(e));
     sum = _mm512_mask_add_ps(sum, m, sum, e);
   }
   *top = new_top;
   return _mm512_reduce_add_ps(sum);
+}
+
+// The multiply and the add rounded apart (the _round_ forms are never contracted into an fma), as
+// the portable level does.
+void scale_add_avx512(float* out, const float* in, float scale, int64_t n) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = __mmask16((uint32_t(1) << std::min<int64_t>(16, n - i)) - 1);
+    const __m512 scaled = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, out + i), scale_v, kNearest);
+    _mm512_mask_storeu_ps(out + i, m,
+                          _mm512_add_round_ps(scaled, _mm512_maskz_loadu_ps(m, in + i), kNearest));
+  }
 }
 
 void weighted_sums_64_avx512(const float* const* p, int n_queries, const float* rows, int64_t row_stride,
@@ -363,6 +389,7 @@ void fill_avx512_few_query_attention(KernelTable& table) {
   table.key_scores_16 = key_scores_16_avx512;
   table.weighted_sums_64 = weighted_sums_64_avx512;
   table.softmax_block = softmax_block_avx512;
+  table.scale_add = scale_add_avx512;
   table.key_scores_16_bf16 = key_scores_16_bf16_avx512;
   table.weighted_sums_64_bf16 = weighted_sums_64_bf16_avx512;
 }

@@ -92,8 +92,14 @@ using WeightedSums64Bf16Fn = void (*)(const uint16_t* const* p, int n_queries, c
                                       int64_t row_stride, int64_t keys, int cols,
                                       float* const* out);
 // One block of a query's scores turned into softmax terms: s[j] *= scale, *top = the larger of
-// *top and every s[j], then s[j] = exp(s[j] - *top); returns Σ_j s[j] (n >= 1).
-using SoftmaxBlockFn = float (*)(float* s, int64_t n, float scale, float* top);
+// *top and every s[j], then s[j] = exp(s[j] - *top); returns Σ_j s[j] (n >= 1). When weights16 is
+// not null, weights16[j] = f32_to_bf16(s[j]) too: the BF16 weighted sums' weights, rounded while
+// the terms are in registers (a separate scalar pass cost 5% of MLA attention at 4096 keys).
+using SoftmaxBlockFn = float (*)(float* s, int64_t n, float scale, float* top, uint16_t* weights16);
+// out[i] = out[i] * scale + in[i] for i < n, a multiply and an add each rounded (never fused), so
+// that every level gives the same bits: a part's sums so far rescaled to a new maximum and the
+// next block's sums added.
+using ScaleAddFn = void (*)(float* out, const float* in, float scale, int64_t n);
 // The gated FFN's activation: gate[i] = silu(gate[i]) * up[i] for i < n (activations.h).
 using SiluMulFn = void (*)(float* gate, const float* up, int64_t n);
 
@@ -118,12 +124,13 @@ struct KernelTable {
   // The same for the Int8 token-lanes path (gemm_q8.h's tiles); nullptr: a task's groups are taken
   // apart for the plain 8-bit kernel.
   LanesRowsFn group_lanes8[kDTypeSlots] = {};
-  // Every level has these six.
+  // Every level has these seven.
   KeyScores16Fn key_scores_16 = nullptr;
   WeightedSums64Fn weighted_sums_64 = nullptr;
   KeyScores16Bf16Fn key_scores_16_bf16 = nullptr;
   WeightedSums64Bf16Fn weighted_sums_64_bf16 = nullptr;
   SoftmaxBlockFn softmax_block = nullptr;
+  ScaleAddFn scale_add = nullptr;
   SiluMulFn silu_mul = nullptr;
 };
 
@@ -156,7 +163,8 @@ void key_scores_16_portable(const float* x_t, int n_queries, const float* keys, 
                             int64_t n_keys, int64_t cols, float* scores, int64_t score_stride);
 void weighted_sums_64_portable(const float* const* p, int n_queries, const float* rows,
                                int64_t row_stride, int64_t keys, int cols, float* const* out);
-float softmax_block_portable(float* s, int64_t n, float scale, float* top);
+float softmax_block_portable(float* s, int64_t n, float scale, float* top, uint16_t* weights16);
+void scale_add_portable(float* out, const float* in, float scale, int64_t n);
 void key_scores_16_bf16_portable(const uint16_t* x_p, int n_queries, const uint16_t* keys,
                                  int64_t key_stride, int64_t n_keys, int64_t cols, float* scores,
                                  int64_t score_stride);

@@ -21,6 +21,7 @@ KernelTable build_table(CpuIsa isa) {
   table.key_scores_16 = key_scores_16_portable;
   table.weighted_sums_64 = weighted_sums_64_portable;
   table.softmax_block = softmax_block_portable;
+  table.scale_add = scale_add_portable;
   table.key_scores_16_bf16 = key_scores_16_bf16_portable;
   table.weighted_sums_64_bf16 = weighted_sums_64_bf16_portable;
   table.silu_mul = silu_mul_portable;
