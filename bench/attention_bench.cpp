@@ -1,7 +1,8 @@
 // MLA attention on the CPU at decode: one token's heads against a KV cache of N tokens
 // (DeepSeek-V2-Lite's shapes: 16 heads, latent 512 + rope 64, nope 128, v_head 128), through
 // CpuBackend::mla_attention (absorbed key projection, scores, softmax, weighted sums, value
-// projection; the projections Q5_0 and Q4_K as in lite Q4_K_M). Reports the cache bytes read per
+// projection; the projections Q5_0 and Q4_K as in lite Q4_K_M as downloaded: `tandem repack`
+// makes them Q5_0_R16 and Q4_K_R16). Reports the cache bytes read per
 // second: the cache is 2.25 KiB a token a layer, so at long context attention reads as much as a
 // layer's weights. cache:1 runs the same over a BF16 cache (--cache-type-k/v bf16; half the bytes,
 // vdpbf16ps): compare the two at one length for the speed-up, bytes_per_second counting each
@@ -47,7 +48,7 @@ void BM_MlaAttentionDecode(benchmark::State& state) {
     else
       cache[i] = values[i];
   // The projections in the lite Q4_K_M file's formats (Q5_0 k_b, Q4_K v_b), so that their
-  // share of the time is the engine's (as F32 they took a third of it).
+  // share of the time is the engine's on that file (as F32 they took a third of it).
   auto quantized = [&](DType type, int64_t rows, int64_t cols) {
     const std::vector<float> weights = random(size_t(rows * cols));
     std::vector<uint8_t> q(size_t(rows) * row_bytes(type, uint64_t(cols)));

@@ -121,7 +121,8 @@ TEST(Bf16Attention, AttendMatchesExactAttentionOfTheRoundedValues) {
   ThreadPool pool(3);
   const int64_t groups = 2, per_group = 8, heads = groups * per_group, head_dim = 64;
   const int64_t row = 2 * groups * head_dim;  // every group's key, then every group's value
-  const std::vector<int32_t> last_key = {0, 1, 126, 127, 600, 1100, 2048};
+  constexpr int32_t B = int32_t(kAttendBlock);
+  const std::vector<int32_t> last_key = {0, 1, B - 2, B - 1, B, 600, 1100, 2048};
   const std::vector<uint16_t> cache = random_bf16(size_t(2049 * row), rng, -1, 1);
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<float> x(last_key.size() * size_t(heads * head_dim));
@@ -181,7 +182,7 @@ TEST(Bf16Attention, AttendGivesATokenTheSameBitsAloneAndAmongOthers) {
   std::mt19937 rng(8);
   ThreadPool pool(2);
   const int64_t cols = 40, heads = 3;
-  const std::vector<int32_t> last_key = {700, 5, 1500, 130};
+  const std::vector<int32_t> last_key = {700, 5, 1500, int32_t(kAttendBlock) + 2};
   const std::vector<uint16_t> keys = random_bf16(size_t(1501 * cols), rng, -1, 1);
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<float> x(last_key.size() * size_t(heads * cols));

@@ -114,7 +114,7 @@ std::vector<float> run_attention(cpu::CpuBackend& cpu, const AttentionCase& c, i
 TEST(GqaOps, AttentionMatchesExactSoftmaxWithGroupsWindowsSinksAndRings) {
   std::mt19937 rng(21);
   cpu::CpuBackend cpu(2);
-  const int64_t n = 300;  // more than two blocks of keys
+  const int64_t n = 300;  // more than a block of keys (kAttendBlock, 256)
   for (const AttentionCase c :
        {AttentionCase{}, AttentionCase{.n_heads = 4, .n_kv = 4, .head_dim = 64, .v_dim = 48},
         AttentionCase{.window = 16, .sinks = true},

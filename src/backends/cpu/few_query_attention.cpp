@@ -68,7 +68,7 @@ void run_weighted_sums(const KernelTable& table, const WeightedSumsArgs& a, Thre
   });
 }
 
-// What one part of one token's keys (up to kAttendPartBlocks blocks) leaves for the merge: per
+// What one part of one token's keys (part_keys of them at most) leaves for the merge: per
 // head the largest scaled score, the sum of the exponentials against it, and the rows' sum
 // weighted by them.
 struct Part {
@@ -77,13 +77,15 @@ struct Part {
   float* acc = nullptr;  // [heads, n_out]
 };
 
-// Keys per part (a task's work, its blocks merged as it goes): one block up to 1024 keys (at most
-// four parts), so that a short context still gives the threads several tasks; four blocks beyond
-// (fewer, larger tasks measured faster at 4096 keys: 0.77 against 0.83-0.91 ms a layer), which also
-// keeps the parts held for the final merge small however long the context. It depends on the
-// token's own key count only, so a token's result still does not depend on its call mates.
+// Keys per part (a task's work, its blocks merged as it goes): one block up to 1024 keys, so
+// that a short context still gives the threads several tasks; 512 keys beyond (with 128-key
+// blocks, 512-key parts measured faster at 4096 keys than 128-key ones: 0.77 against 0.83-0.91 ms
+// a layer; a token at 4096 keys then has eight tasks for the threads, where 1024-key parts would
+// leave four), which also keeps the parts held for the final merge small however long the
+// context. It depends on the token's own key count only, so a token's result still does not
+// depend on its call mates.
 int64_t part_keys(int64_t n_keys) {
-  return n_keys <= 1024 ? kAttendBlock : 4 * kAttendBlock;
+  return n_keys <= 1024 ? kAttendBlock : 512;
 }
 
 void run_attend(const KernelTable& table, const AttendArgs& a, ThreadPool& pool) {

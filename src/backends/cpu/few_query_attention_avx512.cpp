@@ -322,8 +322,10 @@ void weighted_sums_64_bf16_avx512(const uint16_t* const* p, int n_queries, const
   }
 }
 
-// f32_to_bf16 (core/half.h) of 16 floats: round to nearest even, a NaN kept quiet.
-__m256i round_to_bf16(__m512 v) {
+// f32_to_bf16 (core/half.h) of 16 floats: round to nearest even, a NaN kept quiet. Not
+// vcvtneps2bf16, which treats denormal inputs as zeros: tiny softmax weights would round
+// differently from the portable level's.
+__m256i f32_to_bf16_x16(__m512 v) {
   const __m512i x = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
   const __m512i rounded =
@@ -353,7 +355,7 @@ float softmax_block_avx512(float* s, int64_t n, float scale, float* top, uint16_
     const __mmask16 m = mask(j);
     const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top_v));
     _mm512_mask_storeu_ps(s + j, m, e);
-    if (weights16) _mm256_mask_storeu_epi16(weights16 + j, m, round_to_bf16(e));
+    if (weights16) _mm256_mask_storeu_epi16(weights16 + j, m, f32_to_bf16_x16(e));
     sum = _mm512_mask_add_ps(sum, m, sum, e);
   }
   *top = new_top;

@@ -93,8 +93,9 @@ using WeightedSums64Bf16Fn = void (*)(const uint16_t* const* p, int n_queries, c
                                       float* const* out);
 // One block of a query's scores turned into softmax terms: s[j] *= scale, *top = the larger of
 // *top and every s[j], then s[j] = exp(s[j] - *top); returns Σ_j s[j] (n >= 1). When weights16 is
-// not null, weights16[j] = f32_to_bf16(s[j]) too: the BF16 weighted sums' weights, rounded while
-// the terms are in registers (a separate scalar pass cost 5% of MLA attention at 4096 keys).
+// not null, weights16[j] = f32_to_bf16(s[j]) for j < n too (nothing past n written): the BF16
+// weighted sums' weights, rounded while the terms are in registers (a separate scalar pass cost
+// 5% of MLA attention at 4096 keys).
 using SoftmaxBlockFn = float (*)(float* s, int64_t n, float scale, float* top, uint16_t* weights16);
 // out[i] = out[i] * scale + in[i] for i < n, a multiply and an add each rounded (never fused), so
 // that every level gives the same bits: a part's sums so far rescaled to a new maximum and the

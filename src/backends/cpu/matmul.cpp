@@ -367,21 +367,9 @@ void run_rows(const ReadyMatmul& m, int64_t first, int64_t last) {
   else run_plain_rows(m, first, last);
 }
 
-void run_matmul(const KernelTable& table, const MatmulArgs& args, ThreadPool& pool) {
-  const FormatKernel* kernel = checked_kernel(table, args);
-  if (!kernel) return;
-  uint8_t* scratch = activation_scratch(prepared_bytes(table, *kernel, args));
-  const ReadyMatmul m = make_ready(table, *kernel, args, scratch, pool);
-  thread_local std::vector<RowTask> tasks_storage;
-  std::vector<RowTask>& tasks = tasks_storage;
-  cut_into_tasks(std::span(&m.rows, 1), pool.size(), tasks);
-  pool.parallel_for(int64_t(tasks.size()), [&](int64_t task, int) {
-    run_rows(m, tasks[size_t(task)].first, tasks[size_t(task)].last);
-  });
-}
-
 // The matmuls' row tiles in one list, claimed by the threads in order: a thread that finishes
-// one matrix goes straight on to the next, with no wait for the others in between.
+// one matrix goes straight on to the next, with no wait for the others in between. One matmul is
+// a list of one.
 void run_matmul_many(const KernelTable& table, std::span<const MatmulArgs> args, ThreadPool& pool) {
   // The caller's lists, reused from call to call; named through references because a worker
   // thread naming a thread_local would get its own (empty) copy.
@@ -493,11 +481,11 @@ const KernelTable& best_kernel_table() {
 }
 
 void matmul(const MatmulArgs& args, ThreadPool& pool) {
-  run_matmul(best_kernel_table(), args, pool);
+  run_matmul_many(best_kernel_table(), std::span(&args, 1), pool);
 }
 
 void matmul_with_isa(CpuIsa isa, const MatmulArgs& args, ThreadPool& pool) {
-  run_matmul(kernel_table(isa), args, pool);
+  run_matmul_many(kernel_table(isa), std::span(&args, 1), pool);
 }
 
 void matmul_many(std::span<const MatmulArgs> args, ThreadPool& pool) {
