@@ -163,10 +163,11 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
 
 // One thread takes all the rows as one task (17 groups): the 8-bit token-lanes path, on whole
 // groups (AVX-512) or on up to 256 rows taken apart at a time (run_interleaved_rows, elsewhere),
-// gives the plain format's bits on every instruction set.
+// gives the plain format's bits on every instruction set. 768 columns: the AVX-512 kernel's column
+// chunks of 512 leave a short last one; 40 tokens: a pair of tiles, then a last one part full.
 TEST(InterleavedMatmul, ATaskOfManyGroupsOnTheLanesPathGivesThePlainFormatsBits) {
   ThreadPool pool(1);
-  const int64_t rows = 272, cols = 512, n_tokens = 20;
+  const int64_t rows = 272, cols = 768, n_tokens = 40;
   for (DType base : {DType::Q8_0, DType::Q5_0, DType::Q4_K}) {
     const Weights w = make_weights(base, rows, cols, 21 + uint32_t(base));
     const std::vector<float> x = gaussian(n_tokens * cols, 22);

@@ -266,13 +266,12 @@ void build_q8_tile_avx512(const uint8_t* act, size_t act_stride, int64_t first, 
 // steps per lane are unchanged, so the bits do not depend on how many tiles go together.
 // kStride: how far apart a row's consecutive quads and group scales are (1 for unpacked rows; 16
 // for an unpacked interleaved group, whose 16 rows' quads and scales lie side by side).
+// Groups [first_group, end_group) are added to `out`, so a row's sums can run a chunk of columns
+// at a time (the float steps stay per group, in group order).
 template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles, int kStride = 1>
-inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
-                       __m512 (*out)[kTiles]) {
-  for (int r = 0; r < kRows; ++r)
-    for (int k = 0; k < kTiles; ++k) out[r][k] = _mm512_setzero_ps();
-  const int64_t n_groups = cols / kGroup;
-  for (int64_t g = 0; g < n_groups; ++g) {
+inline void tile_rows8_groups(const UnpackedRow8* w, const Q8Tile* x, int64_t first_group,
+                              int64_t end_group, __m512 (*out)[kTiles]) {
+  for (int64_t g = first_group; g < end_group; ++g) {
     // -o Σ x of the group, per lane: where each row's sum starts.
     __m512i start[kTiles];
     for (int k = 0; k < kTiles; ++k) {
@@ -316,6 +315,15 @@ inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
   }
 }
 
+template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles, int kStride = 1>
+inline void tile_rows8(const UnpackedRow8* w, const Q8Tile* x, int64_t cols,
+                       __m512 (*out)[kTiles]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int k = 0; k < kTiles; ++k) out[r][k] = _mm512_setzero_ps();
+  tile_rows8_groups<kGroup, kMins, kOffsetShift, kRows, kTiles, kStride>(w, x, 0, cols / kGroup,
+                                                                         out);
+}
+
 // kTiles tiles from the one at token `first` against kRows unpacked rows, stored to m.output.
 template <int kGroup, bool kMins, int kOffsetShift, int kRows, int kTiles, int kStride = 1>
 void rows_against_tiles(const LanesMatmul& m, const UnpackedRow8* w, int64_t row, int64_t first) {
@@ -338,6 +346,60 @@ void rows_against_every_tile(const LanesMatmul& m, const UnpackedRow8* w, int64_
     rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 1, kStride>(m, w, row, first);
 }
 
+// Sixteen unpacked rows (`row` ..) against every tile, a chunk of 512 columns at a time: the
+// chunk's weights (16 rows x 512 columns: 8 KiB) and a pair of tiles' chunk (16 KiB of quads) stay
+// in L1 while the four sets of four rows pass over them, so each tile comes from L2 or L3 once for
+// the 16 rows. Four rows at a time over all columns reread every tile for each set of four: a
+// 512-token prompt's 32 tiles of 2048 columns (1.3 MiB) from L3, 1.4x slower in matmul_bench
+// (prompt/Q4_K_R16/int8/1408x2048/n:512), and a pair's 64 KiB from L2.
+// The running sums wait in `partial` ([tile][16 rows] vectors) between chunks: stored and
+// reloaded, they keep their bits, and each group's float steps stay in group order, so the
+// result is tile_rows8's.
+template <int kGroup, bool kMins, int kOffsetShift, int kStride>
+void sixteen_rows_against_every_tile(const LanesMatmul& m, const UnpackedRow8* w, int64_t row,
+                                     __m512* partial) {
+  constexpr int kRows = 4, kChunkGroups = 512 / kGroup;
+  const int64_t n_tiles = (m.n_tokens + kLanes - 1) / kLanes, n_groups = m.cols / kGroup;
+  const size_t tile_bytes = q8_tile_bytes(m.cols);
+  for (int64_t i = 0; i < n_tiles * 16; ++i) partial[i] = _mm512_setzero_ps();
+  for (int64_t first_group = 0; first_group < n_groups; first_group += kChunkGroups) {
+    const int64_t end_group = std::min(n_groups, first_group + kChunkGroups);
+    for (int64_t tile = 0; tile < n_tiles; tile += 2) {
+      Q8Tile x[2];
+      for (int k = 0; k < 2 && tile + k < n_tiles; ++k)
+        x[k] = q8_tile(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
+      if (tile + 1 < n_tiles) {
+        for (int r0 = 0; r0 < 16; r0 += kRows) {
+          __m512 out[kRows][2];
+          for (int r = 0; r < kRows; ++r)
+            for (int k = 0; k < 2; ++k) out[r][k] = partial[(tile + k) * 16 + r0 + r];
+          tile_rows8_groups<kGroup, kMins, kOffsetShift, kRows, 2, kStride>(w + r0, x, first_group,
+                                                                            end_group, out);
+          for (int r = 0; r < kRows; ++r)
+            for (int k = 0; k < 2; ++k) partial[(tile + k) * 16 + r0 + r] = out[r][k];
+        }
+      } else {  // a last tile alone: twice the rows, so as many sums are in flight
+        for (int r0 = 0; r0 < 16; r0 += 2 * kRows) {
+          __m512 last[2 * kRows][1];
+          for (int r = 0; r < 2 * kRows; ++r) last[r][0] = partial[tile * 16 + r0 + r];
+          tile_rows8_groups<kGroup, kMins, kOffsetShift, 2 * kRows, 1, kStride>(
+              w + r0, x, first_group, end_group, last);
+          for (int r = 0; r < 2 * kRows; ++r) partial[tile * 16 + r0 + r] = last[r][0];
+        }
+      }
+    }
+  }
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    __m512 out[16][1];
+    for (int r = 0; r < 16; ++r) out[r][0] = partial[tile * 16 + r];
+    store_lanes<16, 1>(m, out, row, tile * kLanes);
+  }
+}
+
+inline size_t partial_sums_bytes(int64_t n_tokens) {
+  return size_t((n_tokens + kLanes - 1) / kLanes) * 16 * sizeof(__m512);
+}
+
 // Rows `row` .. `row + kRows - 1` of `m`, unpacked into `scratch`, against every tile.
 template <int kGroup, bool kMins, int kOffsetShift, int kRows>
 void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
@@ -351,13 +413,26 @@ void rows_against_tiles8(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
   rows_against_every_tile<kGroup, kMins, kOffsetShift, kRows>(m, w, row);
 }
 
+// Rows [first_row, last_row) of `m`: sixteen at a time, then four, then one.
 template <int kGroup, bool kMins, int kOffsetShift>
 void lanes8_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
   constexpr int kRows = 4;
   thread_local AlignedBuffer scratch;
-  if (scratch.size() < unpack8_scratch_bytes(kRows, m.cols))
-    scratch = AlignedBuffer(unpack8_scratch_bytes(kRows, m.cols));
+  const size_t unpacked_bytes = unpack8_scratch_bytes(16, m.cols);
+  if (scratch.size() < unpacked_bytes + partial_sums_bytes(m.n_tokens))
+    scratch = AlignedBuffer(unpacked_bytes + partial_sums_bytes(m.n_tokens));
+  auto* partial = reinterpret_cast<__m512*>(scratch.data() + unpacked_bytes);
+  const UnpackRow8Fn unpack = avx512_unpacker8(m.type);
   int64_t row = first_row;
+  for (; row + 16 <= last_row; row += 16) {
+    UnpackedRow8 w[16];
+    for (int r = 0; r < 16; ++r) {
+      w[r] = unpacked_row8(scratch.data(), 16, m.cols, r);
+      unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
+    }
+    prefetch_rows(m.weights + size_t(row + 16) * m.weight_stride, size_t(16) * m.weight_stride);
+    sixteen_rows_against_every_tile<kGroup, kMins, kOffsetShift, 1>(m, w, row, partial);
+  }
   for (; row + kRows <= last_row; row += kRows)
     rows_against_tiles8<kGroup, kMins, kOffsetShift, kRows>(m, row, scratch.data());
   for (; row < last_row; ++row) rows_against_tiles8<kGroup, kMins, kOffsetShift, 1>(m, row, scratch.data());
@@ -466,23 +541,20 @@ void unpack8_group_q5_0(const void* group, int64_t cols, UnpackedGroup8 out) {
 using UnpackGroup8Fn = void (*)(const void* group, int64_t cols, UnpackedGroup8 out);
 
 // Rows [first_row, last_row) (multiples of 16) of an interleaved matrix: each group unpacked once,
-// then four rows at a time against every tile, two tiles at a time.
+// then against every tile (sixteen_rows_against_every_tile).
 template <UnpackGroup8Fn kUnpack, bool kMins, int kOffsetShift>
 void lanes8_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
-  constexpr int kRows = 4;
   thread_local AlignedBuffer scratch;
-  if (scratch.size() < unpacked_group8_bytes(m.cols))
-    scratch = AlignedBuffer(unpacked_group8_bytes(m.cols));
+  if (scratch.size() < unpacked_group8_bytes(m.cols) + partial_sums_bytes(m.n_tokens))
+    scratch = AlignedBuffer(unpacked_group8_bytes(m.cols) + partial_sums_bytes(m.n_tokens));
   const UnpackedGroup8 unpacked = unpacked_group8(scratch.data(), m.cols);
+  auto* partial = reinterpret_cast<__m512*>(scratch.data() + unpacked_group8_bytes(m.cols));
+  UnpackedRow8 w[16];
+  for (int r = 0; r < 16; ++r)
+    w[r] = {reinterpret_cast<uint8_t*>(unpacked.quads + r), unpacked.scale + r, unpacked.min + r};
   for (int64_t row = first_row; row < last_row; row += 16) {
     kUnpack(m.weights + size_t(row) * m.weight_stride, m.cols, unpacked);
-    for (int r0 = 0; r0 < 16; r0 += kRows) {
-      UnpackedRow8 w[kRows];
-      for (int r = 0; r < kRows; ++r)
-        w[r] = {reinterpret_cast<uint8_t*>(unpacked.quads + r0 + r), unpacked.scale + r0 + r,
-                unpacked.min + r0 + r};
-      rows_against_every_tile<32, kMins, kOffsetShift, kRows, 16>(m, w, row + r0);
-    }
+    sixteen_rows_against_every_tile<32, kMins, kOffsetShift, 16>(m, w, row, partial);
   }
 }
 
