@@ -211,12 +211,12 @@ UnpackRowFn avx512_unpacker(DType type) {
 // together, pairs and scales of the 16 rows side by side (pair p at w[r].w + 32p, scale at
 // w[r].scale[16g]). Two tiles keep eight sums in flight and reuse each broadcast weight pair, as
 // gemm_q8_avx512.cpp's; the float steps per lane do not depend on kTiles.
+// Groups [first_group, end_group) are added to `out` (lanes_avx512.h runs a chunk of columns at
+// a time).
 template <int kGroup, bool kMins, int kRows, int kStride, int kTiles>
-inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m512 (*out)[kTiles]) {
-  for (int r = 0; r < kRows; ++r)
-    for (int k = 0; k < kTiles; ++k) out[r][k] = _mm512_setzero_ps();
-  const int64_t n_groups = cols / kGroup;
-  for (int64_t g = 0; g < n_groups; ++g) {
+inline void tile_rows_groups(const UnpackedRow* w, const Q16Tile* x, int64_t first_group,
+                             int64_t end_group, __m512 (*out)[kTiles]) {
+  for (int64_t g = first_group; g < end_group; ++g) {
     __m512i acc[kRows][kTiles];
     for (int r = 0; r < kRows; ++r)
       for (int k = 0; k < kTiles; ++k) acc[r][k] = _mm512_setzero_si512();
@@ -247,6 +247,30 @@ inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m5
       }
     }
   }
+}
+
+template <int kGroup, bool kMins, int kRows, int kStride, int kTiles>
+inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m512 (*out)[kTiles]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int k = 0; k < kTiles; ++k) out[r][k] = _mm512_setzero_ps();
+  tile_rows_groups<kGroup, kMins, kRows, kStride, kTiles>(w, x, 0, cols / kGroup, out);
+}
+
+// Sixteen unpacked rows against every tile (lanes_avx512.h's driver, these products inside).
+template <int kGroup, bool kMins, int kStride>
+void sixteen_rows16(const LanesMatmul& m, const UnpackedRow* w, int64_t row, __m512* partial) {
+  const size_t tile_bytes = q16_tile_bytes(m.cols);
+  sixteen_rows_against_every_tile<kGroup, 256>(
+      m, row, partial,
+      [&](auto rows, auto tiles, int r0, int64_t tile, int64_t first_group, int64_t end_group,
+          auto out) {
+        constexpr int kRows = decltype(rows)::value, kTiles = decltype(tiles)::value;
+        Q16Tile x[kTiles];
+        for (int k = 0; k < kTiles; ++k)
+          x[k] = q16_tile(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
+        tile_rows_groups<kGroup, kMins, kRows, kStride, kTiles>(w + r0, x, first_group, end_group,
+                                                                out);
+      });
 }
 
 // kTiles tiles from the one at token `first` against unpacked rows `row` .. `row + kRows - 1`.
@@ -283,13 +307,26 @@ void rows_against_tiles(const LanesMatmul& m, int64_t row, uint8_t* scratch) {
   unpacked_against_tiles<kGroup, kMins, kRows, 1>(m, row, w);
 }
 
+// Rows [first_row, last_row) of `m`: sixteen at a time, then four, then one.
 template <int kGroup, bool kMins>
 void lanes_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
   constexpr int kRows = 4;
   thread_local AlignedBuffer scratch;
-  if (scratch.size() < unpack_scratch_bytes(kRows, m.cols))
-    scratch = AlignedBuffer(unpack_scratch_bytes(kRows, m.cols));
+  const size_t unpacked_bytes = unpack_scratch_bytes(16, m.cols);
+  if (scratch.size() < unpacked_bytes + partial_sums_bytes(m.n_tokens))
+    scratch = AlignedBuffer(unpacked_bytes + partial_sums_bytes(m.n_tokens));
+  auto* partial = reinterpret_cast<__m512*>(scratch.data() + unpacked_bytes);
+  const UnpackRowFn unpack = avx512_unpacker(m.type);
   int64_t row = first_row;
+  for (; row + 16 <= last_row; row += 16) {
+    UnpackedRow w[16];
+    for (int r = 0; r < 16; ++r) {
+      w[r] = unpacked_row(scratch.data(), 16, m.cols, r);
+      unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
+    }
+    prefetch_rows(m.weights + size_t(row + 16) * m.weight_stride, size_t(16) * m.weight_stride);
+    sixteen_rows16<kGroup, kMins, 1>(m, w, row, partial);
+  }
   for (; row + kRows <= last_row; row += kRows)
     rows_against_tiles<kGroup, kMins, kRows>(m, row, scratch.data());
   for (; row < last_row; ++row) rows_against_tiles<kGroup, kMins, 1>(m, row, scratch.data());
@@ -373,21 +410,20 @@ void unpack_group_q5_0(const void* group, int64_t cols, UnpackedGroup out) {
 using UnpackGroupFn = void (*)(const void* group, int64_t cols, UnpackedGroup out);
 
 // Rows [first_row, last_row) (multiples of 16) of an interleaved matrix: each group unpacked
-// once, then four rows at a time against every tile.
+// once, then against every tile (sixteen_rows16).
 template <UnpackGroupFn kUnpack, bool kMins>
 void lanes_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
-  constexpr int kRows = 4;
   thread_local AlignedBuffer scratch;
-  if (scratch.size() < unpacked_group_bytes(m.cols)) scratch = AlignedBuffer(unpacked_group_bytes(m.cols));
+  if (scratch.size() < unpacked_group_bytes(m.cols) + partial_sums_bytes(m.n_tokens))
+    scratch = AlignedBuffer(unpacked_group_bytes(m.cols) + partial_sums_bytes(m.n_tokens));
   const UnpackedGroup unpacked = unpacked_group(scratch.data(), m.cols);
+  auto* partial = reinterpret_cast<__m512*>(scratch.data() + unpacked_group_bytes(m.cols));
+  UnpackedRow w[16];
+  for (int r = 0; r < 16; ++r)
+    w[r] = {unpacked.pairs + 2 * r, unpacked.scale + r, unpacked.min + r};
   for (int64_t row = first_row; row < last_row; row += 16) {
     kUnpack(m.weights + size_t(row) * m.weight_stride, m.cols, unpacked);
-    for (int r0 = 0; r0 < 16; r0 += kRows) {
-      UnpackedRow w[kRows];
-      for (int r = 0; r < kRows; ++r)
-        w[r] = {unpacked.pairs + 2 * (r0 + r), unpacked.scale + r0 + r, unpacked.min + r0 + r};
-      unpacked_against_tiles<32, kMins, kRows, 16>(m, row + r0, w);
-    }
+    sixteen_rows16<32, kMins, 16>(m, w, row, partial);
   }
 }
 

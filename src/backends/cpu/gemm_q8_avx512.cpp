@@ -346,58 +346,21 @@ void rows_against_every_tile(const LanesMatmul& m, const UnpackedRow8* w, int64_
     rows_against_tiles<kGroup, kMins, kOffsetShift, kRows, 1, kStride>(m, w, row, first);
 }
 
-// Sixteen unpacked rows (`row` ..) against every tile, a chunk of 512 columns at a time: the
-// chunk's weights (16 rows x 512 columns: 8 KiB) and a pair of tiles' chunk (16 KiB of quads) stay
-// in L1 while the four sets of four rows pass over them, so each tile comes from L2 or L3 once for
-// the 16 rows. Four rows at a time over all columns reread every tile for each set of four: a
-// 512-token prompt's 32 tiles of 2048 columns (1.3 MiB) from L3, 1.4x slower in matmul_bench
-// (prompt/Q4_K_R16/int8/1408x2048/n:512), and a pair's 64 KiB from L2.
-// The running sums wait in `partial` ([tile][16 rows] vectors) between chunks: stored and
-// reloaded, they keep their bits, and each group's float steps stay in group order, so the
-// result is tile_rows8's.
+// Sixteen unpacked rows against every tile (lanes_avx512.h's driver, these products inside).
 template <int kGroup, bool kMins, int kOffsetShift, int kStride>
-void sixteen_rows_against_every_tile(const LanesMatmul& m, const UnpackedRow8* w, int64_t row,
-                                     __m512* partial) {
-  constexpr int kRows = 4, kChunkGroups = 512 / kGroup;
-  const int64_t n_tiles = (m.n_tokens + kLanes - 1) / kLanes, n_groups = m.cols / kGroup;
+void sixteen_rows8(const LanesMatmul& m, const UnpackedRow8* w, int64_t row, __m512* partial) {
   const size_t tile_bytes = q8_tile_bytes(m.cols);
-  for (int64_t i = 0; i < n_tiles * 16; ++i) partial[i] = _mm512_setzero_ps();
-  for (int64_t first_group = 0; first_group < n_groups; first_group += kChunkGroups) {
-    const int64_t end_group = std::min(n_groups, first_group + kChunkGroups);
-    for (int64_t tile = 0; tile < n_tiles; tile += 2) {
-      Q8Tile x[2];
-      for (int k = 0; k < 2 && tile + k < n_tiles; ++k)
-        x[k] = q8_tile(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
-      if (tile + 1 < n_tiles) {
-        for (int r0 = 0; r0 < 16; r0 += kRows) {
-          __m512 out[kRows][2];
-          for (int r = 0; r < kRows; ++r)
-            for (int k = 0; k < 2; ++k) out[r][k] = partial[(tile + k) * 16 + r0 + r];
-          tile_rows8_groups<kGroup, kMins, kOffsetShift, kRows, 2, kStride>(w + r0, x, first_group,
-                                                                            end_group, out);
-          for (int r = 0; r < kRows; ++r)
-            for (int k = 0; k < 2; ++k) partial[(tile + k) * 16 + r0 + r] = out[r][k];
-        }
-      } else {  // a last tile alone: twice the rows, so as many sums are in flight
-        for (int r0 = 0; r0 < 16; r0 += 2 * kRows) {
-          __m512 last[2 * kRows][1];
-          for (int r = 0; r < 2 * kRows; ++r) last[r][0] = partial[tile * 16 + r0 + r];
-          tile_rows8_groups<kGroup, kMins, kOffsetShift, 2 * kRows, 1, kStride>(
-              w + r0, x, first_group, end_group, last);
-          for (int r = 0; r < 2 * kRows; ++r) partial[tile * 16 + r0 + r] = last[r][0];
-        }
-      }
-    }
-  }
-  for (int64_t tile = 0; tile < n_tiles; ++tile) {
-    __m512 out[16][1];
-    for (int r = 0; r < 16; ++r) out[r][0] = partial[tile * 16 + r];
-    store_lanes<16, 1>(m, out, row, tile * kLanes);
-  }
-}
-
-inline size_t partial_sums_bytes(int64_t n_tokens) {
-  return size_t((n_tokens + kLanes - 1) / kLanes) * 16 * sizeof(__m512);
+  sixteen_rows_against_every_tile<kGroup, 512>(
+      m, row, partial,
+      [&](auto rows, auto tiles, int r0, int64_t tile, int64_t first_group, int64_t end_group,
+          auto out) {
+        constexpr int kRows = decltype(rows)::value, kTiles = decltype(tiles)::value;
+        Q8Tile x[kTiles];
+        for (int k = 0; k < kTiles; ++k)
+          x[k] = q8_tile(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
+        tile_rows8_groups<kGroup, kMins, kOffsetShift, kRows, kTiles, kStride>(
+            w + r0, x, first_group, end_group, out);
+      });
 }
 
 // Rows `row` .. `row + kRows - 1` of `m`, unpacked into `scratch`, against every tile.
@@ -431,7 +394,7 @@ void lanes8_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
       unpack(m.weights + size_t(row + r) * m.weight_stride, m.cols, w[r]);
     }
     prefetch_rows(m.weights + size_t(row + 16) * m.weight_stride, size_t(16) * m.weight_stride);
-    sixteen_rows_against_every_tile<kGroup, kMins, kOffsetShift, 1>(m, w, row, partial);
+    sixteen_rows8<kGroup, kMins, kOffsetShift, 1>(m, w, row, partial);
   }
   for (; row + kRows <= last_row; row += kRows)
     rows_against_tiles8<kGroup, kMins, kOffsetShift, kRows>(m, row, scratch.data());
@@ -541,7 +504,7 @@ void unpack8_group_q5_0(const void* group, int64_t cols, UnpackedGroup8 out) {
 using UnpackGroup8Fn = void (*)(const void* group, int64_t cols, UnpackedGroup8 out);
 
 // Rows [first_row, last_row) (multiples of 16) of an interleaved matrix: each group unpacked once,
-// then against every tile (sixteen_rows_against_every_tile).
+// then against every tile (sixteen_rows8).
 template <UnpackGroup8Fn kUnpack, bool kMins, int kOffsetShift>
 void lanes8_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
   thread_local AlignedBuffer scratch;
@@ -554,7 +517,7 @@ void lanes8_groups(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
     w[r] = {reinterpret_cast<uint8_t*>(unpacked.quads + r), unpacked.scale + r, unpacked.min + r};
   for (int64_t row = first_row; row < last_row; row += 16) {
     kUnpack(m.weights + size_t(row) * m.weight_stride, m.cols, unpacked);
-    sixteen_rows_against_every_tile<32, kMins, kOffsetShift, 16>(m, w, row, partial);
+    sixteen_rows8<32, kMins, kOffsetShift, 16>(m, w, row, partial);
   }
 }
 
