@@ -259,17 +259,10 @@ inline void tile_rows(const UnpackedRow* w, const Q16Tile* x, int64_t cols, __m5
 // Sixteen unpacked rows against every tile (lanes_avx512.h's driver, these products inside).
 template <int kGroup, bool kMins, int kStride>
 void sixteen_rows16(const LanesMatmul& m, const UnpackedRow* w, int64_t row, __m512* partial) {
-  const size_t tile_bytes = q16_tile_bytes(m.cols);
   sixteen_rows_against_every_tile<kGroup, 256>(
-      m, row, partial,
-      [&](auto rows, auto tiles, int r0, int64_t tile, int64_t first_group, int64_t end_group,
-          auto out) {
-        constexpr int kRows = decltype(rows)::value, kTiles = decltype(tiles)::value;
-        Q16Tile x[kTiles];
-        for (int k = 0; k < kTiles; ++k)
-          x[k] = q16_tile(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
-        tile_rows_groups<kGroup, kMins, kRows, kStride, kTiles>(w + r0, x, first_group, end_group,
-                                                                out);
+      m, row, partial, q16_tile_bytes(m.cols), q16_tile,
+      [&](auto rows, auto tiles, int r0, const Q16Tile* x, int64_t first, int64_t end, auto out) {
+        tile_rows_groups<kGroup, kMins, rows, kStride, tiles>(w + r0, x, first, end, out);
       });
 }
 

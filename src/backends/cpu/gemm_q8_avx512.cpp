@@ -349,17 +349,11 @@ void rows_against_every_tile(const LanesMatmul& m, const UnpackedRow8* w, int64_
 // Sixteen unpacked rows against every tile (lanes_avx512.h's driver, these products inside).
 template <int kGroup, bool kMins, int kOffsetShift, int kStride>
 void sixteen_rows8(const LanesMatmul& m, const UnpackedRow8* w, int64_t row, __m512* partial) {
-  const size_t tile_bytes = q8_tile_bytes(m.cols);
   sixteen_rows_against_every_tile<kGroup, 512>(
-      m, row, partial,
-      [&](auto rows, auto tiles, int r0, int64_t tile, int64_t first_group, int64_t end_group,
-          auto out) {
-        constexpr int kRows = decltype(rows)::value, kTiles = decltype(tiles)::value;
-        Q8Tile x[kTiles];
-        for (int k = 0; k < kTiles; ++k)
-          x[k] = q8_tile(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
-        tile_rows8_groups<kGroup, kMins, kOffsetShift, kRows, kTiles, kStride>(
-            w + r0, x, first_group, end_group, out);
+      m, row, partial, q8_tile_bytes(m.cols), q8_tile,
+      [&](auto rows, auto tiles, int r0, const Q8Tile* x, int64_t first, int64_t end, auto out) {
+        tile_rows8_groups<kGroup, kMins, kOffsetShift, rows, tiles, kStride>(w + r0, x, first, end,
+                                                                             out);
       });
 }
 

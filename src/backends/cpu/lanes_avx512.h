@@ -39,13 +39,15 @@ inline size_t partial_sums_bytes(int64_t n_tokens) {
 // comes from L2 or L3 once for the 16 rows. Four rows at a time over all columns reread every
 // tile for each set of four: a 512-token prompt's 32 tiles of 2048 columns (1.3 MiB at 8 bits)
 // from L3, 1.4x slower in matmul_bench (prompt/Q4_K_R16/int8/1408x2048/n:512).
-// sums(rows, tiles, r0, tile, first_group, end_group, out) adds groups [first_group, end_group)
-// of rows r0 .. r0 + rows - 1 against tiles tile .. tile + tiles - 1 to out[rows][tiles]
-// (rows and tiles: std::integral_constant). The running sums wait in `partial` ([tile][16 rows]
-// vectors, partial_sums_bytes) between chunks: stored and reloaded they keep their bits, and
-// each group's float steps stay in group order, so the results are those of one pass.
-template <int kGroup, int kChunkCols, class Sums>
+// sums(rows, tiles, r0, x, first_group, end_group, out) adds groups [first_group, end_group) of
+// rows r0 .. r0 + rows - 1 against the tiles x[0 .. tiles - 1] (views made by `view` from
+// m.tiles, tile_bytes apart) to out[rows][tiles] (rows and tiles: std::integral_constant). The
+// running sums wait in `partial` ([tile][16 rows] vectors, partial_sums_bytes) between chunks:
+// stored and reloaded they keep their bits, and each group's float steps stay in group order, so
+// the results are those of one pass.
+template <int kGroup, int kChunkCols, class Tile, class Sums>
 void sixteen_rows_against_every_tile(const LanesMatmul& m, int64_t row, __m512* partial,
+                                     size_t tile_bytes, Tile (*view)(const uint8_t*, int64_t),
                                      Sums sums) {
   constexpr int kRows = 4, kChunkGroups = kChunkCols / kGroup;
   constexpr std::integral_constant<int, kRows> four_rows;
@@ -57,12 +59,15 @@ void sixteen_rows_against_every_tile(const LanesMatmul& m, int64_t row, __m512* 
   for (int64_t first_group = 0; first_group < n_groups; first_group += kChunkGroups) {
     const int64_t end_group = std::min(n_groups, first_group + kChunkGroups);
     for (int64_t tile = 0; tile < n_tiles; tile += 2) {
+      Tile x[2];
+      for (int k = 0; k < 2 && tile + k < n_tiles; ++k)
+        x[k] = view(m.tiles + size_t(tile + k) * tile_bytes, m.cols);
       if (tile + 1 < n_tiles) {
         for (int r0 = 0; r0 < 16; r0 += kRows) {
           __m512 out[kRows][2];
           for (int r = 0; r < kRows; ++r)
             for (int k = 0; k < 2; ++k) out[r][k] = partial[(tile + k) * 16 + r0 + r];
-          sums(four_rows, two_tiles, r0, tile, first_group, end_group, out);
+          sums(four_rows, two_tiles, r0, x, first_group, end_group, out);
           for (int r = 0; r < kRows; ++r)
             for (int k = 0; k < 2; ++k) partial[(tile + k) * 16 + r0 + r] = out[r][k];
         }
@@ -70,7 +75,7 @@ void sixteen_rows_against_every_tile(const LanesMatmul& m, int64_t row, __m512* 
         for (int r0 = 0; r0 < 16; r0 += 2 * kRows) {
           __m512 last[2 * kRows][1];
           for (int r = 0; r < 2 * kRows; ++r) last[r][0] = partial[tile * 16 + r0 + r];
-          sums(eight_rows, one_tile, r0, tile, first_group, end_group, last);
+          sums(eight_rows, one_tile, r0, x, first_group, end_group, last);
           for (int r = 0; r < 2 * kRows; ++r) partial[tile * 16 + r0 + r] = last[r][0];
         }
       }
