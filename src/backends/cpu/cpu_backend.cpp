@@ -99,27 +99,30 @@ void CpuBackend::get_rows(const WeightView& table, const int32_t* ids, int64_t n
   }
 }
 
+cpu::MatmulArgs CpuBackend::matmul_args(const WeightView& w, const float* input, int64_t n_tokens,
+                                        float* output, ActivationBits bits, KernelChoice kernels) {
+  return {.weight_type = w.type,
+          .weights = w.data,
+          .rows = w.rows,
+          .cols = w.cols,
+          .input = input,
+          .n_tokens = n_tokens,
+          .output = output,
+          .precision = bits == ActivationBits::Eight ? ActPrecision::Int8 : ActPrecision::Int16,
+          .kernels = kernels};
+}
+
 void CpuBackend::matmul(const MatmulOp& op) {
-  const ActPrecision precision =
-      op.activations == ActivationBits::Eight ? ActPrecision::Int8 : ActPrecision::Int16;
+  auto args_of = [&](const WeightView& w, float* output) {
+    return matmul_args(w, op.input, op.n_tokens, output, op.activations, op.kernels);
+  };
   if (op.second.data) {
     // MatmulOp::second: both products in one parallel job (each as its own matmul computes it;
     // the input's activations prepared once when the two take the same).
-    auto args_of = [&](const WeightView& w, float* output) {
-      return cpu::MatmulArgs{.weight_type = w.type,
-                             .weights = w.data,
-                             .rows = w.rows,
-                             .cols = w.cols,
-                             .input = op.input,
-                             .n_tokens = op.n_tokens,
-                             .output = output,
-                             .precision = precision,
-                             .kernels = op.kernels};
-    };
     matmul_args_.assign({args_of(op.weight, op.output), args_of(op.second, op.second_output)});
     cpu::matmul_many(matmul_args_, pool_);
   } else {
-    matmul_rows(op.weight, op.input, op.n_tokens, op.output, op.kernels, precision);
+    cpu::matmul(args_of(op.weight, op.output), pool_);
   }
   if (op.bias)
     for (int64_t t = 0; t < op.n_tokens; ++t)

@@ -55,8 +55,10 @@ class CpuBackend final : public Backend {
                  int64_t n_rows, int64_t row_len) override;
 
  private:
-  void matmul_rows(const WeightView& w, const float* input, int64_t n_tokens, float* output,
-                   KernelChoice kernels, ActPrecision precision = ActPrecision::Int16);
+  // cpu::matmul's arguments for the weights `w` (ActivationBits as the op says, mapped to the
+  // kernels' precision).
+  static cpu::MatmulArgs matmul_args(const WeightView& w, const float* input, int64_t n_tokens,
+                                     float* output, ActivationBits bits, KernelChoice kernels);
 
   std::string name_;
   ThreadPool pool_;

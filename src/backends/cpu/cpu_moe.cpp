@@ -66,12 +66,7 @@ void CpuBackend::moe(const MoeOp& op) {
       if (const int64_t n = offsets[m + 1] - offsets[m]; n > 0) fn(m, int64_t(offsets[m]), n);
   };
   auto args_of = [&](const WeightView& w, const float* input, int64_t n, float* output) {
-    return cpu::MatmulArgs{.weight_type = w.type, .weights = w.data, .rows = w.rows,
-                           .cols = w.cols, .input = input, .n_tokens = n, .output = output,
-                           .precision = op.activations == ActivationBits::Eight
-                                            ? cpu::ActPrecision::Int8
-                                            : cpu::ActPrecision::Int16,
-                           .kernels = op.kernels};
+    return matmul_args(w, input, n, output, op.activations, op.kernels);
   };
   matmul_args_.clear();
   for_each_used_expert([&](int64_t m, int64_t first, int64_t n) {
@@ -138,20 +133,6 @@ void CpuBackend::moe_reduce(const MoeReduceOp& op) {
               .input_stride = D,
               .output_stride = D,
               .eps = op.norm_eps});
-}
-
-void CpuBackend::matmul_rows(const WeightView& w, const float* input, int64_t n_tokens,
-                             float* output, KernelChoice kernels, ActPrecision precision) {
-  cpu::matmul({.weight_type = w.type,
-               .weights = w.data,
-               .rows = w.rows,
-               .cols = w.cols,
-               .input = input,
-               .n_tokens = n_tokens,
-               .output = output,
-               .precision = precision,
-               .kernels = kernels},
-              pool_);
 }
 
 void CpuBackend::pick_replicas(const ReplicaPickOp& op) {
