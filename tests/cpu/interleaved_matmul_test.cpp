@@ -161,25 +161,27 @@ TEST(InterleavedMatmul, MatchesTheReferenceAndThePlainFormat) {
   std::printf("  %d cases ran the AVX-512 group kernels\n", group_kernel_cases);
 }
 
-// One thread takes all the rows as one task (17 groups): the 8-bit token-lanes path, on whole
-// groups (AVX-512) or on up to 256 rows taken apart at a time (run_interleaved_rows, elsewhere),
-// gives the plain format's bits on every instruction set. 768 columns: the AVX-512 kernel's column
-// chunks of 512 leave a short last one; 40 tokens: a pair of tiles, then a last one part full.
+// One thread takes all the rows as one task (17 groups): the token-lanes path at either
+// precision, on whole groups (AVX-512) or on up to 256 rows taken apart at a time
+// (run_interleaved_rows, elsewhere), gives the plain format's bits on every instruction set.
+// 768 columns: the AVX-512 8-bit kernel's column chunks of 512 leave a short last one; 40
+// tokens: a pair of tiles, then a last one part full.
 TEST(InterleavedMatmul, ATaskOfManyGroupsOnTheLanesPathGivesThePlainFormatsBits) {
   ThreadPool pool(1);
   const int64_t rows = 272, cols = 768, n_tokens = 40;
   for (DType base : {DType::Q8_0, DType::Q5_0, DType::Q4_K}) {
     const Weights w = make_weights(base, rows, cols, 21 + uint32_t(base));
     const std::vector<float> x = gaussian(n_tokens * cols, 22);
-    for (CpuIsa isa : supported_cpu_isas()) {
-      const std::vector<float> mixed =
-          run(isa, interleaved_format(base), w.mixed, rows, cols, x, n_tokens, ActPrecision::Int8,
-              KernelChoice::ByTokenCount, pool);
-      const std::vector<float> plain = run(isa, base, w.plain, rows, cols, x, n_tokens,
-                                           ActPrecision::Int8, KernelChoice::ByTokenCount, pool);
-      EXPECT_EQ(0, std::memcmp(mixed.data(), plain.data(), mixed.size() * sizeof(float)))
-          << dtype_name(base) << " " << cpu_isa_name(isa);
-    }
+    for (CpuIsa isa : supported_cpu_isas())
+      for (ActPrecision precision : {ActPrecision::Int8, ActPrecision::Int16}) {
+        const std::vector<float> mixed = run(isa, interleaved_format(base), w.mixed, rows, cols, x,
+                                             n_tokens, precision, KernelChoice::ByTokenCount, pool);
+        const std::vector<float> plain = run(isa, base, w.plain, rows, cols, x, n_tokens, precision,
+                                             KernelChoice::ByTokenCount, pool);
+        EXPECT_EQ(0, std::memcmp(mixed.data(), plain.data(), mixed.size() * sizeof(float)))
+            << dtype_name(base) << " " << cpu_isa_name(isa)
+            << (precision == ActPrecision::Int8 ? " int8" : " int16");
+      }
   }
 }
 

@@ -1,7 +1,8 @@
-// The token-lanes path (gemm_q16.h) with AVX-512 VNNI: four weight rows at a time against a tile
-// of 16 tokens, so each load of 16 tokens' activation pairs feeds four vpdpwssd, and each weight
-// pair is a broadcast memory operand. Bit for bit the portable version: the same exact integer
-// group sums, then the same float operations per lane in the same order.
+// The token-lanes path (gemm_q16.h) with AVX-512 VNNI: sixteen weight rows unpacked together meet
+// every tile of 16 tokens a chunk of columns at a time (lanes_avx512.h), four rows against a pair
+// of tiles (eight against a lone one), so each load of 16 tokens' activation pairs feeds four
+// vpdpwssd, and each weight pair is a broadcast memory operand. Bit for bit the portable version:
+// the same exact integer group sums, then the same float operations per lane in the same order.
 #include "backends/cpu/avx512_intrinsics.h"
 
 #include <algorithm>

@@ -1,7 +1,9 @@
-// The 8-bit token-lanes path (gemm_q8.h) with AVX-512 VNNI: four weight rows at a time against a
-// tile of 16 tokens, so each load of 16 tokens' activation quads feeds four vpdpbusd, each with a
-// row's four weights broadcast. Bit for bit the portable version: the same exact integer group
-// sums, then the same float operations per lane in the same order.
+// The 8-bit token-lanes path (gemm_q8.h) with AVX-512 VNNI: sixteen weight rows unpacked together
+// meet every tile of 16 tokens a chunk of columns at a time (lanes_avx512.h), four rows against a
+// pair of tiles (eight against a lone one), so each load of 16 tokens' activation quads feeds
+// four vpdpbusd per tile, each with a row's four weights broadcast. Bit for bit the portable
+// version: the same exact integer group sums, then the same float operations per lane in the same
+// order.
 #include "backends/cpu/avx512_intrinsics.h"
 
 #include <algorithm>
@@ -398,9 +400,9 @@ void lanes8_rows(const LanesMatmul& m, int64_t first_row, int64_t last_row) {
 // ---- interleaved groups (Q8_0_R16, Q5_0_R16, Q4_K_R16; core/blocks.h) ----
 // A group of 16 rows unpacked whole into quads [cols / 4][16 rows] (row r's four bytes of
 // elements 4q .. 4q + 3 in dword r of quad q: one vector per quad) and scales and mins
-// [cols / 32][16 rows]; rows then go four at a time against the tiles, reading with a stride of
-// 16. The bytes and float scales are the plain unpackers' (gemm_q8.h), so the results are bit for
-// bit those of the plain format's rows.
+// [cols / 32][16 rows]; the 16 rows then go against the tiles as sixteen_rows8 runs them, reading
+// with a stride of 16. The bytes and float scales are the plain unpackers' (gemm_q8.h), so the
+// results are bit for bit those of the plain format's rows.
 
 struct UnpackedGroup8 {
   int32_t* quads;  // [cols / 4][16]

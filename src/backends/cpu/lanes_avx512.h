@@ -1,6 +1,7 @@
 #pragma once
 // Internal to the CPU backend's AVX-512 token-lanes files (gemm_q16_avx512.cpp,
-// gemm_q8_avx512.cpp): what their products share once the integer work is done.
+// gemm_q8_avx512.cpp): the order in which sixteen unpacked rows meet the tiles, and the store of
+// the results.
 #include "backends/cpu/avx512_intrinsics.h"
 
 #include <algorithm>
@@ -35,9 +36,10 @@ inline size_t partial_sums_bytes(int64_t n_tokens) {
 
 // Sixteen unpacked rows (`row` ..) against every tile of `m`, kChunkCols columns at a time: the
 // chunk's weights (16 rows x 512 columns at 8 bits: 8 KiB, or 256 at 16 bits) and a pair of
-// tiles' chunk (16 KiB) stay in L1 while four sets of four rows pass over them, so each tile
-// comes from L2 or L3 once for the 16 rows. Four rows at a time over all columns reread every
-// tile for each set of four: a 512-token prompt's 32 tiles of 2048 columns (1.3 MiB at 8 bits)
+// tiles' chunk (~24 KiB with their scales and sums) stay in L1 while four sets of four rows pass
+// over them, so each tile comes from L2 or L3 once for the 16 rows. Four rows at a time over all
+// columns reread every tile for each set of four: a 512-token prompt's 32 tiles of 2048 columns
+// (1.5 MiB at 8 bits)
 // from L3, 1.4x slower in matmul_bench (prompt/Q4_K_R16/int8/1408x2048/n:512).
 // sums(rows, tiles, r0, x, first_group, end_group, out) adds groups [first_group, end_group) of
 // rows r0 .. r0 + rows - 1 against the tiles x[0 .. tiles - 1] (views made by `view` from
