@@ -33,6 +33,10 @@ class ForwardingBackend : public Backend {
   void copy_from_host_async(void* dst, const void* src, size_t bytes) override {
     inner_.copy_from_host_async(dst, src, bytes);
   }
+  void upload_weights(void* dst, const void* src, size_t bytes,
+                      std::shared_ptr<Event> after) override {
+    inner_.upload_weights(dst, src, bytes, std::move(after));
+  }
   std::shared_ptr<Event> host_task(std::function<void()> task) override {
     return inner_.host_task(std::move(task));
   }

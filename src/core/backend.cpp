@@ -29,6 +29,11 @@ bool Backend::copy_to_peer(Backend& to, void* peer_dst, const void* src, size_t 
   return to.copy_from_peer(*this, peer_dst, src, bytes);
 }
 
+void Backend::upload_weights(void* device_dst, const void* host_src, size_t bytes,
+                             std::shared_ptr<Event> /*after: earlier in the one stream*/) {
+  copy_from_host_async(device_dst, host_src, bytes);
+}
+
 void Backend::add_parts(float* y, std::span<const float* const> parts, int64_t n) {
   for (const float* part : parts) add(y, part, n);
 }

@@ -447,6 +447,14 @@ class Backend {
   // allocate_host) must stay as it is until an event recorded after the copy has completed.
   virtual void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) = 0;
   virtual void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) = 0;
+  // Copies weights from host memory that stays as it is for the run (the model's own, not only
+  // allocate_host's) into this device's memory, on a copy lane beside the ops: the copy starts
+  // once `after` has completed (null: at once), may overlap the ops submitted before it, and
+  // the ops submitted after it wait for it. How a prompt chunk streams experts held in RAM to a
+  // GPU (double-buffered: `after` is the event of the last op that read the buffer). Backends
+  // with one lane run it in stream order (copy_from_host_async, the default).
+  virtual void upload_weights(void* device_dst, const void* host_src, size_t bytes,
+                              std::shared_ptr<Event> after);
   // Runs `task` on a host thread once every op submitted before it has finished, without
   // holding up the ops submitted after it; the event completes when the task has returned.
   // Tasks of one backend run one at a time, in order. Under capture the task is part of the

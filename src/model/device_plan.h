@@ -48,6 +48,14 @@ struct DevicePlan {
   std::vector<std::vector<AttentionShare>> heads;
   // Over several ranks: the parts other ranks run have no device here (null above).
   RankPlan ranks;
+  // Prompt chunks of at least this many tokens stream the routed experts held in RAM to the
+  // layer's device and compute them there (a GPU's link and speed beating the host's cores on
+  // many tokens); smaller steps compute them on the host. 0: never. The cost model chooses it
+  // (plan::Prediction::stream_experts_min_tokens); the bits are the same either way.
+  int64_t stream_experts_min_tokens = 0;
+  // The most bytes of experts streamed as one group: two such buffers sit on the layer's device,
+  // one copied while the other is computed.
+  uint64_t stream_group_bytes = uint64_t(64) << 20;
 
   static DevicePlan single(Backend& backend, uint32_t n_layers, uint32_t n_expert);
 };

@@ -111,6 +111,7 @@ void Transformer::bind_experts(FfnLayer& l, uint32_t il, const MoeConfig& moe) {
   }
   if (std::ranges::any_of(copies, [](const auto& of) { return !of.empty(); }))
     bind_expert_copies(l, il, copies);
+  if (l.device && devices_.stream_experts_min_tokens > 0) bind_stream_groups(l, il);
   l.expert_stacks = {&binder_.info(blk + "ffn_gate_exps.weight", {embd, ff, n_exp}),
                      &binder_.info(blk + "ffn_up_exps.weight", {embd, ff, n_exp}),
                      &binder_.info(blk + "ffn_down_exps.weight", {ff, embd, n_exp})};
@@ -161,6 +162,120 @@ void Transformer::bind_expert_copies(FfnLayer& l, uint32_t il,
       if (where[size_t(e)] == &d) home[size_t(e)] = shard.local_index[size_t(e)];
     shard.home_index_buffer = d.allocate(size_t(n_exp) * sizeof(int32_t), what);
     d.copy_from_host(shard.home_index_buffer->data(), home.data(), size_t(n_exp) * sizeof(int32_t));
+  }
+}
+
+namespace {
+
+// Where the parts of `count` experts of a shard sit in a stream buffer: the three stacks' runs of
+// matrices, then the biases' rows, each on a 256-byte boundary.
+struct StreamLayout {
+  size_t gate = 0, up = 0, down = 0, gate_bias = 0, up_bias = 0, down_bias = 0, bytes = 0;
+};
+StreamLayout stream_layout(const WeightView& gate, const WeightView& up, const WeightView& down,
+                           bool biases, int64_t count, int64_t ff, int64_t embd) {
+  StreamLayout at;
+  size_t end = 0;
+  auto place = [&](size_t bytes) {
+    const size_t offset = end;
+    end += (bytes + 255) / 256 * 256;
+    return offset;
+  };
+  at.gate = place(gate.matrix_bytes() * size_t(count));
+  at.up = place(up.matrix_bytes() * size_t(count));
+  at.down = place(down.matrix_bytes() * size_t(count));
+  if (biases) {
+    at.gate_bias = place(size_t(count * ff) * sizeof(float));
+    at.up_bias = place(size_t(count * ff) * sizeof(float));
+    at.down_bias = place(size_t(count * embd) * sizeof(float));
+  }
+  at.bytes = end;
+  return at;
+}
+
+}  // namespace
+
+void Transformer::bind_stream_groups(FfnLayer& l, uint32_t il) {
+  Backend& to = *l.device;
+  if (to.uses_host_memory()) return;
+  const int64_t ff = info_.n_ff_expert, embd = info_.n_embd, n_exp = info_.n_expert;
+  for (ExpertShard& shard : l.shards) {
+    if (!shard.device->uses_host_memory()) continue;
+    if (!to.can_multiply(shard.gate.type) || !to.can_multiply(shard.up.type) ||
+        !to.can_multiply(shard.down.type))
+      continue;  // an interleaved (CPU-only) layout: computed on the host whatever the chunk
+    const int64_t held = shard.gate.n_mats;
+    auto layout = [&](int64_t count) {
+      return stream_layout(shard.gate, shard.up, shard.down, shard.gate_bias != nullptr, count, ff,
+                           embd);
+    };
+    const size_t one = layout(1).bytes;
+    const int64_t per_group =
+        std::clamp<int64_t>(int64_t(devices_.stream_group_bytes / one), 1, held);
+    for (int64_t first = 0; first < held; first += per_group) {
+      const int64_t count = std::min(per_group, held - first);
+      std::vector<int32_t> index(size_t(n_exp), -1);
+      for (int64_t e = 0; e < n_exp; ++e)
+        if (const int32_t m = shard.local_index[size_t(e)]; m >= first && m < first + count)
+          index[size_t(e)] = int32_t(m - first);
+      ExpertShard::StreamGroup group{.first = int32_t(first), .count = int32_t(count)};
+      group.index = to.allocate(index.size() * sizeof(int32_t),
+                                fmt::format("blk.{}.streamed experts' index", il));
+      to.copy_from_host(group.index->data(), index.data(), index.size() * sizeof(int32_t));
+      shard.stream_groups.push_back(std::move(group));
+    }
+    shard.stream_buffer_bytes = layout(per_group).bytes;
+  }
+}
+
+bool Transformer::streams_host_experts(const FfnLayer& l, int64_t n_tokens) const {
+  const int64_t from = devices_.stream_experts_min_tokens;
+  return from > 0 && n_tokens >= from && std::ranges::any_of(l.shards, [](const ExpertShard& s) {
+           return !s.stream_groups.empty();
+         });
+}
+
+// Each group: its weights copied on the device's copy lane into one of two buffers, once the
+// group before last (the buffer's last reader) is done, then computed on the device's stream. So
+// a group's copy overlaps the product of the one before it, and the link sets the pace.
+void Transformer::stream_host_experts(const FfnLayer& l, const ExpertShard& shard,
+                                      const float* input, const int32_t* ids, float* slots,
+                                      int64_t T, KernelChoice kernels) {
+  using W = Workspace;
+  Backend& be = *l.device;
+  Workspace& ws = workspace(be);
+  const int64_t ff = info_.n_ff_expert, embd = info_.n_embd;
+  std::shared_ptr<Event> released[2];  // each buffer's last reader
+  for (size_t g = 0; g < shard.stream_groups.size(); ++g) {
+    const ExpertShard::StreamGroup& group = shard.stream_groups[g];
+    const size_t b = g % 2;
+    uint8_t* buffer = ws.bytes(b == 0 ? W::kStreamed0 : W::kStreamed1, shard.stream_buffer_bytes);
+    const StreamLayout at = stream_layout(shard.gate, shard.up, shard.down,
+                                          shard.gate_bias != nullptr, group.count, ff, embd);
+    MoeOp op = shard_op(l, shard, input, ids, static_cast<const int32_t*>(group.index->data()),
+                        slots, T, kernels);
+    auto upload = [&](WeightView& view, size_t offset, std::shared_ptr<Event> after) {
+      const WeightView from = view.matrix(group.first);
+      be.upload_weights(buffer + offset, from.data, view.matrix_bytes() * size_t(group.count),
+                        std::move(after));
+      view.data = buffer + offset;
+      view.n_mats = group.count;
+    };
+    upload(op.gate, at.gate, released[b]);
+    upload(op.up, at.up, nullptr);  // after the gate's copy on the same lane
+    upload(op.down, at.down, nullptr);
+    if (shard.gate_bias) {
+      auto upload_rows = [&](const float*& rows, size_t offset, int64_t width) {
+        be.upload_weights(buffer + offset, rows + group.first * width,
+                          size_t(group.count * width) * sizeof(float), nullptr);
+        rows = reinterpret_cast<const float*>(buffer + offset);
+      };
+      upload_rows(op.gate_bias, at.gate_bias, ff);
+      upload_rows(op.up_bias, at.up_bias, ff);
+      upload_rows(op.down_bias, at.down_bias, embd);
+    }
+    be.moe(op);
+    released[b] = be.record_event();
   }
 }
 
@@ -309,8 +424,9 @@ MoeOp Transformer::shard_op(const FfnLayer& l, const ExpertShard& shard, const f
 // computes their slots at the same time as the layer's device computes the shared experts and
 // its own: devices with memory of their own get the input and routing copied over; the host's
 // experts run in a host task on the layer device's stream (copies in and out in stream order,
-// so a captured step includes them). Every device writes only its own experts' slots into
-// zeroed buffers, and the layer's device adds them up (x + 0 is exact) and sums the slots in
+// so a captured step includes them), except in a prompt chunk large enough to stream them to the
+// layer's device instead (stream_host_experts). Every device writes only its own experts' slots
+// into zeroed buffers, and the layer's device adds them up (x + 0 is exact) and sums the slots in
 // routing order: the result does not depend on how the experts are spread.
 void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_out) {
   using W = Workspace;
@@ -330,8 +446,15 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
         /*prepare_experts_input=*/own_shard && ffn_activations_ == ActivationBits::Eight);
   if (be.uses_host_memory()) read_ahead_on_host(l, h, ids, T, kernels);
 
+  // A prompt chunk large enough streams the host's experts here: computed into `slots` like
+  // this device's own.
+  const bool streaming = streams_host_experts(l, T);
+  auto streamed = [&](const ExpertShard& shard) {
+    return streaming && !shard.stream_groups.empty();
+  };
+  const bool slots_here = own_shard || streaming;
   float* slots = ws.get(W::kSlots, slot_floats);
-  if (own_shard && (l.shards.size() > 1 || !l.expert_peers.empty())) be.zero(slots, slot_floats);
+  if (slots_here && (l.shards.size() > 1 || !l.expert_peers.empty())) be.zero(slots, slot_floats);
   // With copies of experts, each device first works out which of its experts it computes this
   // step (all of them reach the same answer from the same routing). A step with as many slots as
   // the layer has experts (a prompt chunk) chooses nearly all of them: each is read at home.
@@ -381,7 +504,7 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
   std::shared_ptr<Event> host_done;
   float* host_slots = nullptr;
   for (const ExpertShard& shard : l.shards) {
-    if (shard.device == &be || !shard.device->uses_host_memory()) continue;
+    if (shard.device == &be || !shard.device->uses_host_memory() || streamed(shard)) continue;
     TANDEM_CHECK(!host_done);  // one host backend: its buffers below serve one shard a layer
     auto* host_input =
         static_cast<float*>(ws.host(W::kHostInput, size_t(T * embd) * sizeof(float)));
@@ -424,18 +547,20 @@ void Transformer::routed_experts(const FfnLayer& l, LayerStep& s, float* shared_
     be.moe(shared_experts_moe(own));
     be.moe_reduce(shared_experts_reduce(own));
   }
+  for (const ExpertShard& shard : l.shards)
+    if (streamed(shard)) stream_host_experts(l, shard, h, ids, slots, T, kernels);
 
   // The other devices' slots, sent all at once, each into its own place here (the first straight
   // into `slots` when this device holds none of the layer's experts), then added in by one op.
   int64_t n_others = int64_t(l.expert_peers.size());  // other ranks' slots come as parts too
-  for (const ExpertShard& shard : l.shards) n_others += shard.device != &be;
-  const int64_t n_places = own_shard ? n_others : n_others - 1;
+  for (const ExpertShard& shard : l.shards) n_others += shard.device != &be && !streamed(shard);
+  const int64_t n_places = slots_here ? n_others : n_others - 1;
   float* others = n_places > 0 ? ws.get(W::kOtherSlots, n_places * slot_floats) : nullptr;
   std::vector<const float*> parts;
-  bool have_slots = own_shard;
+  bool have_slots = slots_here;
   for (const ExpertShard& shard : l.shards) {
     Backend& device = *shard.device;
-    if (&device == &be) continue;
+    if (&device == &be || streamed(shard)) continue;
     float* place = have_slots ? others + int64_t(parts.size()) * slot_floats : slots;
     if (device.uses_host_memory()) {
       be.wait_for(host_done);

@@ -187,6 +187,16 @@ class Transformer : public Model {
   void bind_experts(FfnLayer& layer, uint32_t il, const MoeConfig& moe);
   void bind_expert_copies(FfnLayer& layer, uint32_t il,
                           const std::vector<std::vector<Backend*>>& copies);
+  // ExpertShard::stream_groups of the layer's host shard, where DevicePlan::
+  // stream_experts_min_tokens asks for them and the layer's device can compute them.
+  void bind_stream_groups(FfnLayer& layer, uint32_t il);
+  // Prompt chunks: the host's experts streamed to the layer's device (stream_groups), computed
+  // there group by group into `slots`, two groups' copies in flight.
+  void stream_host_experts(const FfnLayer& layer, const ExpertShard& shard, const float* input,
+                           const int32_t* ids, float* slots, int64_t n_tokens,
+                           KernelChoice kernels);
+  // Whether a step of `n_tokens` streams `layer`'s host experts.
+  bool streams_host_experts(const FfnLayer& layer, int64_t n_tokens) const;
   void bind_routing_counts();
   // The device every step can be captured on (see set_graphs_enabled), or null.
   Backend* find_graph_device() const;

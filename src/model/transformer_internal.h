@@ -51,6 +51,17 @@ struct Transformer::ExpertShard {
   // of its experts this device computes this step: ReplicaPickOp) that its moe op reads, and the
   // local index of its home experts only (prompt chunks, which do not use the copies).
   std::shared_ptr<DeviceBuffer> holders_buffer, step_index_buffer, home_index_buffer;
+  // The host's experts as prompt chunks stream them to the layer's device
+  // (DevicePlan::stream_experts_min_tokens): runs of consecutive matrices of the stacks, each
+  // copied whole into one of two buffers there and computed with its own local index (its
+  // experts numbered from 0, every other -1). Empty where the layer's device cannot multiply
+  // these formats or computes on host memory itself.
+  struct StreamGroup {
+    int32_t first = 0, count = 0;         // matrices of the stacks
+    std::shared_ptr<DeviceBuffer> index;  // [n_expert] on the layer's device
+  };
+  std::vector<StreamGroup> stream_groups;
+  size_t stream_buffer_bytes = 0;  // the largest group's weights and biases, as laid out there
 };
 
 // The step's per-token arrays as one device's ops read them (its memory).
@@ -106,6 +117,8 @@ struct Transformer::Workspace {
     kLast,           // [rows, n_embd] hidden states that need logits
     kLogits,         // [rows, n_vocab]
     kRankPacked,     // [rows, n_embd] rows packed for another rank's device (experts' exchange)
+    kStreamed0,      // one group of the host's experts streamed here (ExpertShard::StreamGroup)
+    kStreamed1,      // the next group, copied while the first is computed
     kCount
   };
   // Host memory of this device's kind (page-locked for a GPU) for its asynchronous copies.
@@ -129,6 +142,7 @@ struct Transformer::Workspace {
   int32_t* ints(Buffer which, int64_t n) {
     return static_cast<int32_t*>(grow(which, size_t(n) * 4));
   }
+  uint8_t* bytes(Buffer which, size_t n) { return static_cast<uint8_t*>(grow(which, n)); }
   void* host(HostBuffer which, size_t bytes) {
     static constexpr const char* kNames[] = {"host experts' input", "host experts' routing",
                                              "host experts' outputs", "logits (host)"};
@@ -173,7 +187,9 @@ struct Transformer::Workspace {
                                              "dense routing weights",
                                              "final hidden states",
                                              "logits",
-                                             "rows packed for another rank"};
+                                             "rows packed for another rank",
+                                             "streamed experts",
+                                             "streamed experts (second buffer)"};
     static_assert(std::size(kNames) == kCount, "a name for every buffer");
     bytes = std::max<size_t>(bytes, 4);
     std::shared_ptr<DeviceBuffer>& buffer = buffers[which];

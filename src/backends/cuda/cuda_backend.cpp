@@ -149,6 +149,8 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t& e : staging_done_)
     if (e) cudaEventDestroy(e);
   for (auto& s : scratch_) s.reset();
+  if (copy_) cudaStreamSynchronize(copy_), cudaStreamDestroy(copy_);
+  if (uploaded_) cudaEventDestroy(uploaded_);
   cudaStreamDestroy(side_);
   cudaStreamDestroy(stream_);
 }
@@ -291,6 +293,26 @@ void CudaBackend::enable_peer_access(int peer_device) {
     (void)cudaDeviceEnablePeerAccess(peer_device, 0);
   (void)cudaGetLastError();
   peers_enabled_.push_back(peer_device);
+}
+
+void CudaBackend::upload_weights(void* device_dst, const void* host_src, size_t bytes,
+                                 std::shared_ptr<Event> after) {
+  if (capturing_) return copy_from_host_async(device_dst, host_src, bytes);
+  activate();
+  if (!copy_) {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+  }
+  if (after) {
+    if (const auto* event = dynamic_cast<const CudaEvent*>(after.get()))
+      TANDEM_CUDA_CHECK(cudaStreamWaitEvent(copy_, event->get(), 0));
+    else
+      after->wait();  // another kind of device's event: the host waits for it
+  }
+  // Weights in pageable memory: the driver stages them, and the lane still runs beside stream_.
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, copy_));
+  TANDEM_CUDA_CHECK(cudaEventRecord(uploaded_, copy_));
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, uploaded_, 0));
 }
 
 void CudaBackend::copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {

@@ -48,6 +48,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DeviceBuffer> allocate_host(size_t bytes, const std::string& what) override;
   void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
   void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
+  // On a copy stream of its own, so that a streamed expert's copy overlaps the product before
+  // it; inside a capture on the ops' stream (not yet run on a GPU).
+  void upload_weights(void* device_dst, const void* host_src, size_t bytes,
+                      std::shared_ptr<Event> after) override;
   std::shared_ptr<Event> host_task(std::function<void()> task) override;
   void synchronize() override;
   std::shared_ptr<Event> record_event() override;
@@ -97,6 +101,8 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t stream_ = nullptr;  // every op
   cudaStream_t side_ = nullptr;    // host tasks, forked from and joined back into stream_
+  cudaStream_t copy_ = nullptr;    // upload_weights, made on first use
+  cudaEvent_t uploaded_ = nullptr;  // the last upload's end, which stream_ waits for
   bool capturing_ = false;
   std::shared_ptr<DeviceBuffer> scratch_[size_t(Scratch::Count)];
   std::unique_ptr<OpLaunches> ops_;  // every op's kernels, on stream_
