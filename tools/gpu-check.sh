@@ -6,11 +6,13 @@
 #      decode products on a lite layer's shapes by rows per warp;
 #   2. the fixtures of tools/gpu/fixtures.txt (F32 and quantized, every architecture) with the
 #      fixtures' own checker (check.py), on cuda:0 alone and on a hybrid plan (experts 0-3 of
-#      every layer on the CPU);
+#      every layer on the CPU), that one also with its prompts streaming the CPU's experts to the
+#      GPU (--stream-experts 1);
 #   3. the lite-shaped model (generated there, Q4_K_M, 9.7 GiB) with `tandem bench`, fully on
 #      the GPU (the default precision, and --precision int16: F32 activations everywhere) and
 #      hybrid (experts 0-31 of every layer on the CPU): tokens/s, the GPU's bandwidth roofline,
-#      the cost model's prediction;
+#      the cost model's prediction; hybrid pp512 with the CPU's experts streamed to the GPU
+#      against the CPU computing them;
 #   4. (informational) a kernel profile of a short run on the GPU by ncu, where it is installed:
 #      the kernels that take a decode step's time (OUT/kernel_profile.txt), and 5. one decode
 #      step's launches in detail (bytes from memory, occupancy, launch shape: OUT/ncu_detail.csv).
@@ -84,7 +86,8 @@ fi
 say "== cuda_matmul_bench (informational)"
 timeout 60 "$work/bin/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
 
-# 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan.
+# 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan, whose
+#    prompts also run once with the host's experts streamed to the GPU (--stream-experts 1).
 hybrid_rules=tests/fixtures/plans/attention_on_gpu_experts_split.yaml
 fixture_refs=()
 while read -r model; do
@@ -93,9 +96,10 @@ while read -r model; do
   [[ $model != *F32 ]] && refs=exact.json
   fixture_refs+=("$model".{p1,p2,chat}."$refs")
 done <tools/gpu/fixtures.txt
-for plan in gpu hybrid; do
+for plan in gpu hybrid hybrid_streamed; do
   plan_args=(--devices cuda:0)
-  [[ $plan == hybrid ]] && plan_args+=(--rules "$hybrid_rules")
+  [[ $plan == hybrid* ]] && plan_args+=(--rules "$hybrid_rules")
+  [[ $plan == hybrid_streamed ]] && plan_args+=(--stream-experts 1)
   for ref in "${fixture_refs[@]}"; do
     model=${ref%%.*}
     candidate=$work/$plan.$ref
@@ -114,6 +118,13 @@ if run gen_model_lite 240 "$tandem" gen-model --preset lite --format Q4_K_M -o "
   run bench_gpu 150 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 -p 512 -n 128 -r 3 -t $threads --json > \"$out/bench_gpu.json\""
   run bench_hybrid 200 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --rules tools/gpu/lite_half_experts_on_host.yaml \
     -p 512 -n 64 -r 2 -t $threads --json > \"$out/bench_hybrid.json\""
+  # Hybrid prompts with the host's experts streamed to the GPU at every chunk, against the CPU
+  # computing them (the cost model's choice is in bench_hybrid's stream_experts_min_tokens).
+  for stream in 1 0; do
+    run bench_hybrid_stream$stream 90 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 \
+      --rules tools/gpu/lite_half_experts_on_host.yaml --stream-experts $stream -p 512 -n 0 -r 2 -t $threads \
+      --json > \"$out/bench_hybrid_stream$stream.json\""
+  done
   # The feed-forward products with F32 activations (--precision int16) against the default's
   # 8-bit ones: what the dp4a steps buy at decode.
   run bench_gpu_int16 120 bash -c "\"$tandem\" bench \"$lite\" --devices cuda:0 --precision int16 -p 0 -n 64 -r 2 \
@@ -158,7 +169,8 @@ try:
                                             if t.get("result") == "SKIPPED")}
 except (OSError, ValueError):
     pass
-for name in ("bench_gpu", "bench_hybrid", "bench_gpu_int16", "bench_gpu_no_graphs"):
+for name in ("bench_gpu", "bench_hybrid", "bench_hybrid_stream1", "bench_hybrid_stream0", "bench_gpu_int16",
+             "bench_gpu_no_graphs"):
     try:
         b = json.load(open(os.path.join(out, name + ".json")))
     except (OSError, ValueError):
@@ -166,7 +178,8 @@ for name in ("bench_gpu", "bench_hybrid", "bench_gpu_int16", "bench_gpu_no_graph
     gpu = (b.get("gpus") or [{}])[0]
     summary[name] = {k: b.get(k) for k in ("prefill_tokens_per_s", "prefill_tokens_per_s_sd", "decode_tokens_per_s",
                                             "decode_tokens_per_s_sd", "predicted_prefill_tokens_per_s",
-                                            "predicted_decode_tokens_per_s", "bytes_read_per_token")}
+                                            "predicted_decode_tokens_per_s", "bytes_read_per_token",
+                                            "stream_experts_min_tokens")}
     summary[name]["gpu"] = gpu
     measured, predicted = b.get("decode_tokens_per_s") or 0, b.get("predicted_decode_tokens_per_s") or 0
     summary[name]["decode_predicted_over_measured"] = predicted / measured if measured else None
@@ -175,7 +188,8 @@ print(f"{summary['passed']} passed, {summary['failed']} failed in {seconds} s")
 for c in checks:
     if c["status"] != "pass":
         print(f"  FAILED {c['check']}: {c['detail']}")
-for name in ("bench_gpu", "bench_hybrid", "bench_gpu_int16", "bench_gpu_no_graphs"):
+for name in ("bench_gpu", "bench_hybrid", "bench_hybrid_stream1", "bench_hybrid_stream0", "bench_gpu_int16",
+             "bench_gpu_no_graphs"):
     if name in summary:
         s, g = summary[name], summary[name]["gpu"]
         print(f"{name}: pp {s['prefill_tokens_per_s'] or 0:.1f} t/s, tg {s['decode_tokens_per_s'] or 0:.1f} t/s; "

@@ -27,6 +27,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_file.h"
+#include "plan/cost_model.h"
 #include "plan/hardware.h"
 #include "plan/inventory.h"
 #include "plan/kernel_rate.h"
@@ -341,6 +342,8 @@ void register_bench(CLI::App& app) {
       for (size_t d = 1; d < placement.devices.size(); ++d)
         placement.devices[d].spec = hardware.gpus[d - 1];
       placement.predicted = plan::predict_speed(inventory, hardware, workload, placement, nullptr);
+      placement.predicted.stream_experts_min_tokens =
+          plan::stream_experts_min_tokens(inventory, hardware, workload, placement, nullptr);
     } else {
       placement = plan::plan_placement(inventory, hardware, workload, plan::Rules{}, nullptr);
     }
@@ -382,6 +385,7 @@ void register_bench(CLI::App& app) {
           {"prefill_fraction_of_kernel_peak", prefill_flops / peak_flops},
           {"predicted_prefill_tokens_per_s", placement.predicted.prefill_tokens_per_s},
           {"predicted_decode_tokens_per_s", placement.predicted.decode_tokens_per_s},
+          {"stream_experts_min_tokens", engine.stream_experts_min_tokens()},
           {"placement", layout},
           {"engine_devices", device_names},
           {"gpus", gpu_json}};
@@ -464,6 +468,11 @@ void register_bench(CLI::App& app) {
                versus_measured(placement.predicted.prefill_tokens_per_s, pp.mean),
                placement.predicted.decode_tokens_per_s,
                versus_measured(placement.predicted.decode_tokens_per_s, tg.mean));
+    if (const std::string streaming =
+            plan::expert_streaming_summary(placement.predicted, engine.stream_experts_min_tokens(),
+                                           std::min<int64_t>(o->prompt, 512));
+        !streaming.empty())
+      fmt::print("{}\n", streaming);
     if (!cold.empty()) {
       fmt::print("\ncold start: load + first token from an emptied page cache, against reading only the bytes it "
                  "needed (in file order into an empty cache, as the engine reads: {} threads), mean ± sd of {}, "

@@ -135,6 +135,10 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
         "step in flight on another machine (the decode figure counts it; the step above is all "
         "of them at once)\n",
         s.overlapping_steps);
+  if (const std::string streaming =
+          expert_streaming_summary(s, s.stream_experts_min_tokens, wl.prefill_batch);
+      !streaming.empty())
+    fmt::print("  {}\n", streaming);
   fmt::print("\nwhy:\n");
   for (const std::string& r : p.reasons) fmt::print("  - {}\n", r);
   if (explain) {
@@ -225,6 +229,8 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
   const Prediction& s = p.predicted;
   out["predicted"] = {{"source", "cost model"},
                       {"prefill_tokens_per_s", s.prefill_tokens_per_s},
+                      {"stream_experts_min_tokens", s.stream_experts_min_tokens},
+                      {"prefill_tokens_per_s_host_experts", s.prefill_tokens_per_s_host_experts},
                       {"decode_tokens_per_s", s.decode_tokens_per_s},
                       {"overlapping_steps", s.overlapping_steps},
                       {"decode_step_seconds",

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -97,6 +98,13 @@ void add_device_options(CLI::App* cmd, EngineOptions& options) {
   cmd->add_flag("!--no-graphs", options.graphs,
                 "run every decode step op by op instead of replaying it as a captured graph "
                 "(CUDA graphs; simulated devices capture too): for debugging, same results");
+  cmd->add_option("--stream-experts", options.stream_experts,
+                  "prompt chunks of at least N tokens copy the experts kept in RAM to their "
+                  "layer's GPU and compute them there (the PCIe link against the CPU's cores); "
+                  "-1: the cost model chooses N (`tandem plan` shows it), 0: the CPU always "
+                  "computes them")
+      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()))
+      ->capture_default_str();
   cmd->add_option("--rules", options.rules, "rule file (YAML) pinning weight groups to devices");
   cmd->add_option("--profile", options.profile,
                   "routing profile from `tandem profile`: the most-used experts are placed on the "

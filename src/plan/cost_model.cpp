@@ -1,5 +1,7 @@
 #include "plan/cost_model.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
@@ -122,6 +124,9 @@ struct StepShape {
       1;  // the sequences they belong to (a window layer reads its window of each)
   int64_t logit_rows = 1;     // rows the output head computes
   DType cache_type = DType::F32;  // the KV cache's values
+  // Routed experts in the host's memory whose layer runs on a GPU are streamed to it and
+  // computed there (DevicePlan::stream_experts_min_tokens), not computed by the host.
+  bool stream_host_experts = false;
 };
 
 // P(X = c) for X ~ Binomial(n, q), c = 0..n, with negligible tails dropped: (c, probability).
@@ -265,6 +270,7 @@ class StepModel {
       InventoryGroup head_weights{};  // the divided attention weights, all heads' bytes
       // The FFN block, per device that holds a part of it (index into placement_.devices).
       std::vector<Part> ffn(placement_.devices.size());
+      Part streamed;  // the host's experts streamed to the owner (StepShape::stream_host_experts)
       for (size_t gi : layers_[l]) {
         const InventoryGroup& g = inv_.groups[gi];
         const int32_t where = placement_.group_device[gi];
@@ -279,6 +285,11 @@ class StepModel {
               ffn[size_t(c)].ops = params_.ffn_ops;
               ffn[size_t(c)].expert_bytes = kernel_bytes(g, c);
             }
+          if (s.stream_host_experts && streams_to_owner(g, where, owner)) {
+            streamed.bytes += double(g.bytes);
+            streamed.flops += flops * p * double(s.batch);
+            continue;
+          }
           const double touched = 1.0 - std::pow(1.0 - p, double(s.batch));
           Part& part = ffn[size_t(dev)];
           if (where == kOnDisk) {
@@ -315,6 +326,18 @@ class StepModel {
       } else {
         add_to(t, owner, seconds(owner, attn));
         add(t, heads_seconds(owner, *heads, head_part, head_weights, s.batch));
+      }
+      if (streamed.bytes > 0) {
+        // All of them, whatever the routing (the host does not wait for it), a group at a time:
+        // each group's copy overlaps the product of the one before, so the slower of the link
+        // and the GPU's products sets the pace, after the owner's own experts.
+        const double groups = std::ceil(streamed.bytes / params_.stream_group_bytes);
+        const double copy_s = link_seconds(link_between(0, owner), groups, streamed.bytes);
+        const double compute_s =
+            seconds(owner, {.bytes = streamed.bytes, .flops = streamed.flops, .ops = int(groups)});
+        Part& part = ffn[size_t(owner)];
+        part.extra_s += std::max(copy_s, compute_s);
+        part.ops = params_.ffn_ops;
       }
       add(t, ffn_seconds(l, s.batch, owner, ffn, expert_in_bytes, expert_out_bytes));
       count_on(owner, layer_start);
@@ -396,6 +419,25 @@ class StepModel {
     std::vector<int32_t> table;
     int32_t max_holders = 0;
   };
+  // Whether a routed-expert group at `where` is streamed to its layer's device `owner` when a step
+  // streams: held by this machine's host in a layout a GPU reads, the layer on a GPU beside it.
+  bool streams_to_owner(const InventoryGroup& g, int32_t where, int32_t owner) const {
+    return g.kind == WeightGroup::RoutedExperts && where == 0 && is_gpu(owner) &&
+           spec(owner).node == spec(0).node && !g.not_on_cuda && g.interleaved_bytes == 0;
+  }
+
+ public:
+  // Whether some layer has experts a prompt chunk could stream (streams_to_owner).
+  bool can_stream() const {
+    for (uint32_t l = 0; l < inv_.n_layers; ++l)
+      for (size_t gi : layers_[l])
+        if (streams_to_owner(inv_.groups[gi], placement_.group_device[gi],
+                             compute_device(placement_.layer_device[l])))
+          return true;
+    return false;
+  }
+
+ private:
   // Steps with fewer slots than the layer has experts (decode) use the copies; a prompt chunk
   // chooses nearly every expert anyway and reads each at home (as the executor does).
   bool uses_copies(uint32_t layer, int64_t batch) const {
@@ -768,7 +810,45 @@ class StepModel {
   int64_t output_ = -1, embedding_ = -1;
 };
 
+// One prompt chunk of `batch` tokens (one sequence; its tokens share the KV rows they read,
+// and only the last token's logits are needed).
+double prefill_step_seconds(const StepModel& model, const Workload& workload, double context,
+                            int64_t batch, bool stream_host_experts) {
+  return total(model.step_seconds({.batch = batch,
+                                   .context = context,
+                                   .kv_tokens_read = context + double(batch),
+                                   .kv_sequences = 1,
+                                   .logit_rows = 1,
+                                   .cache_type = workload.cache_type,
+                                   .stream_host_experts = stream_host_experts}));
+}
+
 }  // namespace
+
+int64_t stream_experts_min_tokens(const ModelInventory& inventory, const Hardware& hardware,
+                                  const Workload& workload, const Placement& placement,
+                                  const RoutingProfile* profile, const CostParams& params) {
+  const StepModel model(inventory, hardware, placement, profile, params);
+  if (!model.can_stream()) return 0;
+  const double context = params.context_fill * double(std::max<int64_t>(workload.n_ctx, 1));
+  // The host's time grows with the chunk's tokens, the link's does not: the smallest chunk for
+  // which streaming wins, by doubling, then halving the gap down to a sixteenth (a prediction
+  // is not finer than that, and each try is two prompt steps of the whole model).
+  const auto streaming_wins = [&](int64_t n) {
+    return prefill_step_seconds(model, workload, context, n, true) <
+           prefill_step_seconds(model, workload, context, n, false);
+  };
+  constexpr int64_t kLargestChunk = int64_t(1) << 16;
+  int64_t wins = 1;
+  while (wins <= kLargestChunk && !streaming_wins(wins)) wins *= 2;
+  if (wins > kLargestChunk) return 0;
+  int64_t loses = wins / 2;  // 0: it wins from one token
+  while (wins - loses > std::max<int64_t>(1, loses / 16)) {
+    const int64_t mid = (wins + loses) / 2;
+    (streaming_wins(mid) ? wins : loses) = mid;
+  }
+  return wins;
+}
 
 Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardware,
                          const Workload& workload, const Placement& placement,
@@ -785,13 +865,20 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
                                           .cache_type = workload.cache_type});
   // Prefill: one sequence's batch; its tokens share the KV rows they read, and only the last
   // token's logits are needed.
+  const auto prefill_s = [&](int64_t batch, bool stream) {
+    return prefill_step_seconds(model, workload, context, batch, stream);
+  };
+  // Experts in RAM beside a GPU: streamed at the prefill chunk when that is faster
+  // (stream_experts_min_tokens finds the smallest chunk for which it is).
   const int64_t batch = std::max<int64_t>(workload.prefill_batch, 1);
-  const Prediction prefill = model.step_seconds({.batch = batch,
-                                                 .context = context,
-                                                 .kv_tokens_read = context + double(batch),
-                                                 .kv_sequences = 1,
-                                                 .logit_rows = 1,
-                                                 .cache_type = workload.cache_type});
+  decode.experts_streamable = model.can_stream();
+  double prefill_seconds = prefill_s(batch, false);
+  if (decode.experts_streamable) {
+    if (const double streamed_s = prefill_s(batch, true); streamed_s < prefill_seconds) {
+      decode.prefill_tokens_per_s_host_experts = double(batch) / std::max(prefill_seconds, 1e-12);
+      prefill_seconds = streamed_s;
+    }
+  }
   decode.decode_tokens_per_s = double(n_seq) / std::max(total(decode), 1e-12);
   // Over machines in a pipeline, the server splits the sequences into a group per stage, each
   // with a step in flight: a cycle gives every sequence a token and lasts a group's step through
@@ -814,8 +901,32 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
       decode.overlapping_steps = int32_t(groups);
     }
   }
-  decode.prefill_tokens_per_s = double(batch) / std::max(total(prefill), 1e-12);
+  decode.prefill_tokens_per_s = double(batch) / std::max(prefill_seconds, 1e-12);
   return decode;
+}
+
+std::string expert_streaming_summary(const Prediction& predicted, int64_t min_tokens,
+                                     int64_t prefill_batch) {
+  if (!predicted.experts_streamable) return "";
+  const std::string chosen =
+      min_tokens == predicted.stream_experts_min_tokens ? "the cost model's choice" : "as asked";
+  if (min_tokens <= 0)
+    return fmt::format("prompts: the CPU computes the experts it holds at every chunk size ({}{})",
+                       chosen,
+                       predicted.stream_experts_min_tokens > 0
+                           ? fmt::format("; the cost model would stream them from {} tokens",
+                                         predicted.stream_experts_min_tokens)
+                           : "; streaming them to the GPU is never predicted faster");
+  std::string line = fmt::format(
+      "prompts: chunks of {} tokens or more stream the experts in RAM to their layer's GPU and "
+      "compute them there ({})",
+      min_tokens, chosen);
+  if (predicted.prefill_tokens_per_s_host_experts > 0 && prefill_batch >= min_tokens &&
+      min_tokens == predicted.stream_experts_min_tokens)
+    line += fmt::format("; predicted prefill {:.1f} tokens/s at {} against {:.1f} on the CPU",
+                        predicted.prefill_tokens_per_s, prefill_batch,
+                        predicted.prefill_tokens_per_s_host_experts);
+  return line;
 }
 
 }  // namespace tandem::plan

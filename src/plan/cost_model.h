@@ -12,6 +12,7 @@
 // Every number it gives is a prediction and is printed as one. All tuning values live in
 // CostParams, each with its source.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "plan/placement.h"
@@ -123,6 +124,9 @@ struct CostParams {
   // When a MoE layer's experts span devices, the owner waits on the host's event and adds its
   // partial sums: one event wait and one small add (the host's share of a hybrid layer).
   double sync_s = 20e-6;
+  // A prompt chunk streams the host's experts to a GPU in groups of at most this many bytes
+  // (DevicePlan::stream_group_bytes): each copy pays the link's latency once.
+  double stream_group_bytes = 64.0 * 1024 * 1024;
   // Experts streamed from the file are read whole (tens of MB each), close to sequential NVMe
   // speed, less page-cache overhead.
   double disk_efficiency = 0.7;
@@ -170,5 +174,20 @@ uint64_t head_share_bytes(const ModelInfo& info, uint64_t attention_bytes, int32
 Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardware,
                          const Workload& workload, const Placement& placement,
                          const RoutingProfile* profile, const CostParams& params = CostParams{});
+
+// The smallest prompt chunk (tokens) from which streaming the routed experts held in RAM to
+// their layer's GPU is predicted faster than the host computing them; 0 when no chunk of up to
+// 65536 tokens is, or the placement has no such experts. (A search over predict_speed's prompt
+// step: the planner runs it for the placement it chose.)
+int64_t stream_experts_min_tokens(const ModelInventory& inventory, const Hardware& hardware,
+                                  const Workload& workload, const Placement& placement,
+                                  const RoutingProfile* profile,
+                                  const CostParams& params = CostParams{});
+
+// One line on how prompt chunks treat the routed experts kept in RAM beside a GPU (plan --explain,
+// bench): empty when the plan has none. `min_tokens`: what the run uses (the prediction's, or
+// --stream-experts); `prefill_batch`: the chunk the prediction is for.
+std::string expert_streaming_summary(const Prediction& predicted, int64_t min_tokens,
+                                     int64_t prefill_batch);
 
 }  // namespace tandem::plan

@@ -71,6 +71,14 @@ struct Prediction {
   // a step per machine (its decode_tokens_per_s counts that; the times above are one step of all
   // the sequences); 1 otherwise.
   int32_t overlapping_steps = 1;
+  // Prompt chunks of at least this many tokens stream the routed experts held in RAM to their
+  // layer's GPU (DevicePlan::stream_experts_min_tokens); 0: never (no such experts, or the
+  // host's cores are faster at every chunk size). Set for the chosen placement only
+  // (stream_experts_min_tokens in cost_model.h). When prefill_tokens_per_s counts on streaming,
+  // what the host computing them would give.
+  bool experts_streamable = false;  // some layer's experts in RAM sit beside its GPU
+  int64_t stream_experts_min_tokens = 0;
+  double prefill_tokens_per_s_host_experts = 0;
 };
 
 // One placement the planner built and weighed (planner.h), with what the cost model predicts for

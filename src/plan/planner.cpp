@@ -113,6 +113,8 @@ Placement Planner::run(const Rules& rules, bool suggest_alternatives) {
   for (size_t i = 1; i < built_.size(); ++i)
     if (better(built_[i], built_[chosen_])) chosen_ = i;
   p_ = built_[chosen_];
+  p_.predicted.stream_experts_min_tokens =
+      stream_experts_min_tokens(inv_, hw_, wl_, p_, profile_, cost_);
   finish(suggest_alternatives, rules);
   return std::move(p_);
 }

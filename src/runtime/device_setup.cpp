@@ -255,6 +255,7 @@ DevicePlan device_plan_for(const plan::Placement& p, const plan::ModelInventory&
   };
   const uint32_t n_layers = inventory.n_layers;
   DevicePlan dp = DevicePlan::single(*backends[0], n_layers, inventory.info.n_expert);
+  dp.stream_experts_min_tokens = p.predicted.stream_experts_min_tokens;
   for (uint32_t il = 0; il < n_layers; ++il) {
     dp.layers[il] = backend(p.layer_device[il]);
     if (il < p.layer_heads.size())

@@ -209,6 +209,8 @@ void Engine::load(const EngineOptions& options, Spread spread,
                       cluster ? &*cluster : nullptr);
     backends_ = std::move(setup.backends);
     devices = setup.plan;
+    if (options.stream_experts >= 0) devices.stream_experts_min_tokens = options.stream_experts;
+    stream_experts_min_tokens_ = devices.stream_experts_min_tokens;
     if (plan_ranks) {
       planned_ranks = setup.ranks;
       // Each rank planned alone from the same numbers: only other flags can make them differ.

@@ -37,6 +37,9 @@ struct EngineOptions {
   // "sim:2x200MiB" (see device_setup.h).
   std::string devices = "auto";
   bool graphs = true;           // decode steps replayed as graphs where the plan allows
+  // Prompt chunks of at least this many tokens stream the experts held in RAM to their layer's
+  // GPU (DevicePlan::stream_experts_min_tokens): -1 the cost model's choice, 0 never.
+  int64_t stream_experts = -1;
   PrecisionPolicy precision = PrecisionPolicy::FfnInt8;  // which products take 8-bit activations
   std::string rules;            // rule file pinning weight groups to devices (with --devices)
   std::string profile;          // routing profile: most-used experts placed first (with --devices)
@@ -110,6 +113,9 @@ class Engine {
   std::vector<std::string> device_names() const;
   // The planner's placement the model was loaded with; null for a CPU-only run (no plan).
   const plan::Placement* placement() const { return placement_ ? &*placement_ : nullptr; }
+  // Prompt chunks of at least this many tokens stream the experts in RAM to their layer's GPU
+  // (the plan's choice or --stream-experts); 0: never.
+  int64_t stream_experts_min_tokens() const { return stream_experts_min_tokens_; }
   double load_seconds() const { return load_seconds_; }
   // Expert choices counted since load, as a routing profile for `plan` and `--profile`. Over
   // ranks (rank 0 asks; a collective), every rank's layers.
@@ -242,6 +248,7 @@ class Engine {
   } announced_;
   std::vector<int32_t> announced_body_;
   std::optional<plan::Placement> placement_;
+  int64_t stream_experts_min_tokens_ = 0;
 };
 
 }  // namespace tandem

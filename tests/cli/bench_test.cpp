@@ -25,6 +25,7 @@ TEST(Bench, JsonHasTheMeasuredSpeedsAndTheirBounds) {
                           "decode_roofline_tokens_per_s", "decode_kernel_gb_per_s", "kernel_peak_gflops"})
     EXPECT_GT(j.value(key, 0.0), 0.0) << key << " in " << r.output;
   EXPECT_FALSE(j.contains("cold_start"));
+  EXPECT_EQ(j.value("stream_experts_min_tokens", -1), 0) << "no GPU: nothing to stream to";
 }
 
 // --n-depth: the tests run after that many tokens of context, the name says so as llama-bench

@@ -112,6 +112,53 @@ TEST(CostModel, gpu_is_faster_than_cpu_and_split_experts_overlap) {
   EXPECT_LT(step_seconds(split), step_seconds(gpu) + cpu_half_s);
 }
 
+// Routed experts in RAM beside a GPU: a prompt chunk streams them all over PCIe (whatever the
+// routing) and the GPU computes them, or the host's cores compute the ones chosen. The host's
+// time grows with the chunk, the link's does not: streaming wins from some chunk size on, sooner
+// over a faster link, never where there is no GPU or the host's layout is its own.
+TEST(CostModel, prompts_stream_the_hosts_experts_to_the_gpu_from_the_chunk_where_that_is_faster) {
+  const ModelInventory inv = tiny_inventory();
+  Hardware hw = machine({24}, 64);
+  const auto experts_on_host = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts ? 0 : 1;
+  };
+  const Placement hybrid = manual(inv, hw, 1, experts_on_host);
+  Workload wl;
+  const int64_t from = stream_experts_min_tokens(inv, hw, wl, hybrid, nullptr);
+  ASSERT_GT(from, 1) << "one token's four experts per layer cost less than the whole layer's copy";
+  ASSERT_LT(from, int64_t(1) << 16);
+  // At that chunk the prediction streams, and says what the host alone would give; at half of
+  // it the host computes them.
+  wl.prefill_batch = from;
+  const Prediction at = predict_speed(inv, hw, wl, hybrid, nullptr);
+  EXPECT_TRUE(at.experts_streamable);
+  EXPECT_GT(at.prefill_tokens_per_s_host_experts, 0);
+  EXPECT_GT(at.prefill_tokens_per_s, at.prefill_tokens_per_s_host_experts);
+  wl.prefill_batch = from / 2;
+  const Prediction below = predict_speed(inv, hw, wl, hybrid, nullptr);
+  EXPECT_TRUE(below.experts_streamable);
+  EXPECT_EQ(below.prefill_tokens_per_s_host_experts, 0);
+  // A link twice as fast: from a smaller chunk.
+  wl = Workload{};
+  Hardware pcie5 = hw;
+  pcie5.gpu_link = LinkKind::Pcie5;
+  EXPECT_LT(stream_experts_min_tokens(inv, pcie5, wl, hybrid, nullptr), from);
+  // Nothing to stream: everything on the CPU, or the experts in tandem's interleaved layout
+  // (a GPU does not read it).
+  const Placement cpu = manual(inv, hw, 0);
+  EXPECT_FALSE(predict_speed(inv, hw, wl, cpu, nullptr).experts_streamable);
+  EXPECT_EQ(stream_experts_min_tokens(inv, hw, wl, cpu, nullptr), 0);
+  ModelInventory repacked = inv;
+  for (InventoryGroup& g : repacked.groups)
+    if (g.kind == WeightGroup::RoutedExperts) g.interleaved_bytes = g.bytes;
+  EXPECT_FALSE(predict_speed(repacked, hw, wl, hybrid, nullptr).experts_streamable);
+  EXPECT_EQ(stream_experts_min_tokens(repacked, hw, wl, hybrid, nullptr), 0);
+  // The summary `plan` and `bench` print says which way prompts go.
+  EXPECT_NE(expert_streaming_summary(at, from, from).find("stream"), std::string::npos);
+  EXPECT_NE(expert_streaming_summary(at, 0, from).find("the CPU computes"), std::string::npos);
+  EXPECT_EQ(expert_streaming_summary(predict_speed(inv, hw, wl, cpu, nullptr), 0, 512), "");
+}
+
 TEST(CostModel, each_cut_between_devices_costs_a_transfer) {
   const ModelInventory inv = tiny_inventory();
   const Hardware hw = machine({24, 24}, 64);
