@@ -41,6 +41,7 @@ class ForwardingBackend : public Backend {
     return inner_.host_task(std::move(task));
   }
   void synchronize() override { inner_.synchronize(); }
+  void set_spin_waits(bool spin) override { inner_.set_spin_waits(spin); }
   std::shared_ptr<Event> record_event() override { return inner_.record_event(); }
   void wait_for(std::shared_ptr<Event> event) override { inner_.wait_for(std::move(event)); }
   size_t free_bytes() const override { return inner_.free_bytes(); }

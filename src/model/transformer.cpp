@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <utility>
 
 #include "core/error.h"
 #include "core/transport.h"
@@ -85,6 +86,19 @@ void Transformer::bind_embeddings_and_head() {
 void Transformer::finish_binding() {
   bind_routing_counts();
   graph_device_ = find_graph_device();
+  // Devices are waited for by spinning unless the host computes a share of the step (a layer or
+  // some routed experts): then the waiting thread sleeps and leaves the cores to that work.
+  bool host_works = false;
+  for (const FfnLayer& l : ffn_) {
+    host_works |= l.device && l.device->uses_host_memory();
+    for (const ExpertShard& shard : l.shards) host_works |= shard.device->uses_host_memory();
+  }
+  std::vector<Backend*> devices = {devices_.output};
+  for (const FfnLayer& l : ffn_) devices.push_back(l.device);
+  std::ranges::sort(devices);
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  for (Backend* d : devices)
+    if (d && !d->uses_host_memory()) d->set_spin_waits(!host_works);
 }
 
 std::vector<Backend*> Transformer::extra_layer_devices(uint32_t) const {
@@ -308,15 +322,20 @@ const Transformer::StepInputs& Transformer::step_inputs(Backend& on) const {
 
 // Each device that runs layers gets the batch's positions and sequence ids in its own memory,
 // and the constant routing of dense FFNs; the embeddings device gets the token ids. Host-memory
-// devices read the batch in place.
+// devices read the batch in place; the others' copies go from page-locked buffers, listed here
+// and submitted by upload_inputs() (asynchronously, as the step's first ops).
 void Transformer::prepare_step(const Batch& batch) {
   using W = Workspace;
   const int64_t T = int64_t(batch.tokens.size());
-  auto upload = [&](Backend& on, W::Buffer which,
-                    std::span<const int32_t> values) -> const int32_t* {
+  for (auto& [device, ws] : workspaces_) ws->uploads.clear();
+  auto stage = [&](Backend& on, W::Buffer which, W::HostBuffer staged,
+                   std::span<const int32_t> values) -> const int32_t* {
     if (on.uses_host_memory()) return values.data();
-    int32_t* dst = workspace(on).ints(which, T);
-    on.copy_from_host(dst, values.data(), values.size_bytes());
+    Workspace& ws = workspace(on);
+    int32_t* dst = ws.ints(which, T);
+    void* host = ws.host(staged, values.size_bytes());
+    std::memcpy(host, values.data(), values.size_bytes());
+    ws.uploads.push_back({.to = dst, .from = host, .bytes = values.size_bytes()});
     return dst;
   };
   if (step_devices_.empty()) {  // once: the devices that run layers or heads of one
@@ -330,12 +349,12 @@ void Transformer::prepare_step(const Batch& batch) {
   }
   if (devices_.embeddings)
     workspace(*devices_.embeddings).inputs.tokens =
-        upload(*devices_.embeddings, W::kTokens, batch.tokens);
+        stage(*devices_.embeddings, W::kTokens, W::kHostTokens, batch.tokens);
   for (Backend* on : step_devices_) {
     Workspace& ws = workspace(*on);
     StepInputs& in = ws.inputs;
-    in.positions = upload(*on, W::kPositions, batch.positions);
-    in.seq_ids = upload(*on, W::kSeqIds, batch.seq_ids);
+    in.positions = stage(*on, W::kPositions, W::kHostPositions, batch.positions);
+    in.seq_ids = stage(*on, W::kSeqIds, W::kHostSeqIds, batch.seq_ids);
     // Constant contents, written once for each new length (and again if growing them failed).
     if (T > ws.dense_filled) {
       ws.dense_filled = 0;
@@ -354,6 +373,12 @@ void Transformer::prepare_step(const Batch& batch) {
   }
 }
 
+void Transformer::upload_inputs() {
+  for (auto& [device, ws] : workspaces_)
+    for (const Workspace::Upload& u : ws->uploads)
+      device->copy_from_host_async(u.to, u.from, u.bytes);
+}
+
 void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
                           std::unique_ptr<PendingTransfer>* logits_later) {
   const int64_t T = int64_t(batch.tokens.size());
@@ -368,15 +393,19 @@ void Transformer::forward(const Batch& batch, std::span<const KvLayerView> cache
   finish_loading(/*show_progress=*/false);  // nothing left to do after the first call
   // Every device has finished the step when this returns, whatever happened: an op's error shows
   // with its own step, and nothing still runs when the caller reuses or frees its buffers.
+  replayed_logits_ = nullptr;
   try {
     step(batch, cache, logits, logits_later);
   } catch (...) {
+    replayed_logits_ = nullptr;
     ++steps_;
     synchronize_devices(/*report=*/false);
     throw;
   }
   ++steps_;
   synchronize_devices(/*report=*/true);
+  if (replayed_logits_)
+    std::memcpy(logits, replayed_logits_, replayed_logit_bytes_), replayed_logits_ = nullptr;
 }
 
 void Transformer::synchronize_devices(bool report) {
@@ -397,22 +426,48 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   const int64_t embd = info_.n_embd;
   prepare_step(batch);
-
   Backend* at = devices_.embeddings;  // the device holding the residual stream (null: another rank)
-  float* x = nullptr;
-  if (at) {
-    x = workspace(*at).get(W::kResidual, T * embd);
-    at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);  // [T, n_embd]
-  }
 
   // A decode-sized step with a logit row per token, in order, can be a graph.
   bool graph = captures_steps() && T <= kMaxGraphTokens && R == T;
   for (int64_t r = 0; graph && r < R; ++r) graph = batch.logit_rows[size_t(r)] == r;
-  if (!graph) return run_layers(batch, cache, at, x, logits, /*capturing=*/false, logits_later);
+  if (!graph) {
+    upload_inputs();
+    float* x = nullptr;
+    if (at) {
+      x = workspace(*at).get(W::kResidual, T * embd);
+      at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);  // [T, n_embd]
+    }
+    return run_layers(batch, cache, at, x, logits, /*capturing=*/false, logits_later);
+  }
 
+  // The graph device's step starts with its inputs' copies and the embeddings: looked up there,
+  // or by the host into a page-locked buffer copied in as the step's first op. (Elsewhere: looked
+  // up and moved before the step.)
   Backend& g = *graph_device_;
   float* residual = workspace(g).get(W::kResidual, T * embd);
-  if (at != &g) transfer(*at, x, g, residual, size_t(T * embd) * sizeof(float));
+  const size_t embedded_bytes = size_t(T * embd) * sizeof(float);
+  const void* embedded = nullptr;
+  if (at != &g && at->uses_host_memory()) {
+    auto* host = static_cast<float*>(workspace(g).host(W::kHostEmbedded, embedded_bytes));
+    at->get_rows(token_embd_, step_inputs(*at).tokens, T, host);
+    embedded = host;
+  } else if (at != &g) {
+    Workspace& ws = workspace(*at);  // its token ids, then the lookup, before the graph's step
+    for (const Workspace::Upload& u : std::exchange(ws.uploads, {}))
+      at->copy_from_host_async(u.to, u.from, u.bytes);
+    float* x = ws.get(W::kResidual, T * embd);
+    at->get_rows(token_embd_, step_inputs(*at).tokens, T, x);
+    transfer(*at, x, g, residual, embedded_bytes);
+  }
+  const auto run_step = [&](float* step_logits, bool capturing) {
+    upload_inputs();
+    if (at == &g)
+      g.get_rows(token_embd_, step_inputs(g).tokens, T, residual);
+    else if (embedded)
+      g.copy_from_host_async(residual, embedded, embedded_bytes);
+    run_layers(batch, cache, &g, residual, step_logits, capturing);
+  };
   auto entry = std::find_if(graphs_.begin(), graphs_.end(), [&](const GraphEntry& e) {
     return e.n_tokens == T && e.kernels == batch.kernels;
   });
@@ -423,7 +478,7 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
   const size_t logit_bytes = size_t(R * info_.n_vocab) * sizeof(float);
   if (!entry->sized || entry->capture_failed) {  // the first step of a shape sizes every buffer
     workspace(g).host(W::kHostLogits, logit_bytes);
-    run_layers(batch, cache, &g, residual, logits, /*capturing=*/false);
+    run_step(logits, /*capturing=*/false);
     entry->sized = true;
     return;
   }
@@ -432,10 +487,13 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
     const uint64_t generation = buffer_generation_;
     entry->graph.reset();
     g.begin_capture();
+    capturing_ = true;
     try {
-      run_layers(batch, cache, &g, residual, nullptr, /*capturing=*/true);
+      run_step(nullptr, /*capturing=*/true);
+      capturing_ = false;
       entry->graph = g.end_capture();
     } catch (const std::exception& e) {
+      capturing_ = false;
       try {
         (void)g.end_capture();  // out of capture mode; the recording is void
       } catch (...) {
@@ -448,15 +506,15 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
           "tandem: warning: %s could not capture a step of %lld tokens as a graph (%s); such "
           "steps run op by op\n",
           g.name().c_str(), (long long)T, e.what());
-      return run_layers(batch, cache, &g, residual, logits, /*capturing=*/false);
+      return run_step(logits, /*capturing=*/false);
     }
     TANDEM_CHECK(buffer_generation_ == generation);  // nothing was allocated inside the capture
     entry->generation = generation;
     entry->cache = cache.front().data;
   }
   g.replay(*entry->graph);
-  g.synchronize();
-  std::memcpy(logits, workspace(g).host(W::kHostLogits, logit_bytes), logit_bytes);
+  replayed_logits_ = static_cast<float*>(workspace(g).host(W::kHostLogits, logit_bytes));
+  replayed_logit_bytes_ = logit_bytes;
 }
 
 void Transformer::run_layers(const Batch& batch, std::span<const KvLayerView> cache, Backend* at,

@@ -203,7 +203,12 @@ class Transformer : public Model {
   const StepInputs& step_inputs(Backend& on) const;
   // Positions and sequence ids of the batch in the memory of each device that runs layers, and
   // the constant routing of dense FFNs; uploaded before a step (outside any capture).
+  // Host memory only, besides the constants' uploads when their length grows: the inputs are
+  // written into each device's page-locked buffers (kHostTokens ...) and listed as its uploads.
   void prepare_step(const Batch& batch);
+  // The listed uploads, asynchronous on each device's stream: the first ops of a step, so a
+  // captured step holds them and a replay needs only prepare_step before it.
+  void upload_inputs();
   // forward() without its checks and its final wait: the embeddings, then the layers op by op,
   // or captured, or replayed.
   void step(const Batch& batch, std::span<const KvLayerView> cache, float* logits,
@@ -303,6 +308,11 @@ class Transformer : public Model {
   std::vector<std::pair<Backend*, std::shared_ptr<DeviceBuffer>>> count_buffers_;
   // Graphs of decode steps (set_graphs_enabled).
   Backend* graph_device_ = nullptr;
+  bool capturing_ = false;  // a step is being captured on graph_device_
+  // A replayed step's logits, read from the graph device's host buffer once forward() has waited
+  // for every device (its one synchronization).
+  float* replayed_logits_ = nullptr;
+  size_t replayed_logit_bytes_ = 0;
   bool graphs_enabled_ = true;
   // Of every MoeOp and dense FFN, and of the attention projections where GqaConfig allows it
   // (set_precision).

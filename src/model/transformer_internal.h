@@ -123,10 +123,14 @@ struct Transformer::Workspace {
   };
   // Host memory of this device's kind (page-locked for a GPU) for its asynchronous copies.
   enum HostBuffer {
-    kHostInput,   // [T, n_embd] a MoE layer's input, for the host's experts
-    kHostIds,     // [T, top_k] int32 its routing
-    kHostSlots,   // [T, top_k, n_embd] the host's expert outputs
-    kHostLogits,  // [rows, n_vocab] logits of a replayed graph
+    kHostInput,      // [T, n_embd] a MoE layer's input, for the host's experts
+    kHostIds,        // [T, top_k] int32 its routing
+    kHostSlots,      // [T, top_k, n_embd] the host's expert outputs
+    kHostLogits,     // [rows, n_vocab] logits of a replayed graph
+    kHostTokens,     // [T] int32 the step's inputs, staged for their copy to this device
+    kHostPositions,  // [T] int32
+    kHostSeqIds,     // [T] int32
+    kHostEmbedded,   // [T, n_embd] the host's embedding lookup, for a step captured here
     kHostCount
   };
   Backend* device = nullptr;
@@ -134,6 +138,14 @@ struct Transformer::Workspace {
   std::shared_ptr<DeviceBuffer> buffers[kCount];
   std::shared_ptr<DeviceBuffer> host_buffers[kHostCount];
   StepInputs inputs;
+  // The copies of the staged inputs (kHostTokens ...) this device's step starts with
+  // (Transformer::upload_inputs): destination, source, bytes.
+  struct Upload {
+    void* to;
+    const void* from;
+    size_t bytes;
+  };
+  std::vector<Upload> uploads;
   int64_t dense_filled = 0;  // entries of kDenseIds / kDenseWeights holding their constants
 
   float* get(Buffer which, int64_t n_floats) {
@@ -144,8 +156,10 @@ struct Transformer::Workspace {
   }
   uint8_t* bytes(Buffer which, size_t n) { return static_cast<uint8_t*>(grow(which, n)); }
   void* host(HostBuffer which, size_t bytes) {
-    static constexpr const char* kNames[] = {"host experts' input", "host experts' routing",
-                                             "host experts' outputs", "logits (host)"};
+    static constexpr const char* kNames[] = {"host experts' input",   "host experts' routing",
+                                             "host experts' outputs", "logits (host)",
+                                             "token ids (host)",      "positions (host)",
+                                             "sequence ids (host)",   "embedded tokens (host)"};
     static_assert(std::size(kNames) == kHostCount, "a name for every host buffer");
     std::shared_ptr<DeviceBuffer>& buffer = host_buffers[which];
     if (!buffer || buffer->size() < std::max<size_t>(bytes, 1)) {

@@ -90,6 +90,9 @@ class Recording final : public Backend {
     return inner_.host_task(std::move(task));
   }
   void synchronize() override { note("synchronize"), inner_.synchronize(); }
+  void set_spin_waits(bool spin) override {
+    note(spin ? "set_spin_waits(spin)" : "set_spin_waits(sleep)"), inner_.set_spin_waits(spin);
+  }
   std::shared_ptr<Event> record_event() override {
     return note("record_event"), inner_.record_event();
   }
@@ -334,6 +337,44 @@ TEST_F(HybridStep, ACapturedStepReplaysTheHostTaskAndSubmitsNothingElse) {
     EXPECT_EQ(count(calls, "sim:0", "host_task"), 0);
     // The host task is part of the graph: the CPU's experts ran again, once per MoE layer.
     EXPECT_EQ(count(calls, "cpu", "moe(routed)"), moe_layers) << "step " << s;
+  }
+}
+
+// Once captured, a decode step asks the device for two things: the replay and one wait (a spin
+// where the host has nothing else to do, a sleep where it computes experts). The
+// step's inputs are written into page-locked buffers beforehand and copied by the graph's first
+// nodes, the embeddings are looked up inside it (on the device) or by the host into a
+// page-locked buffer the graph copies in (hybrid), and the logits are read after the wait.
+TEST_F(HybridStep, AReplayedStepIsOneReplayAndOneWaitWithItsInputsInsideTheGraph) {
+  for (const bool hybrid_plan : {false, true}) {
+    SCOPED_TRACE(hybrid_plan ? "hybrid, embeddings on the host" : "everything on the device");
+    CallLog log;
+    sim::SimBackend sim(0, kSimMemory);
+    Recording device(sim, log), host(cpu_, log);
+    Deepseek2Model model(*file_, hybrid_plan ? hybrid(device, host)
+                                             : DevicePlan::single(device, n_layers_, hp_.n_expert));
+    ASSERT_TRUE(model.captures_steps());
+    // The device is waited for by spinning unless the host has a share of the step.
+    const std::vector<Call> loading = log.take();
+    EXPECT_EQ(std::count_if(loading.begin(), loading.end(),
+                            [&](const Call& c) {
+                              return c.device == "sim:0" &&
+                                     c.op == (hybrid_plan ? "set_spin_waits(sleep)"
+                                                          : "set_spin_waits(spin)");
+                            }),
+              1);
+    std::vector<std::vector<Call>> steps;
+    expect_reference_bits(
+        run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps, &log, &steps));
+    for (size_t s = 2; s < steps.size(); ++s) {  // 0 sizes, 1 captures, then replays
+      std::vector<std::string> device_ops, host_lookups;
+      for (const Call& c : steps[s]) {
+        if (c.device == "sim:0") device_ops.push_back(c.op);
+        if (c.device == "cpu" && c.op == "get_rows") host_lookups.push_back(c.op);
+      }
+      EXPECT_EQ(device_ops, (std::vector<std::string>{"replay", "synchronize"})) << "step " << s;
+      EXPECT_EQ(host_lookups.size(), hybrid_plan ? 1u : 0u) << "step " << s;
+    }
   }
 }
 

@@ -128,6 +128,7 @@ CudaBackend::CudaBackend(int device) : device_(device), name_(fmt::format("cuda:
   // takes a core from the thread pool, whose every job then waits for the descheduled thread.
   // (The H200 run: hybrid decode at 16 t/s where 78 were predicted, ~2.3 ms a layer, the order of
   // a scheduler time slice; not yet measured with this flag.) A refusal leaves the default.
+  // Plans that give the host nothing to do during a step ask for polling (set_spin_waits).
   if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) (void)cudaGetLastError();
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (const cudaError_t error = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking);
@@ -370,8 +371,16 @@ void CudaBackend::rethrow_task_error() {
 void CudaBackend::synchronize() {
   check_not_capturing("synchronize");
   activate();
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(side_));
+  for (cudaStream_t stream : {stream_, side_}) {
+    if (spin_waits_) {  // polled: no wake-up latency, a core kept busy (nothing else wants it)
+      cudaError_t state;
+      while ((state = cudaStreamQuery(stream)) == cudaErrorNotReady) {
+      }
+      TANDEM_CUDA_CHECK(state);
+    } else {
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  }
   pending_tasks_.clear();
   rethrow_task_error();
 }

@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
                       std::shared_ptr<Event> after) override;
   std::shared_ptr<Event> host_task(std::function<void()> task) override;
   void synchronize() override;
+  void set_spin_waits(bool spin) override { spin_waits_ = spin; }
   std::shared_ptr<Event> record_event() override;
   void wait_for(std::shared_ptr<Event> event) override;
   size_t free_bytes() const override;
@@ -104,6 +105,7 @@ class CudaBackend final : public Backend {
   cudaStream_t copy_ = nullptr;    // upload_weights, made on first use
   cudaEvent_t uploaded_ = nullptr;  // the last upload's end, which stream_ waits for
   bool capturing_ = false;
+  bool spin_waits_ = false;  // synchronize() polls instead of sleeping (set_spin_waits)
   std::shared_ptr<DeviceBuffer> scratch_[size_t(Scratch::Count)];
   std::unique_ptr<OpLaunches> ops_;  // every op's kernels, on stream_
   // Host tasks submitted since the last synchronize (freed there) or during a capture (owned by
