@@ -111,6 +111,11 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
                format_bytes(u.kv_bytes), format_bytes(u.buffer_bytes), format_bytes(u.used_bytes()),
                100.0 * double(u.used_bytes()) / double(std::max<uint64_t>(u.spec.memory_bytes, 1)));
     fmt::print("{:<{}} holds {}\n", "", name_width, u.holds);
+    if (u.spec.host_link_bytes_per_s > 0 || u.spec.host_handoff_s > 0)
+      fmt::print(
+          "{:<{}} from the host: {:.1f} GB/s page-locked, a MoE layer's hand-off {:.0f} us "
+          "(measured)\n",
+          "", name_width, u.spec.host_link_bytes_per_s / 1e9, u.spec.host_handoff_s * 1e6);
   }
   const Counts disk = counts_on(p, inv, kOnDisk);
   if (disk.groups)
@@ -206,6 +211,8 @@ void print_json(const Placement& p, const ModelInventory& inv, const Workload& w
                                              double(std::max<uint64_t>(u.spec.memory_bytes, 1))},
                        {"bandwidth_bytes_per_s", u.spec.bandwidth_bytes_per_s},
                        {"bandwidth_source", u.spec.bandwidth_source},
+                       {"host_link_bytes_per_s", u.spec.host_link_bytes_per_s},
+                       {"host_handoff_s", u.spec.host_handoff_s},
                        {"layers", layers_on(p, int32_t(d))},
                        {"groups", c.groups},
                        {"experts", c.experts},

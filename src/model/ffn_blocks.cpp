@@ -229,10 +229,10 @@ void Transformer::bind_stream_groups(FfnLayer& l, uint32_t il) {
 }
 
 bool Transformer::streams_host_experts(const FfnLayer& l, int64_t n_tokens) const {
-  // Not inside a captured step: a graph replays the same copies from the same host memory,
-  // which a GPU's graph cannot take from pageable weights.
+  // Not in a step that runs as a graph: its replays could not copy from pageable weights, and
+  // the step that sized it must compute as they do.
   const int64_t from = devices_.stream_experts_min_tokens;
-  return from > 0 && n_tokens >= from && !capturing_ &&
+  return from > 0 && n_tokens >= from && !graph_step_ &&
          std::ranges::any_of(l.shards,
                              [](const ExpertShard& s) { return !s.stream_groups.empty(); });
 }

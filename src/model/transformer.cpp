@@ -431,6 +431,7 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
   // A decode-sized step with a logit row per token, in order, can be a graph.
   bool graph = captures_steps() && T <= kMaxGraphTokens && R == T;
   for (int64_t r = 0; graph && r < R; ++r) graph = batch.logit_rows[size_t(r)] == r;
+  graph_step_ = graph;
   if (!graph) {
     upload_inputs();
     float* x = nullptr;
@@ -487,13 +488,10 @@ void Transformer::step(const Batch& batch, std::span<const KvLayerView> cache, f
     const uint64_t generation = buffer_generation_;
     entry->graph.reset();
     g.begin_capture();
-    capturing_ = true;
     try {
       run_step(nullptr, /*capturing=*/true);
-      capturing_ = false;
       entry->graph = g.end_capture();
     } catch (const std::exception& e) {
-      capturing_ = false;
       try {
         (void)g.end_capture();  // out of capture mode; the recording is void
       } catch (...) {

@@ -308,7 +308,9 @@ class Transformer : public Model {
   std::vector<std::pair<Backend*, std::shared_ptr<DeviceBuffer>>> count_buffers_;
   // Graphs of decode steps (set_graphs_enabled).
   Backend* graph_device_ = nullptr;
-  bool capturing_ = false;  // a step is being captured on graph_device_
+  // The step runs as a graph on graph_device_ (sized op by op, captured or replayed): its
+  // arithmetic must be the same each time, so it never streams experts (streams_host_experts).
+  bool graph_step_ = false;
   // A replayed step's logits, read from the graph device's host buffer once forward() has waited
   // for every device (its one synchronization).
   float* replayed_logits_ = nullptr;

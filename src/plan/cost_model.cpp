@@ -514,10 +514,9 @@ class StepModel {
         if (copies && d != 0) add_to(p, int32_t(d), small_op_s(int32_t(d)));  // pick_replicas
         if (int32_t(d) != owner) {
           if (!host_waits_for_routing) host.start_s += routing_s, host_waits_for_routing = true;
-          host.start_s += transfer_s(owner, int32_t(d), in_bytes) +
-                          transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
-          p.decode_seconds_transfer += transfer_s(owner, int32_t(d), in_bytes) +
-                                       transfer_s(int32_t(d), owner, out_bytes) + params_.sync_s;
+          const double round_trip_s = host_round_trip_s(owner, int32_t(d), in_bytes, out_bytes);
+          host.start_s += round_trip_s;
+          p.decode_seconds_transfer += round_trip_s;
         }
         add(host.mean, p);
         ++host_parts, host_dev = int32_t(d);
@@ -778,9 +777,12 @@ class StepModel {
     LinkCost link;
     if (is_gpu(from) && is_gpu(to))
       link = params_.gpu_link(hw_.gpu_link);
-    else if (is_gpu(from) || is_gpu(to))
+    else if (is_gpu(from) || is_gpu(to)) {
       link = params_.host_link(hw_.gpu_link);
-    else
+      // Measured on the machine where known (cuda::GpuRates).
+      if (const DeviceSpec& gpu = spec(is_gpu(from) ? from : to); gpu.host_link_bytes_per_s > 0)
+        link.bandwidth_bytes_per_s = gpu.host_link_bytes_per_s;
+    } else
       link = {.bandwidth_bytes_per_s = bandwidth(0), .latency_s = params_.host_copy_latency_s};
     if (spec(from).node != spec(to).node) {
       if (is_gpu(from) && is_gpu(to)) link = params_.host_link(hw_.gpu_link);
@@ -789,6 +791,18 @@ class StepModel {
           std::min(link.bandwidth_bytes_per_s, std::max(hw_.node_link_bytes_per_s, 1e6));
     }
     return link;
+  }
+  // A MoE layer's share on host-memory device `host` away from its layer's device `owner`: the
+  // input and routing there, the outputs back, and the wait between (an event and a host task).
+  // Where the owner is a GPU whose hand-off was measured (cuda::GpuRates: 8 KiB each way), that
+  // figure and the bytes beyond it at the link's rate; else the links' latencies and sync_s.
+  double host_round_trip_s(int32_t owner, int32_t host, double in_bytes, double out_bytes) const {
+    if (is_gpu(owner) && spec(owner).host_handoff_s > 0) {
+      const double measured_bytes = 16.0 * 1024;
+      return spec(owner).host_handoff_s + std::max(in_bytes + out_bytes - measured_bytes, 0.0) /
+                                              link_between(host, owner).bandwidth_bytes_per_s;
+    }
+    return transfer_s(owner, host, in_bytes) + transfer_s(host, owner, out_bytes) + params_.sync_s;
   }
   double transfer_s(int32_t from, int32_t to, double bytes) const {
     return from == to ? 0 : link_seconds(link_between(from, to), 1, bytes);

@@ -122,7 +122,9 @@ struct CostParams {
   // step's end and reads the logits back over PCIe (one small copy's latency plus their bytes).
   double gpu_step_launch_s = 5e-6;
   // When a MoE layer's experts span devices, the owner waits on the host's event and adds its
-  // partial sums: one event wait and one small add (the host's share of a hybrid layer).
+  // partial sums: one event wait and one small add (the host's share of a hybrid layer). Where
+  // the GPU's hand-off was measured (DeviceSpec::host_handoff_s), that replaces this, the copies'
+  // latencies and host_pcie's rate (by host_link_bytes_per_s).
   double sync_s = 20e-6;
   // A prompt chunk streams the host's experts to a GPU in groups of at most this many bytes
   // (DevicePlan::stream_group_bytes): each copy pays the link's latency once.

@@ -330,9 +330,11 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
 struct GpuRates {
   double copy_bytes_per_s;
   double decode_kernel_bytes_per_s;
+  double host_link_bytes_per_s;
+  double host_handoff_s;
   std::string source;
 };
-constexpr int kGpuRatesMethod = 1;
+constexpr int kGpuRatesMethod = 2;  // 2: with the host link and the hybrid hand-off
 
 GpuRates gpu_rates(const std::string& gpu_model, int index) {
   const auto path = bandwidth_cache_path();
@@ -342,9 +344,12 @@ GpuRates gpu_rates(const std::string& gpu_model, int index) {
       if (entry.value("gpu", "") != gpu_model || entry.value("method", 0) != kGpuRatesMethod) continue;
       const double copy = entry.value("copy_bytes_per_s", 0.0), kernel = entry.value("decode_kernel_bytes_per_s", 0.0);
       if (copy > 0 && kernel > 0)
-        return {copy, kernel,
-                fmt::format("measured {} (device copy and decode kernel; cached in {})", entry.value("date", "?"),
-                            path->string())};
+        return {
+            copy, kernel, entry.value("host_link_bytes_per_s", 0.0),
+            entry.value("host_handoff_s", 0.0),
+            fmt::format(
+                "measured {} (device copy, decode kernel, host link and hand-off; cached in {})",
+                entry.value("date", "?"), path->string())};
     }
   const cuda::GpuRates measured = cuda::measure_gpu_rates(index);
   const std::string date = today();
@@ -353,13 +358,18 @@ GpuRates gpu_rates(const std::string& gpu_model, int index) {
     auto& entries = cache["entries"];
     for (auto it = entries.begin(); it != entries.end();)
       it = it->value("gpu", "") == gpu_model ? entries.erase(it) : it + 1;
-    entries.push_back({{"gpu", gpu_model}, {"copy_bytes_per_s", measured.copy_bytes_per_s},
+    entries.push_back({{"gpu", gpu_model},
+                       {"copy_bytes_per_s", measured.copy_bytes_per_s},
                        {"decode_kernel_bytes_per_s", measured.decode_kernel_bytes_per_s},
-                       {"method", kGpuRatesMethod}, {"date", date}});
+                       {"host_link_bytes_per_s", measured.host_link_bytes_per_s},
+                       {"host_handoff_s", measured.host_handoff_s},
+                       {"method", kGpuRatesMethod},
+                       {"date", date}});
     write_cache(*path, cache);
   }
   return {measured.copy_bytes_per_s, measured.decode_kernel_bytes_per_s,
-          fmt::format("measured {} (device copy and decode kernel)", date)};
+          measured.host_link_bytes_per_s, measured.host_handoff_s,
+          fmt::format("measured {} (device copy, decode kernel, host link and hand-off)", date)};
 }
 
 // RAM as seen (described, or available now) with the default share kept free.
@@ -586,6 +596,8 @@ std::vector<DeviceSpec> detect_gpus(bool measure) {
       const GpuRates rates = gpu_rates(gpu.name, gpu.index);
       spec.bandwidth_bytes_per_s = rates.copy_bytes_per_s;
       spec.decode_kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
+      spec.host_link_bytes_per_s = rates.host_link_bytes_per_s;
+      spec.host_handoff_s = rates.host_handoff_s;
       spec.bandwidth_source = rates.source;
     }
     specs.push_back(std::move(spec));

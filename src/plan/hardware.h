@@ -25,6 +25,9 @@ struct DeviceSpec {
   double interleaved_kernel_bytes_per_s = 0;  // the same for the interleaved formats of
                                               // `tandem repack`; 0 = unknown
   std::string bandwidth_source;     // "measured 2026-12-02", "default for RTX 4090", "given"
+  // GPUs, measured on the machine (cuda::GpuRates; 0 = unknown, the cost model's defaults):
+  double host_link_bytes_per_s = 0;  // a copy from page-locked host memory
+  double host_handoff_s = 0;         // a MoE layer's round trip to a host task and back
   int32_t node = 0;                 // the machine it is in (Hardware::n_nodes); the host: 0
   // A host's RAM as described (--ram, a cluster file's ram:) rather than what this machine has
   // free now: a run over a cluster file plans with it, as `tandem plan --cluster` does.

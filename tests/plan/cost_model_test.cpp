@@ -159,6 +159,38 @@ TEST(CostModel, prompts_stream_the_hosts_experts_to_the_gpu_from_the_chunk_where
   EXPECT_EQ(expert_streaming_summary(predict_speed(inv, hw, wl, cpu, nullptr), 0, 512), "");
 }
 
+// A GPU's hybrid costs measured on the machine (cuda::GpuRates, cached with its other rates)
+// replace the defaults: the hand-off of a MoE layer's share to the host and back sets the hybrid
+// decode step, the page-locked copy rate the link that streamed experts take.
+TEST(CostModel, measured_hand_off_and_host_link_replace_the_defaults) {
+  const ModelInventory inv = tiny_inventory();
+  const auto experts_on_host = [](const InventoryGroup& g) {
+    return g.kind == WeightGroup::RoutedExperts ? 0 : 1;
+  };
+  const Workload wl;
+  auto predict = [&](double handoff_s, double link_bytes_per_s) {
+    Hardware hw = machine({24}, 64);
+    hw.gpus[0].host_handoff_s = handoff_s;
+    hw.gpus[0].host_link_bytes_per_s = link_bytes_per_s;
+    const Placement hybrid = manual(inv, hw, 1, experts_on_host);
+    Prediction p = predict_speed(inv, hw, wl, hybrid, nullptr);
+    p.stream_experts_min_tokens = stream_experts_min_tokens(inv, hw, wl, hybrid, nullptr);
+    return p;
+  };
+  const Prediction defaults = predict(0, 0), quick = predict(5e-6, 0), slow = predict(2e-3, 0);
+  // Seven MoE layers: 2 ms a hand-off is ~14 ms a step more than 5 us.
+  EXPECT_GT(step_seconds(slow) - step_seconds(quick), 7 * 1.9e-3);
+  EXPECT_LT(step_seconds(quick), step_seconds(defaults));  // the defaults: ~40 us a layer
+  EXPECT_GT(slow.decode_seconds_transfer, quick.decode_seconds_transfer);
+  // A link measured at 4x PCIe 4's default rate streams from smaller chunks; one at a quarter,
+  // from larger ones (or never).
+  const Prediction fast_link = predict(0, 100e9), slow_link = predict(0, 6e9);
+  ASSERT_GT(defaults.stream_experts_min_tokens, 0);
+  EXPECT_LT(fast_link.stream_experts_min_tokens, defaults.stream_experts_min_tokens);
+  EXPECT_TRUE(slow_link.stream_experts_min_tokens == 0 ||
+              slow_link.stream_experts_min_tokens > defaults.stream_experts_min_tokens);
+}
+
 TEST(CostModel, each_cut_between_devices_costs_a_transfer) {
   const ModelInventory inv = tiny_inventory();
   const Hardware hw = machine({24, 24}, 64);

@@ -309,6 +309,22 @@ TEST_F(HybridStep, APromptChunkStreamsTheHostExpertsToTheDeviceByChunkSize) {
   }
 }
 
+// A step that runs as a graph never streams (its replays could not copy from the weights' pageable
+// memory, and the op-by-op step that sized the graph must compute as they do), even when every
+// chunk size would: the prompt here (11 tokens with a logit row each: a graph's shape) and the
+// decode steps keep the host task.
+TEST_F(HybridStep, StepsThatRunAsGraphsNeverStream) {
+  CallLog log;
+  sim::SimBackend sim(0, kSimMemory);
+  Recording device(sim, log), host(cpu_, log);
+  DevicePlan plan = hybrid(device, host);
+  plan.stream_experts_min_tokens = 1;
+  Deepseek2Model model(*file_, plan);
+  ASSERT_TRUE(model.captures_steps());
+  expect_reference_bits(run(model, std::vector<Backend*>(n_layers_, &device), kDecodeSteps));
+  for (const Call& c : log.take()) EXPECT_NE(c.op, "upload_weights");
+}
+
 TEST_F(HybridStep, ACapturedStepReplaysTheHostTaskAndSubmitsNothingElse) {
   CallLog log;
   sim::SimBackend sim(0, kSimMemory);

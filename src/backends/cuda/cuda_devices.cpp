@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -148,6 +150,39 @@ GpuRates measure_gpu_rates(int index) {
                   stream);
     });
     rates.decode_kernel_bytes_per_s = double(matrix * n_matrices) / (ms * 1e-3);
+  }
+
+  {
+    constexpr size_t kLinkBytes = size_t(64) << 20;
+    auto host = gpu.allocate_host(kLinkBytes, "host link measurement");
+    auto device = gpu.allocate(kLinkBytes, "host link measurement");
+    std::memset(host->data(), 1, kLinkBytes);
+    const double ms = best_ms(stream, 5, [&] {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(device->data(), host->data(), kLinkBytes,
+                                        cudaMemcpyHostToDevice, stream));
+    });
+    rates.host_link_bytes_per_s = double(kLinkBytes) / (ms * 1e-3);
+
+    // A lite MoE layer's decode hand-off: 8 KiB out (the input and routing), the host's task, 8
+    // KiB of its slots back in; the next one waits for the last (as the next layer would).
+    constexpr size_t kHandoffBytes = size_t(8) << 10;
+    constexpr int kHandoffs = 200;
+    uint8_t* out = static_cast<uint8_t*>(host->data());
+    uint8_t* in = out + kHandoffBytes;
+    double best_s = 1e30;
+    for (int run = 0; run < 3; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kHandoffs; ++i) {
+        gpu.copy_to_host_async(out, device->data(), kHandoffBytes);
+        gpu.wait_for(gpu.host_task([] {}));
+        gpu.copy_from_host_async(device->data(), in, kHandoffBytes);
+      }
+      gpu.synchronize();
+      best_s = std::min(
+          best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                      kHandoffs);
+    }
+    rates.host_handoff_s = best_s;
   }
   cudaStreamDestroy(stream);
   return rates;

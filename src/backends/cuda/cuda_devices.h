@@ -34,10 +34,16 @@ std::unique_ptr<Backend> make_cuda_backend(int index);
 
 // Measured on GPU `index` in about a second: a device-to-device copy (bytes read plus bytes
 // written per second) and our one-token decode kernel streaming Q4_K expert-sized matrices that
-// do not fit in L2 (weight bytes per second), as the CPU's rates are measured (plan/kernel_rate.h).
+// do not fit in L2 (weight bytes per second), as the CPU's rates are measured (plan/kernel_rate.h);
+// and what a hybrid step pays besides compute: a 64 MiB copy from page-locked host memory (the
+// host link, what streaming experts takes), and a MoE layer's hand-off to the host and back (a
+// few KiB copied out, an empty host task, a few KiB copied in, in stream order, as
+// model/ffn_blocks.cpp does it), the mean of 200.
 struct GpuRates {
   double copy_bytes_per_s = 0;
   double decode_kernel_bytes_per_s = 0;
+  double host_link_bytes_per_s = 0;
+  double host_handoff_s = 0;
 };
 GpuRates measure_gpu_rates(int index);
 
