@@ -344,6 +344,17 @@ void register_bench(CLI::App& app) {
       placement.predicted = plan::predict_speed(inventory, hardware, workload, placement, nullptr);
       placement.predicted.stream_experts_min_tokens =
           plan::stream_experts_min_tokens(inventory, hardware, workload, placement, nullptr);
+      // Prompts as they ran: the host's experts streamed or not (--stream-experts may differ).
+      if (placement.predicted.experts_streamable) {
+        const int64_t from = engine.stream_experts_min_tokens();
+        const bool streamed = from > 0 && o->prompt >= from;
+        placement.predicted.prefill_tokens_per_s = plan::predict_prefill_tokens_per_s(
+            inventory, hardware, workload, placement, nullptr, streamed);
+        placement.predicted.prefill_tokens_per_s_host_experts =
+            streamed ? plan::predict_prefill_tokens_per_s(inventory, hardware, workload, placement,
+                                                          nullptr, false)
+                     : 0;
+      }
     } else {
       placement = plan::plan_placement(inventory, hardware, workload, plan::Rules{}, nullptr);
     }
@@ -470,7 +481,7 @@ void register_bench(CLI::App& app) {
                versus_measured(placement.predicted.decode_tokens_per_s, tg.mean));
     if (const std::string streaming =
             plan::expert_streaming_summary(placement.predicted, engine.stream_experts_min_tokens(),
-                                           std::min<int64_t>(o->prompt, 512));
+                                           o->engine.stream_experts >= 0, o->prompt);
         !streaming.empty())
       fmt::print("{}\n", streaming);
     if (!cold.empty()) {

@@ -140,8 +140,8 @@ void print_text(const Placement& p, const ModelInventory& inv, const Workload& w
         "step in flight on another machine (the decode figure counts it; the step above is all "
         "of them at once)\n",
         s.overlapping_steps);
-  if (const std::string streaming =
-          expert_streaming_summary(s, s.stream_experts_min_tokens, wl.prefill_batch);
+  if (const std::string streaming = expert_streaming_summary(s, s.stream_experts_min_tokens,
+                                                             /*asked=*/false, wl.prefill_batch);
       !streaming.empty())
     fmt::print("  {}\n", streaming);
   fmt::print("\nwhy:\n");

@@ -466,7 +466,7 @@ class Backend {
   virtual std::shared_ptr<Event> host_task(std::function<void()> task) = 0;
   // Waits until every submitted op has finished.
   virtual void synchronize() = 0;
-  // How a host thread waits for this device (synchronize, its events): asleep until the driver
+  // How a host thread waits for this device in synchronize(): asleep until the driver
   // wakes it (the default), which leaves the cores to the host's own share of a step, or
   // spinning, which answers sooner where the plan gives the host nothing to do meanwhile.
   // Backends without the choice ignore it.

@@ -50,8 +50,9 @@ struct DevicePlan {
   RankPlan ranks;
   // Prompt chunks of at least this many tokens stream the routed experts held in RAM to the
   // layer's device and compute them there (a GPU's link and speed beating the host's cores on
-  // many tokens); smaller steps compute them on the host. 0: never. The cost model chooses it
-  // (plan::Prediction::stream_experts_min_tokens); the bits are the same either way.
+  // many tokens); smaller steps, and steps that run as graphs, compute them on the host. 0:
+  // never. The cost model chooses it (plan::Prediction::stream_experts_min_tokens). The device's
+  // kernels compute them then: the host's bits on a simulated device, a GPU's own on a GPU.
   int64_t stream_experts_min_tokens = 0;
   // The most bytes of experts streamed as one group: two such buffers sit on the layer's device,
   // one copied while the other is computed.

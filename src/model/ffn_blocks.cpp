@@ -212,18 +212,19 @@ void Transformer::bind_stream_groups(FfnLayer& l, uint32_t il) {
     const size_t one = layout(1).bytes;
     const int64_t per_group =
         std::clamp<int64_t>(int64_t(devices_.stream_group_bytes / one), 1, held);
-    for (int64_t first = 0; first < held; first += per_group) {
-      const int64_t count = std::min(per_group, held - first);
-      std::vector<int32_t> index(size_t(n_exp), -1);
-      for (int64_t e = 0; e < n_exp; ++e)
-        if (const int32_t m = shard.local_index[size_t(e)]; m >= first && m < first + count)
-          index[size_t(e)] = int32_t(m - first);
-      ExpertShard::StreamGroup group{.first = int32_t(first), .count = int32_t(count)};
-      group.index = to.allocate(index.size() * sizeof(int32_t),
-                                fmt::format("blk.{}.streamed experts' index", il));
-      to.copy_from_host(group.index->data(), index.data(), index.size() * sizeof(int32_t));
-      shard.stream_groups.push_back(std::move(group));
-    }
+    const int64_t n_groups = (held + per_group - 1) / per_group;
+    std::vector<int32_t> index(size_t(n_groups * n_exp), -1);  // each group's local index
+    for (int64_t e = 0; e < n_exp; ++e)
+      if (const int32_t m = shard.local_index[size_t(e)]; m >= 0)
+        index[size_t(m / per_group * n_exp + e)] = int32_t(m % per_group);
+    shard.stream_index = to.allocate(index.size() * sizeof(int32_t),
+                                     fmt::format("blk.{}.streamed experts' index", il));
+    to.copy_from_host(shard.stream_index->data(), index.data(), index.size() * sizeof(int32_t));
+    const auto* on_device = static_cast<const int32_t*>(shard.stream_index->data());
+    for (int64_t g = 0; g < n_groups; ++g)
+      shard.stream_groups.push_back({.first = int32_t(g * per_group),
+                                     .count = int32_t(std::min(per_group, held - g * per_group)),
+                                     .index = on_device + g * n_exp});
     shard.stream_buffer_bytes = layout(per_group).bytes;
   }
 }
@@ -238,8 +239,9 @@ bool Transformer::streams_host_experts(const FfnLayer& l, int64_t n_tokens) cons
 }
 
 // Each group: its weights copied on the device's copy lane into one of two buffers, once the
-// group before last (the buffer's last reader) is done, then computed on the device's stream. So
-// a group's copy overlaps the product of the one before it, and the link sets the pace.
+// op that read that buffer last (two groups back, maybe in the layer before) is done, then
+// computed on the device's stream. So a group's copy overlaps the product of the one before it,
+// and the link sets the pace.
 void Transformer::stream_host_experts(const FfnLayer& l, const ExpertShard& shard,
                                       const float* input, const int32_t* ids, float* slots,
                                       int64_t T, KernelChoice kernels) {
@@ -247,15 +249,14 @@ void Transformer::stream_host_experts(const FfnLayer& l, const ExpertShard& shar
   Backend& be = *l.device;
   Workspace& ws = workspace(be);
   const int64_t ff = info_.n_ff_expert, embd = info_.n_embd;
-  std::shared_ptr<Event> released[2];  // each buffer's last reader
+  std::shared_ptr<Event>* released = ws.stream_released;  // each buffer's last reader
   for (size_t g = 0; g < shard.stream_groups.size(); ++g) {
     const ExpertShard::StreamGroup& group = shard.stream_groups[g];
     const size_t b = g % 2;
     uint8_t* buffer = ws.bytes(b == 0 ? W::kStreamed0 : W::kStreamed1, shard.stream_buffer_bytes);
     const StreamLayout at = stream_layout(shard.gate, shard.up, shard.down,
                                           shard.gate_bias != nullptr, group.count, ff, embd);
-    MoeOp op = shard_op(l, shard, input, ids, static_cast<const int32_t*>(group.index->data()),
-                        slots, T, kernels);
+    MoeOp op = shard_op(l, shard, input, ids, group.index, slots, T, kernels);
     auto upload = [&](WeightView& view, size_t offset, std::shared_ptr<Event> after) {
       const WeightView from = view.matrix(group.first);
       be.upload_weights(buffer + offset, from.data, view.matrix_bytes() * size_t(group.count),

@@ -201,10 +201,10 @@ class Transformer : public Model {
   // The device every step can be captured on (see set_graphs_enabled), or null.
   Backend* find_graph_device() const;
   const StepInputs& step_inputs(Backend& on) const;
-  // Positions and sequence ids of the batch in the memory of each device that runs layers, and
-  // the constant routing of dense FFNs; uploaded before a step (outside any capture).
-  // Host memory only, besides the constants' uploads when their length grows: the inputs are
-  // written into each device's page-locked buffers (kHostTokens ...) and listed as its uploads.
+  // Positions and sequence ids of the batch for each device that runs layers, token ids for the
+  // embeddings' device, and the constant routing of dense FFNs. Host memory only, but for the
+  // constants' uploads when their length grows (never inside a capture): the inputs are written
+  // into each device's page-locked buffers (kHostTokens ...) and listed as its uploads.
   void prepare_step(const Batch& batch);
   // The listed uploads, asynchronous on each device's stream: the first ops of a step, so a
   // captured step holds them and a replay needs only prepare_step before it.

@@ -57,10 +57,11 @@ struct Transformer::ExpertShard {
   // experts numbered from 0, every other -1). Empty where the layer's device cannot multiply
   // these formats or computes on host memory itself.
   struct StreamGroup {
-    int32_t first = 0, count = 0;         // matrices of the stacks
-    std::shared_ptr<DeviceBuffer> index;  // [n_expert] on the layer's device
+    int32_t first = 0, count = 0;    // matrices of the stacks
+    const int32_t* index = nullptr;  // [n_expert] on the layer's device, in stream_index
   };
   std::vector<StreamGroup> stream_groups;
+  std::shared_ptr<DeviceBuffer> stream_index;  // [groups, n_expert]: one allocation a layer
   size_t stream_buffer_bytes = 0;  // the largest group's weights and biases, as laid out there
 };
 
@@ -146,6 +147,9 @@ struct Transformer::Workspace {
     size_t bytes;
   };
   std::vector<Upload> uploads;
+  // Of the two buffers the host's experts stream through (kStreamed0/1), the event after the op
+  // that read each last, whatever layer it was: a copy into one waits for it.
+  std::shared_ptr<Event> stream_released[2];
   int64_t dense_filled = 0;  // entries of kDenseIds / kDenseWeights holding their constants
 
   float* get(Buffer which, int64_t n_floats) {

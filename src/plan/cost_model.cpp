@@ -332,7 +332,9 @@ class StepModel {
         // each group's copy overlaps the product of the one before, so the slower of the link
         // and the GPU's products sets the pace, after the owner's own experts.
         const double groups = std::ceil(streamed.bytes / params_.stream_group_bytes);
-        const double copy_s = link_seconds(link_between(0, owner), groups, streamed.bytes);
+        // From the weights' pageable memory: the driver stages them (pageable_copy_efficiency).
+        const double copy_s = link_seconds(link_between(0, owner), groups,
+                                           streamed.bytes / params_.pageable_copy_efficiency);
         const double compute_s =
             seconds(owner, {.bytes = streamed.bytes, .flops = streamed.flops, .ops = int(groups)});
         Part& part = ffn[size_t(owner)];
@@ -427,8 +429,14 @@ class StepModel {
   }
 
  public:
-  // Whether some layer has experts a prompt chunk could stream (streams_to_owner).
+  // Whether some layer has experts a prompt chunk could stream (streams_to_owner). Not where
+  // some experts are read from disk: the runtime's host shard holds them too (mapped), and every
+  // chunk would read them from the file again.
   bool can_stream() const {
+    for (size_t gi = 0; gi < inv_.groups.size(); ++gi)
+      if (inv_.groups[gi].kind == WeightGroup::RoutedExperts &&
+          placement_.group_device[gi] == kOnDisk)
+        return false;
     for (uint32_t l = 0; l < inv_.n_layers; ++l)
       for (size_t gi : layers_[l])
         if (streams_to_owner(inv_.groups[gi], placement_.group_device[gi],
@@ -845,17 +853,19 @@ int64_t stream_experts_min_tokens(const ModelInventory& inventory, const Hardwar
   const StepModel model(inventory, hardware, placement, profile, params);
   if (!model.can_stream()) return 0;
   const double context = params.context_fill * double(std::max<int64_t>(workload.n_ctx, 1));
-  // The host's time grows with the chunk's tokens, the link's does not: the smallest chunk for
-  // which streaming wins, by doubling, then halving the gap down to a sixteenth (a prediction
-  // is not finer than that, and each try is two prompt steps of the whole model).
+  // The host's time grows with the chunk's tokens, the link's does not (so once streaming wins
+  // it keeps winning): the smallest chunk up to the workload's for which it wins, by doubling,
+  // then halving the gap down to a sixteenth (a prediction is not finer than that, and each try
+  // is two prompt steps of the whole model).
   const auto streaming_wins = [&](int64_t n) {
     return prefill_step_seconds(model, workload, context, n, true) <
            prefill_step_seconds(model, workload, context, n, false);
   };
-  constexpr int64_t kLargestChunk = int64_t(1) << 16;
+  const int64_t largest = std::max<int64_t>(workload.prefill_batch, 1);
+  if (!streaming_wins(largest)) return 0;
   int64_t wins = 1;
-  while (wins <= kLargestChunk && !streaming_wins(wins)) wins *= 2;
-  if (wins > kLargestChunk) return 0;
+  while (wins < largest && !streaming_wins(wins)) wins *= 2;
+  wins = std::min(wins, largest);
   int64_t loses = wins / 2;  // 0: it wins from one token
   while (wins - loses > std::max<int64_t>(1, loses / 16)) {
     const int64_t mid = (wins + loses) / 2;
@@ -919,24 +929,35 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
   return decode;
 }
 
-std::string expert_streaming_summary(const Prediction& predicted, int64_t min_tokens,
+double predict_prefill_tokens_per_s(const ModelInventory& inventory, const Hardware& hardware,
+                                    const Workload& workload, const Placement& placement,
+                                    const RoutingProfile* profile, bool stream_host_experts,
+                                    const CostParams& params) {
+  const StepModel model(inventory, hardware, placement, profile, params);
+  const double context = params.context_fill * double(std::max<int64_t>(workload.n_ctx, 1));
+  const int64_t batch = std::max<int64_t>(workload.prefill_batch, 1);
+  return double(batch) /
+         std::max(prefill_step_seconds(model, workload, context, batch, stream_host_experts),
+                  1e-12);
+}
+
+std::string expert_streaming_summary(const Prediction& predicted, int64_t min_tokens, bool asked,
                                      int64_t prefill_batch) {
   if (!predicted.experts_streamable) return "";
-  const std::string chosen =
-      min_tokens == predicted.stream_experts_min_tokens ? "the cost model's choice" : "as asked";
+  const std::string chosen = asked ? "as --stream-experts asks" : "the cost model's choice";
   if (min_tokens <= 0)
-    return fmt::format("prompts: the CPU computes the experts it holds at every chunk size ({}{})",
-                       chosen,
-                       predicted.stream_experts_min_tokens > 0
-                           ? fmt::format("; the cost model would stream them from {} tokens",
-                                         predicted.stream_experts_min_tokens)
-                           : "; streaming them to the GPU is never predicted faster");
+    return fmt::format(
+        "prompts: the CPU computes the experts it holds at every chunk size ({}{})", chosen,
+        predicted.stream_experts_min_tokens > 0
+            ? fmt::format("; the cost model would stream them from {} tokens",
+                          predicted.stream_experts_min_tokens)
+            : fmt::format("; streaming them to the GPU is not predicted faster at up to {} tokens",
+                          prefill_batch));
   std::string line = fmt::format(
       "prompts: chunks of {} tokens or more stream the experts in RAM to their layer's GPU and "
       "compute them there ({})",
       min_tokens, chosen);
-  if (predicted.prefill_tokens_per_s_host_experts > 0 && prefill_batch >= min_tokens &&
-      min_tokens == predicted.stream_experts_min_tokens)
+  if (predicted.prefill_tokens_per_s_host_experts > 0)
     line += fmt::format("; predicted prefill {:.1f} tokens/s at {} against {:.1f} on the CPU",
                         predicted.prefill_tokens_per_s, prefill_batch,
                         predicted.prefill_tokens_per_s_host_experts);

@@ -129,6 +129,10 @@ struct CostParams {
   // A prompt chunk streams the host's experts to a GPU in groups of at most this many bytes
   // (DevicePlan::stream_group_bytes): each copy pays the link's latency once.
   double stream_group_bytes = 64.0 * 1024 * 1024;
+  // Those copies come from the weights' pageable memory, which the driver stages through its own
+  // page-locked buffers: about half the page-locked rate (NVIDIA's bandwidthTest, pageable
+  // against pinned; not yet measured on tandem's copies).
+  double pageable_copy_efficiency = 0.5;
   // Experts streamed from the file are read whole (tens of MB each), close to sequential NVMe
   // speed, less page-cache overhead.
   double disk_efficiency = 0.7;
@@ -179,17 +183,25 @@ Prediction predict_speed(const ModelInventory& inventory, const Hardware& hardwa
 
 // The smallest prompt chunk (tokens) from which streaming the routed experts held in RAM to
 // their layer's GPU is predicted faster than the host computing them; 0 when no chunk of up to
-// 65536 tokens is, or the placement has no such experts. (A search over predict_speed's prompt
-// step: the planner runs it for the placement it chose.)
+// workload.prefill_batch tokens is, or the placement has no such experts (or reads some from
+// disk). A search over predict_speed's prompt step: the planner runs it for the placement it
+// chose.
 int64_t stream_experts_min_tokens(const ModelInventory& inventory, const Hardware& hardware,
                                   const Workload& workload, const Placement& placement,
                                   const RoutingProfile* profile,
                                   const CostParams& params = CostParams{});
 
-// One line on how prompt chunks treat the routed experts kept in RAM beside a GPU (plan --explain,
-// bench): empty when the plan has none. `min_tokens`: what the run uses (the prediction's, or
-// --stream-experts); `prefill_batch`: the chunk the prediction is for.
-std::string expert_streaming_summary(const Prediction& predicted, int64_t min_tokens,
+// Prefill tokens/s of one chunk of workload.prefill_batch tokens with the host's experts streamed
+// to their layer's GPU or computed by the host: what a run with --stream-experts does.
+double predict_prefill_tokens_per_s(const ModelInventory& inventory, const Hardware& hardware,
+                                    const Workload& workload, const Placement& placement,
+                                    const RoutingProfile* profile, bool stream_host_experts,
+                                    const CostParams& params = CostParams{});
+
+// One line on how prompt chunks treat the routed experts kept in RAM beside a GPU (plan, bench):
+// empty when the plan has none. `min_tokens`: what the run uses (the prediction's, or
+// --stream-experts when `asked`); `prefill_batch`: the chunk the prediction is for.
+std::string expert_streaming_summary(const Prediction& predicted, int64_t min_tokens, bool asked,
                                      int64_t prefill_batch);
 
 }  // namespace tandem::plan

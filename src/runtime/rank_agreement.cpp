@@ -16,14 +16,16 @@ namespace tandem {
 namespace {
 
 // The rates of a device the plan reads (DeviceSpec), in a fixed order.
-constexpr size_t kRates = 5;
+constexpr size_t kRates = 7;
 void rates_of(const plan::DeviceSpec& d, double* out) {
   out[0] = d.bandwidth_bytes_per_s, out[1] = d.flops_per_s, out[2] = d.int8_ops_per_s;
   out[3] = d.decode_kernel_bytes_per_s, out[4] = d.interleaved_kernel_bytes_per_s;
+  out[5] = d.host_link_bytes_per_s, out[6] = d.host_handoff_s;
 }
 void set_rates(plan::DeviceSpec& d, const double* in) {
   d.bandwidth_bytes_per_s = in[0], d.flops_per_s = in[1], d.int8_ops_per_s = in[2];
   d.decode_kernel_bytes_per_s = in[3], d.interleaved_kernel_bytes_per_s = in[4];
+  d.host_link_bytes_per_s = in[5], d.host_handoff_s = in[6];
 }
 
 }  // namespace

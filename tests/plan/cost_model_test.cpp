@@ -123,10 +123,12 @@ TEST(CostModel, prompts_stream_the_hosts_experts_to_the_gpu_from_the_chunk_where
     return g.kind == WeightGroup::RoutedExperts ? 0 : 1;
   };
   const Placement hybrid = manual(inv, hw, 1, experts_on_host);
-  Workload wl;
+  // This host (200 GB/s, 2 TFLOPS) keeps up with PCIe 4 up to chunks of a few thousand tokens.
+  const Workload chunks_of_4096{.prefill_batch = 4096};
+  Workload wl = chunks_of_4096;
   const int64_t from = stream_experts_min_tokens(inv, hw, wl, hybrid, nullptr);
   ASSERT_GT(from, 1) << "one token's four experts per layer cost less than the whole layer's copy";
-  ASSERT_LT(from, int64_t(1) << 16);
+  ASSERT_LE(from, wl.prefill_batch);
   // At that chunk the prediction streams, and says what the host alone would give; at half of
   // it the host computes them.
   wl.prefill_batch = from;
@@ -139,7 +141,7 @@ TEST(CostModel, prompts_stream_the_hosts_experts_to_the_gpu_from_the_chunk_where
   EXPECT_TRUE(below.experts_streamable);
   EXPECT_EQ(below.prefill_tokens_per_s_host_experts, 0);
   // A link twice as fast: from a smaller chunk.
-  wl = Workload{};
+  wl = chunks_of_4096;
   Hardware pcie5 = hw;
   pcie5.gpu_link = LinkKind::Pcie5;
   EXPECT_LT(stream_experts_min_tokens(inv, pcie5, wl, hybrid, nullptr), from);
@@ -153,10 +155,24 @@ TEST(CostModel, prompts_stream_the_hosts_experts_to_the_gpu_from_the_chunk_where
     if (g.kind == WeightGroup::RoutedExperts) g.interleaved_bytes = g.bytes;
   EXPECT_FALSE(predict_speed(repacked, hw, wl, hybrid, nullptr).experts_streamable);
   EXPECT_EQ(stream_experts_min_tokens(repacked, hw, wl, hybrid, nullptr), 0);
+  // Nor where some experts are read from disk (the host's share maps them: every chunk would
+  // read them from the file again).
+  const Placement some_on_disk = manual(inv, hw, 1, [](const InventoryGroup& g) {
+    return g.kind != WeightGroup::RoutedExperts ? 1 : g.expert == 0 ? kOnDisk : 0;
+  });
+  EXPECT_EQ(stream_experts_min_tokens(inv, hw, wl, some_on_disk, nullptr), 0);
   // The summary `plan` and `bench` print says which way prompts go.
-  EXPECT_NE(expert_streaming_summary(at, from, from).find("stream"), std::string::npos);
-  EXPECT_NE(expert_streaming_summary(at, 0, from).find("the CPU computes"), std::string::npos);
-  EXPECT_EQ(expert_streaming_summary(predict_speed(inv, hw, wl, cpu, nullptr), 0, 512), "");
+  EXPECT_NE(expert_streaming_summary(at, from, false, from).find("cost model's choice"),
+            std::string::npos);
+  EXPECT_NE(expert_streaming_summary(at, 0, true, from).find("the CPU computes"),
+            std::string::npos);
+  EXPECT_EQ(expert_streaming_summary(predict_speed(inv, hw, wl, cpu, nullptr), 0, false, 512), "");
+  // What a run with streaming forced on or off predicts.
+  wl.prefill_batch = from;
+  EXPECT_DOUBLE_EQ(predict_prefill_tokens_per_s(inv, hw, wl, hybrid, nullptr, true),
+                   at.prefill_tokens_per_s);
+  EXPECT_DOUBLE_EQ(predict_prefill_tokens_per_s(inv, hw, wl, hybrid, nullptr, false),
+                   at.prefill_tokens_per_s_host_experts);
 }
 
 // A GPU's hybrid costs measured on the machine (cuda::GpuRates, cached with its other rates)
@@ -167,7 +183,7 @@ TEST(CostModel, measured_hand_off_and_host_link_replace_the_defaults) {
   const auto experts_on_host = [](const InventoryGroup& g) {
     return g.kind == WeightGroup::RoutedExperts ? 0 : 1;
   };
-  const Workload wl;
+  const Workload wl{.prefill_batch = 4096};
   auto predict = [&](double handoff_s, double link_bytes_per_s) {
     Hardware hw = machine({24}, 64);
     hw.gpus[0].host_handoff_s = handoff_s;

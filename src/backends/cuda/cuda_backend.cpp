@@ -298,7 +298,7 @@ void CudaBackend::enable_peer_access(int peer_device) {
 
 void CudaBackend::upload_weights(void* device_dst, const void* host_src, size_t bytes,
                                  std::shared_ptr<Event> after) {
-  if (capturing_) return copy_from_host_async(device_dst, host_src, bytes);
+  check_not_capturing("upload_weights");  // a graph cannot copy from pageable memory
   activate();
   if (!copy_) {
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
@@ -310,7 +310,9 @@ void CudaBackend::upload_weights(void* device_dst, const void* host_src, size_t 
     else
       after->wait();  // another kind of device's event: the host waits for it
   }
-  // Weights in pageable memory: the driver stages them, and the lane still runs beside stream_.
+  // Weights in pageable memory: the driver stages them through its own page-locked buffers,
+  // holding this thread until the lane reaches the copy (after `after`) and the bytes are
+  // staged; the DMA then runs beside stream_, so the GPU computes the group before meanwhile.
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, copy_));
   TANDEM_CUDA_CHECK(cudaEventRecord(uploaded_, copy_));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, uploaded_, 0));

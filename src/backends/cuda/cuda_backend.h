@@ -49,7 +49,7 @@ class CudaBackend final : public Backend {
   void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) override;
   void copy_from_host_async(void* device_dst, const void* host_src, size_t bytes) override;
   // On a copy stream of its own, so that a streamed expert's copy overlaps the product before
-  // it; inside a capture on the ops' stream (not yet run on a GPU).
+  // it; refused inside a capture (not yet run on a GPU).
   void upload_weights(void* device_dst, const void* host_src, size_t bytes,
                       std::shared_ptr<Event> after) override;
   std::shared_ptr<Event> host_task(std::function<void()> task) override;
