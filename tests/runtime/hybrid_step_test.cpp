@@ -28,6 +28,7 @@
 #include "gguf/gguf_file.h"
 #include "greedy_steps.h"
 #include "model/deepseek2.h"
+#include "model/model.h"
 #include "model/repack.h"
 #include "runtime/kv_cache.h"
 #include "test_support.h"
@@ -317,6 +318,58 @@ TEST_F(HybridStep, APromptChunkStreamsTheHostExpertsToTheDeviceByChunkSize) {
         EXPECT_EQ(count(calls, "sim:0", "upload_weights"), 0);
       }
     }
+}
+
+// gpt-oss's experts carry biases: streamed, their rows go with the weights (offset by the group's
+// first expert) and the prompt's logits are the single-CPU run's, every expert on the host and
+// streamed one and two experts a group.
+TEST(HybridStreaming, ExpertBiasesStreamWithTheirExperts) {
+  const gguf::GgufFile file =
+      gguf::GgufFile::open(test::fixture("gpt-oss-micro-F32.gguf").string());
+  cpu::CpuBackend cpu(2);
+  auto prompt_logits = [&](const DevicePlan& plan, Backend& layers) {
+    const std::unique_ptr<Model> model = load_model(file, plan);
+    model->set_graphs_enabled(false);
+    const ModelInfo& info = model->info();
+    const std::vector<Backend*> layer_devices(info.kv.size(), &layers);
+    KvCache cache(layer_devices, info.kv, 64, 1, 64);
+    std::vector<int32_t> tokens, positions, seq, rows;
+    for (int32_t i = 0; i < 12; ++i) {
+      tokens.push_back(int32_t((7 + 13 * i) % int32_t(info.n_vocab)));
+      positions.push_back(i), seq.push_back(0), rows.push_back(i);
+    }
+    std::vector<float> logits(tokens.size() * info.n_vocab);
+    model->forward({.tokens = tokens, .positions = positions, .seq_ids = seq, .logit_rows = rows},
+                   cache.views(), logits.data());
+    return logits;
+  };
+  const std::unique_ptr<Model> shape = load_model(file, cpu);
+  const uint32_t n_layers = shape->info().n_layer, n_expert = shape->info().n_expert;
+  const std::vector<float> reference =
+      prompt_logits(DevicePlan::single(cpu, n_layers, n_expert), cpu);
+  for (const uint64_t group_bytes : {uint64_t(1), uint64_t(3 * 3 * 64 * 32 * 4 + 6 * 256)}) {
+    SCOPED_TRACE(group_bytes == 1 ? "one expert a group" : "two experts a group");
+    CallLog log;
+    sim::SimBackend sim(0, kSimMemory);
+    Recording device(sim, log);
+    DevicePlan plan = DevicePlan::single(device, n_layers, n_expert);
+    for (auto& layer : plan.experts) std::fill(layer.begin(), layer.end(), &cpu);
+    plan.stream_experts_min_tokens = 2;
+    plan.stream_group_bytes = group_bytes;
+    const std::vector<float> logits = prompt_logits(plan, device);
+    ASSERT_EQ(logits.size(), reference.size());
+    EXPECT_EQ(std::memcmp(logits.data(), reference.data(), logits.size() * sizeof(float)), 0)
+        << "logits differ from the single-CPU run";
+    const std::vector<Call> calls = log.take();
+    const auto moe_ops = std::count_if(calls.begin(), calls.end(),
+                                       [](const Call& c) { return c.op == "moe(routed)"; });
+    // Six copies a group: three stacks and their biases.
+    const auto uploads = std::count_if(calls.begin(), calls.end(), [](const Call& c) {
+      return c.op.starts_with("upload_weights");
+    });
+    EXPECT_EQ(uploads, 6 * moe_ops);
+    EXPECT_GE(moe_ops, group_bytes == 1 ? n_expert * n_layers : 2 * n_layers);
+  }
 }
 
 // A step that runs as a graph never streams (its replays could not copy from the weights' pageable
