@@ -3,7 +3,8 @@
 # H200 with 16 cores (its budget is 8; the run of 2026-12-04 took 125 s):
 #   1. the CUDA tests: every op against the CPU backend, captures, host tasks, the fixture models
 #      on cuda:0 and on a hybrid plan (tests/cuda); then (informational) cuda_matmul_bench, the
-#      decode products on a lite layer's shapes by rows per warp;
+#      decode products on a lite and a V3 layer's shapes against the copy bandwidth (the experts'
+#      products as the MoE op runs them: issue 27 asks 60% of it);
 #   2. the fixtures of tools/gpu/fixtures.txt (F32 and quantized, every architecture) with the
 #      fixtures' own checker (check.py), on cuda:0 alone and on a hybrid plan (experts 0-3 of
 #      every layer on the CPU), that one also with its prompts streaming the CPU's experts to the
@@ -82,9 +83,11 @@ if ((${skipped:-0} > 0)); then
   say "   $skipped tests SKIPPED: no GPU seen"
 fi
 
-# 1b. (informational) The decode products on a lite layer's shapes by rows per warp.
+# 1b. (informational) The decode products on lite and V3 layers' shapes, each against the copy
+#     bandwidth; the experts' ones also in the summary.
 say "== cuda_matmul_bench (informational)"
-timeout 60 "$work/bin/cuda_matmul_bench" 2>&1 | tee "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
+timeout 90 "$work/bin/cuda_matmul_bench" --json "$out/cuda_matmul_bench.json" 2>&1 |
+  tee "$out/cuda_matmul_bench.txt" >>"$log" || say "   exited $?"
 
 # 2. The fixtures, judged by their own checker, on the GPU alone and on a hybrid plan, whose
 #    prompts also run once with the host's experts streamed to the GPU (--stream-experts 1).
@@ -169,6 +172,12 @@ try:
                                             if t.get("result") == "SKIPPED")}
 except (OSError, ValueError):
     pass
+try:
+    products = json.load(open(os.path.join(out, "cuda_matmul_bench.json")))
+    summary["expert_products_of_copy"] = {f"{p['model']} {p['product']}": round(p["of_copy"], 3)
+                                          for p in products["products"] if p["expert"]}
+except (OSError, ValueError, KeyError):
+    pass
 for name in ("bench_gpu", "bench_hybrid", "bench_hybrid_stream1", "bench_hybrid_stream0", "bench_gpu_int16",
              "bench_gpu_no_graphs"):
     try:
@@ -188,6 +197,8 @@ print(f"{summary['passed']} passed, {summary['failed']} failed in {seconds} s")
 for c in checks:
     if c["status"] != "pass":
         print(f"  FAILED {c['check']}: {c['detail']}")
+for product, share in summary.get("expert_products_of_copy", {}).items():
+    print(f"{product}: {100 * share:.0f}% of the copy bandwidth (issue 27 asks 60%)")
 for name in ("bench_gpu", "bench_hybrid", "bench_hybrid_stream1", "bench_hybrid_stream0", "bench_gpu_int16",
              "bench_gpu_no_graphs"):
     if name in summary:

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backends/cuda/kernels.h"
+#include "quant/block_dot_q8.h"
 
 namespace tandem::cuda {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 // A first guess until a GPU measures the crossing (matmul_bench on the device).
 constexpr int64_t kTiledMinTokens = 16;
 
-constexpr size_t kActQ8Bytes = 40;  // sizeof(blocks::ActQ8): one block of 32 activations
+constexpr size_t kActQ8Bytes = sizeof(blocks::ActQ8);  // one block of 32 activations
 
 bool tiled(KernelChoice kernels, int64_t n_tokens) {
   switch (kernels) {
