@@ -326,7 +326,9 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
 }
 
 // A GPU's copy bandwidth and decode kernel rate: from the cache when this GPU model was measured
-// before, otherwise measured now on device `index` (~1 s) and written back.
+// before in this slot, otherwise measured now on device `index` (~1 s) and written back. The slot
+// is part of the key because the host link and the hand-off are the slot's: two cards of one
+// model behind different links (PCIe 4 and 5, x8 and x16) are measured each.
 struct GpuRates {
   double copy_bytes_per_s;
   double decode_kernel_bytes_per_s;
@@ -336,12 +338,14 @@ struct GpuRates {
 };
 constexpr int kGpuRatesMethod = 2;  // 2: with the host link and the hybrid hand-off
 
-GpuRates gpu_rates(const std::string& gpu_model, int index) {
+GpuRates gpu_rates(const std::string& gpu_model, const std::string& slot, int index) {
   const auto path = bandwidth_cache_path();
   nlohmann::json cache = path ? read_cache(*path) : nlohmann::json::object();
   if (cache.contains("entries"))
     for (const nlohmann::json& entry : cache["entries"]) {
-      if (entry.value("gpu", "") != gpu_model || entry.value("method", 0) != kGpuRatesMethod) continue;
+      if (entry.value("gpu", "") != gpu_model || entry.value("slot", "") != slot ||
+          entry.value("method", 0) != kGpuRatesMethod)
+        continue;
       const double copy = entry.value("copy_bytes_per_s", 0.0), kernel = entry.value("decode_kernel_bytes_per_s", 0.0);
       if (copy > 0 && kernel > 0)
         return {
@@ -356,9 +360,12 @@ GpuRates gpu_rates(const std::string& gpu_model, int index) {
   if (path) {
     if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
     auto& entries = cache["entries"];
+    // This slot's entry, and the model's from before slots were kept (method 2 without one).
     for (auto it = entries.begin(); it != entries.end();)
-      it = it->value("gpu", "") == gpu_model ? entries.erase(it) : it + 1;
+      it = it->value("gpu", "") == gpu_model && it->value("slot", slot) == slot ? entries.erase(it)
+                                                                                : it + 1;
     entries.push_back({{"gpu", gpu_model},
+                       {"slot", slot},
                        {"copy_bytes_per_s", measured.copy_bytes_per_s},
                        {"decode_kernel_bytes_per_s", measured.decode_kernel_bytes_per_s},
                        {"host_link_bytes_per_s", measured.host_link_bytes_per_s},
@@ -593,7 +600,7 @@ std::vector<DeviceSpec> detect_gpus(bool measure) {
       spec.bandwidth_source = "default for an unnamed GPU";
     }
     if (measure) {
-      const GpuRates rates = gpu_rates(gpu.name, gpu.index);
+      const GpuRates rates = gpu_rates(gpu.name, gpu.pci_slot, gpu.index);
       spec.bandwidth_bytes_per_s = rates.copy_bytes_per_s;
       spec.decode_kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
       spec.host_link_bytes_per_s = rates.host_link_bytes_per_s;

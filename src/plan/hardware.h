@@ -127,8 +127,8 @@ Hardware detect_hardware(int32_t threads, bool with_gpus = true);
 
 // The GPUs of this machine (none without a CUDA build or a driver), named cuda:0, cuda:1 ...:
 // the free memory now less what the CUDA context and kernels' scratch take, and the copy
-// bandwidth and decode kernel rate measured on each (cached per GPU model beside the host's,
-// about a second per model the first time). `measure` false: datasheet or default rates.
+// bandwidth and decode kernel rate measured on each (cached per GPU model and PCI slot beside the
+// host's, about a second per card the first time). `measure` false: datasheet or default rates.
 std::vector<DeviceSpec> detect_gpus(bool measure = true);
 
 // The links a machine's GPUs use, from what the driver reported for cuda:0 (cuda::GpuLinks,

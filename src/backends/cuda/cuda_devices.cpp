@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_devices.h"
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,7 +46,9 @@ std::vector<GpuInfo> list_gpus() {
                  .total_bytes = prop.totalGlobalMem,
                  .compute_major = prop.major,
                  .compute_minor = prop.minor,
-                 .multiprocessors = prop.multiProcessorCount};
+                 .multiprocessors = prop.multiProcessorCount,
+                 .pci_slot = fmt::format("{:04x}:{:02x}:{:02x}", prop.pciDomainID, prop.pciBusID,
+                                         prop.pciDeviceID)};
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) == cudaSuccess) info.free_bytes = free;
     int clock_khz = 0, bus_bits = 0;

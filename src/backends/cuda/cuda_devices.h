@@ -19,6 +19,7 @@ struct GpuInfo {
   int compute_major = 0, compute_minor = 0;
   int multiprocessors = 0;
   double peak_bandwidth_bytes_per_s = 0;  // from the memory clock and bus width the driver reports
+  std::string pci_slot;  // "0000:65:00": domain, bus, device (the host link is the slot's)
 };
 
 // Whether this build has the CUDA backend.
