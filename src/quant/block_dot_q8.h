@@ -26,9 +26,9 @@
 namespace tandem::blocks {
 
 // 32 activations of one token, 8-bit. Aligned and padded to 48 bytes so that a GPU lane loads a
-// block in three 16-byte loads (packed in 40 bytes, 4-byte aligned, it took ten 4-byte loads,
-// each lane of a warp 40 bytes from the next): the padding costs 20% of the activations' bytes,
-// which are about 1% of a product's weight bytes at decode.
+// block in three 16-byte loads (packed in 40 bytes, 4-byte aligned, it took nine or ten
+// 4-byte loads, each lane of a warp 40 bytes from the next): the padding costs 20% of the
+// activations' bytes, which are about 1% of a product's weight bytes at decode.
 struct alignas(16) ActQ8 {
   uint32_t qs[8];  // the 32 quants as signed bytes, element i in byte i % 4 of word i / 4
   float d;
