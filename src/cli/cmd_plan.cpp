@@ -290,6 +290,11 @@ void run_plan(const PlanOptions& o) {
     hw.host.bandwidth_source = "given";
   }
   if (o.cpu_cores > 0) set_cpu_cores(hw, o.cpu_cores);
+  // A host described by its bandwidth or its cores is predicted from that description. The cost
+  // model prefers a measured decode kernel rate to the bandwidth, and this machine's (measured
+  // with its own memory and thread count) would stand in for the described one's.
+  if (o.host_bandwidth_gb_per_s > 0 || o.cpu_cores > 0)
+    hw.host.decode_kernel_bytes_per_s = hw.host.interleaved_kernel_bytes_per_s = 0;
   // As `run` refuses it (engine.cpp): a plan it would not run is no answer.
   if (o.cache_type_k != DType::F32 && !hw.gpus.empty())
     fail(

@@ -45,6 +45,24 @@ TEST(Plan, ABf16CacheHalvesTheKvCacheAndIsRefusedWithGpus) {
   EXPECT_NE(mixed.output.find("give both the same"), std::string::npos) << mixed.output;
 }
 
+// --host-bandwidth and --cpu-cores describe a host: its prediction comes from them whether or not
+// --ram or --gpu make the whole machine a described one. Before, without those, this machine's
+// measured decode kernel rate (its memory, its thread count) replaced the given bandwidth: lite
+// on "16 cores at 80 GB/s" was predicted at 1 token/s from a 2-core machine's busy measurement.
+TEST(Plan, AHostDescribedByItsBandwidthAndCoresIsPredictedFromThatDescription) {
+  const std::string host =
+      "plan --preset deepseek-v2-lite --cpu-cores 16 --host-bandwidth 80 --json";
+  const CliResult detected = run_tandem(host);
+  const CliResult described = run_tandem(host + " --ram 20GiB");
+  ASSERT_EQ(detected.exit_code, 0) << detected.output;
+  ASSERT_EQ(described.exit_code, 0) << described.output;
+  const auto a = nlohmann::json::parse(detected.output),
+             b = nlohmann::json::parse(described.output);
+  EXPECT_EQ(a["devices"].size(), 1u) << "a CPU-only plan: " << a["devices"];
+  EXPECT_DOUBLE_EQ(a["predicted"]["decode_tokens_per_s"].get<double>(),
+                   b["predicted"]["decode_tokens_per_s"].get<double>());
+}
+
 TEST(Plan, ModelThatDoesNotFitExitsThreeAndSaysWhatWould) {
   const CliResult r = run_tandem("plan --preset deepseek-coder-v2 --gpu 24GiB --gpu 24GiB --ram 64GiB");
   EXPECT_EQ(r.exit_code, 3) << r.output;
