@@ -367,9 +367,11 @@ void register_plan(CLI::App& app) {
                   "h100, h200, l40s, 5090); repeat for several. Without --gpu/--ram: this machine");
   cmd->add_option("--ram", o->ram, "RAM tandem may use, e.g. 192GiB (default: available RAM)");
   cmd->add_option("--host-bandwidth", o->host_bandwidth_gb_per_s,
-                  "host memory bandwidth in GB/s (default: measured on this machine)");
+                  "host memory bandwidth in GB/s (default: measured on this machine, with the rate "
+                  "our decode kernel reaches there; given, the host is predicted from it alone)");
   cmd->add_option("--cpu-cores", o->cpu_cores,
-                  "plan for a host with this many cores (default: this one)");
+                  "plan for a host with this many cores (default: this one; given, this "
+                  "machine's measured decode kernel rate is not used)");
   cmd->add_option("-t,--threads", o->threads,
                   "threads for measuring bandwidth (default: all cores)");
   cmd->add_option("-c,--ctx", o->n_ctx, "context per sequence")->capture_default_str();
