@@ -285,6 +285,17 @@ struct HostRates {
 // 4 = the kernels at 8-bit activations, the FFNs' default (the interleaved formats' 8-bit ones).
 constexpr int kRatesMethod = 4;
 
+HostRates measure_host_rates(int threads) {
+  return {measure_triad_bandwidth(threads, available_ram_bytes()),
+          measure_decode_kernel_bytes_per_s(threads, available_ram_bytes()),
+          measure_decode_kernel_bytes_per_s(threads, available_ram_bytes(), /*interleaved=*/true),
+          ""};
+}
+
+bool disturbed(const HostRates& r) {
+  return host_rates_look_disturbed(r.bandwidth_bytes_per_s, r.decode_kernel_bytes_per_s);
+}
+
 HostRates host_rates(const std::string& cpu_model, int threads) {
   const auto path = bandwidth_cache_path();
   nlohmann::json cache = path ? read_cache(*path) : nlohmann::json::object();
@@ -302,11 +313,20 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
                             entry.value("date", "?"), threads, path->string())};
     }
   }
-  const double bytes_per_s = measure_triad_bandwidth(threads, available_ram_bytes());
-  const double kernel_bytes_per_s = measure_decode_kernel_bytes_per_s(threads, available_ram_bytes());
-  const double interleaved_bytes_per_s =
-      measure_decode_kernel_bytes_per_s(threads, available_ram_bytes(), /*interleaved=*/true);
+  HostRates rates = measure_host_rates(threads);
+  if (disturbed(rates)) rates = measure_host_rates(threads);
   const std::string date = today();
+  if (disturbed(rates)) {
+    rates.source = fmt::format(
+        "measured {} (STREAM triad and decode kernel, {} threads; the cores looked busy: the "
+        "decode kernel at {:.1f} GB/s against {:.1f} GB/s of memory bandwidth; not cached, "
+        "measured again next time)",
+        date, threads, rates.decode_kernel_bytes_per_s / 1e9, rates.bandwidth_bytes_per_s / 1e9);
+    return rates;
+  }
+  const double bytes_per_s = rates.bandwidth_bytes_per_s;
+  const double kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
+  const double interleaved_bytes_per_s = rates.interleaved_kernel_bytes_per_s;
   if (path) {
     if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
     // An older entry for this CPU and thread count is replaced.
@@ -409,6 +429,10 @@ Hardware detect_host(int32_t threads, bool measure_bandwidth) {
 }
 
 }  // namespace
+
+bool host_rates_look_disturbed(double triad_bytes_per_s, double kernel_bytes_per_s) {
+  return kernel_bytes_per_s < triad_bytes_per_s / 5;
+}
 
 uint64_t available_ram_bytes() {
   // MemAvailable: free memory plus what the kernel can reclaim (page cache), which is what a

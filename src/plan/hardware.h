@@ -42,6 +42,13 @@ struct DeviceSpec {
 double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double interleaved,
                                double extra = 0);
 
+// Whether a measurement of the host's rates looks like one other work disturbed (the cores it
+// ran on were busy): our decode kernel below a fifth of the STREAM triad's bandwidth (it reaches
+// 60-90% of it; a 2-core machine compiling measured 1.8 GB/s against 25). Such a measurement is
+// taken again once, and not cached when it still looks so: a cached rate is every later plan's
+// on this machine. (The interleaved kernel's rate is not judged: without AVX-512 it is slow.)
+bool host_rates_look_disturbed(double triad_bytes_per_s, double kernel_bytes_per_s);
+
 // How the GPUs reach each other (one kind for the whole machine) and the host. Their costs are
 // in CostParams (cost_model.h), each with its source.
 enum class LinkKind { Pcie4, Pcie5, Nvlink };
