@@ -7,10 +7,14 @@
 // - Single matrices (attention, router, shared experts, dense FFN, head) run matmul_rows with
 //   F32 activations, as a decode step does, at one, two and four rows a warp: it says which
 //   rows-per-warp the kernels should take for which shape (results do not depend on the choice).
+//   With --tokens above 1 the kernel keeps its own rows per warp: the three columns then time
+//   the same launch.
 // - The routed experts run as a decode step's MoE op runs them: one token's top-k experts read
 //   straight from the routing ids, 8-bit activations (dp4a, quant/block_dot_q8.h), gate and up
-//   with the activation in one launch, down in another (expert_gate_up_q8, expert_down_q8).
-//   Issue 27's bar: each at 60% of the copy bandwidth or more.
+//   with the activation in one launch, down in another (expert_gate_up_q8, expert_down_q8). The
+//   routed experts alone: a decode step's two launches also carry the layer's shared experts
+//   where their formats match the routed ones' (op_launches.cpp), measured here as single
+//   matrices. Issue 27's bar: each at 60% of the copy bandwidth or more.
 //
 // Each launch reads weights that are not in L2: the shapes rotate through copies of their
 // matrices. The values are random (a few distinct rows repeated): the kernels' speed does not

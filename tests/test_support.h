@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the tests: where the shared fixtures are, and reading them.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -31,5 +32,34 @@ inline std::string read_text_file(const std::filesystem::path& path) {
   buffer << in.rdbuf();
   return buffer.str();
 }
+
+// XDG_CACHE_HOME pointed at a fresh folder while it lives (what tandem caches there, measured
+// rates, goes there; a `tandem` the test starts inherits it), restored and removed after.
+class ScopedCacheDir {
+ public:
+  explicit ScopedCacheDir(const std::string& name)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("tandem-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(dir_);
+    if (const char* old = std::getenv("XDG_CACHE_HOME")) had_ = true, saved_ = old;
+    ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
+  }
+  ~ScopedCacheDir() {
+    if (had_)
+      ::setenv("XDG_CACHE_HOME", saved_.c_str(), 1);
+    else
+      ::unsetenv("XDG_CACHE_HOME");
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  ScopedCacheDir(const ScopedCacheDir&) = delete;
+  ScopedCacheDir& operator=(const ScopedCacheDir&) = delete;
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::string saved_;
+  bool had_ = false;
+};
 
 }  // namespace tandem::test

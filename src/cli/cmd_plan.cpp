@@ -290,9 +290,10 @@ void run_plan(const PlanOptions& o) {
     hw.host.bandwidth_source = "given";
   }
   if (o.cpu_cores > 0) set_cpu_cores(hw, o.cpu_cores);
-  // A host described by its bandwidth or its cores is predicted from that description. The cost
-  // model prefers a measured decode kernel rate to the bandwidth, and this machine's (measured
-  // with its own memory and thread count) would stand in for the described one's.
+  // A host described by its bandwidth or its cores is not predicted from this machine's measured
+  // decode kernel rate (its own memory and thread count), which the cost model prefers to the
+  // bandwidth: from the given bandwidth, or with --cpu-cores alone from this machine's STREAM
+  // bandwidth and the given cores.
   if (o.host_bandwidth_gb_per_s > 0 || o.cpu_cores > 0)
     hw.host.decode_kernel_bytes_per_s = hw.host.interleaved_kernel_bytes_per_s = 0;
   // As `run` refuses it (engine.cpp): a plan it would not run is no answer.
@@ -370,8 +371,9 @@ void register_plan(CLI::App& app) {
                   "host memory bandwidth in GB/s (default: measured on this machine, with the rate "
                   "our decode kernel reaches there; given, the host is predicted from it alone)");
   cmd->add_option("--cpu-cores", o->cpu_cores,
-                  "plan for a host with this many cores (default: this one; given, this "
-                  "machine's measured decode kernel rate is not used)");
+                  "plan for a host with this many cores (default: this one; given, the host's "
+                  "memory reads come from its bandwidth, not this machine's measured decode "
+                  "kernel rate)");
   cmd->add_option("-t,--threads", o->threads,
                   "threads for measuring bandwidth (default: all cores)");
   cmd->add_option("-c,--ctx", o->n_ctx, "context per sequence")->capture_default_str();

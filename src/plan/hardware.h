@@ -44,9 +44,11 @@ double kernel_equivalent_bytes(const DeviceSpec& device, double bytes, double in
 
 // Whether a measurement of the host's rates looks like one other work disturbed (the cores it
 // ran on were busy): our decode kernel below a fifth of the STREAM triad's bandwidth (it reaches
-// 60-90% of it; a 2-core machine compiling measured 1.8 GB/s against 25). Such a measurement is
-// taken again once, and not cached when it still looks so: a cached rate is every later plan's
-// on this machine. (The interleaved kernel's rate is not judged: without AVX-512 it is slow.)
+// 30-90% of it; a 2-core machine compiling measured 1.8 GB/s against 25). Such a measurement is
+// taken again once: two kernel rates within a quarter of each other are kept (a machine whose
+// kernel is that slow), else the kernel rates are left out of that run and nothing is cached: a
+// cached rate is every later plan's on this machine. (The interleaved kernel's rate is not
+// judged: without AVX-512 it is slow.)
 bool host_rates_look_disturbed(double triad_bytes_per_s, double kernel_bytes_per_s);
 
 // How the GPUs reach each other (one kind for the whole machine) and the host. Their costs are

@@ -45,22 +45,23 @@ TEST(Plan, ABf16CacheHalvesTheKvCacheAndIsRefusedWithGpus) {
   EXPECT_NE(mixed.output.find("give both the same"), std::string::npos) << mixed.output;
 }
 
-// --host-bandwidth and --cpu-cores describe a host: its prediction comes from them whether or not
-// --ram or --gpu make the whole machine a described one. Before, without those, this machine's
-// measured decode kernel rate (its memory, its thread count) replaced the given bandwidth: lite
-// on "16 cores at 80 GB/s" was predicted at 1 token/s from a 2-core machine's busy measurement.
-TEST(Plan, AHostDescribedByItsBandwidthAndCoresIsPredictedFromThatDescription) {
-  const std::string host =
-      "plan --preset deepseek-v2-lite --cpu-cores 16 --host-bandwidth 80 --json";
-  const CliResult detected = run_tandem(host);
-  const CliResult described = run_tandem(host + " --ram 20GiB");
-  ASSERT_EQ(detected.exit_code, 0) << detected.output;
-  ASSERT_EQ(described.exit_code, 0) << described.output;
-  const auto a = nlohmann::json::parse(detected.output),
-             b = nlohmann::json::parse(described.output);
-  EXPECT_EQ(a["devices"].size(), 1u) << "a CPU-only plan: " << a["devices"];
-  EXPECT_DOUBLE_EQ(a["predicted"]["decode_tokens_per_s"].get<double>(),
-                   b["predicted"]["decode_tokens_per_s"].get<double>());
+// --host-bandwidth describes the host's memory: its prediction comes from it even where the rest
+// of the machine is this one (no --gpu or --ram). Before, this machine's measured decode kernel
+// rate, which the cost model prefers to the bandwidth, replaced it: lite on "16 cores at 80 GB/s"
+// was predicted at 1 token/s from a 2-core machine's busy measurement, and at the same speed
+// whatever bandwidth was given.
+TEST(Plan, AGivenHostBandwidthSetsTheHostsPredictionOnThisMachine) {
+  const test::ScopedCacheDir cache("plan");  // this machine's rates measured into its own folder
+  const std::string base =
+      "plan --preset deepseek-v2-lite --quant IQ1_S --cpu-cores 16 --json --host-bandwidth ";
+  const CliResult slow = run_tandem(base + "40"), fast = run_tandem(base + "80");
+  ASSERT_EQ(slow.exit_code, 0) << slow.output;
+  ASSERT_EQ(fast.exit_code, 0) << fast.output;
+  const auto a = nlohmann::json::parse(slow.output), b = nlohmann::json::parse(fast.output);
+  if (a["devices"].size() != 1) GTEST_SKIP() << "GPUs here: the plan puts the model on them";
+  // A CPU decode step is nearly all weight reads: twice the bandwidth, close to twice the speed.
+  EXPECT_GT(b["predicted"]["decode_tokens_per_s"].get<double>(),
+            1.3 * a["predicted"]["decode_tokens_per_s"].get<double>());
 }
 
 TEST(Plan, ModelThatDoesNotFitExitsThreeAndSaysWhatWould) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "test_support.h"
 
 namespace tandem::plan {
 namespace {
@@ -166,22 +167,8 @@ TEST(HostRates, a_decode_kernel_below_a_fifth_of_the_bandwidth_looks_disturbed) 
 // Points XDG_CACHE_HOME at a fresh folder for the test's duration.
 class DetectHardwareTest : public ::testing::Test {
  protected:
-  std::filesystem::path dir_ =
-      std::filesystem::temp_directory_path() / ("tandem-hw-" + std::to_string(::getpid()));
-  std::string saved_;
-  bool had_ = false;
-  void SetUp() override {
-    std::filesystem::create_directories(dir_);
-    if (const char* old = std::getenv("XDG_CACHE_HOME")) had_ = true, saved_ = old;
-    ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
-  }
-  void TearDown() override {
-    if (had_)
-      ::setenv("XDG_CACHE_HOME", saved_.c_str(), 1);
-    else
-      ::unsetenv("XDG_CACHE_HOME");
-    std::filesystem::remove_all(dir_);
-  }
+  test::ScopedCacheDir cache_{"hw"};
+  const std::filesystem::path& dir_ = cache_.dir();
 };
 
 TEST_F(DetectHardwareTest, measures_once_then_reuses_the_cache) {
@@ -202,7 +189,7 @@ TEST_F(DetectHardwareTest, measures_once_then_reuses_the_cache) {
               first.numa_nodes);
 
   // A measurement the other tests' work disturbed twice (ctest -j2 on two cores) is not cached,
-  // and says so (HostRates below); the cache is then what this test cannot see this time.
+  // and says so (HostRates, above); the cache is then what this test cannot see this time.
   const std::filesystem::path cache = dir_ / "tandem" / "bandwidth.json";
   if (first.host.bandwidth_source.find("not cached") != std::string::npos) {
     EXPECT_FALSE(std::filesystem::exists(cache)) << first.host.bandwidth_source;
