@@ -335,9 +335,6 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
       return rates;
     }
   }
-  const double bytes_per_s = rates.bandwidth_bytes_per_s;
-  const double kernel_bytes_per_s = rates.decode_kernel_bytes_per_s;
-  const double interleaved_bytes_per_s = rates.interleaved_kernel_bytes_per_s;
   if (path) {
     if (!cache.contains("entries")) cache["entries"] = nlohmann::json::array();
     // An older entry for this CPU and thread count is replaced.
@@ -346,14 +343,18 @@ HostRates host_rates(const std::string& cpu_model, int threads) {
       it = it->value("cpu", "") == cpu_model && it->value("threads", -1) == threads
                ? entries.erase(it)
                : it + 1;
-    entries.push_back({{"cpu", cpu_model}, {"threads", threads}, {"bytes_per_s", bytes_per_s},
-                       {"decode_kernel_bytes_per_s", kernel_bytes_per_s},
-                       {"interleaved_kernel_bytes_per_s", interleaved_bytes_per_s}, {"method", kRatesMethod},
+    entries.push_back({{"cpu", cpu_model},
+                       {"threads", threads},
+                       {"bytes_per_s", rates.bandwidth_bytes_per_s},
+                       {"decode_kernel_bytes_per_s", rates.decode_kernel_bytes_per_s},
+                       {"interleaved_kernel_bytes_per_s", rates.interleaved_kernel_bytes_per_s},
+                       {"method", kRatesMethod},
                        {"date", date}});
     write_cache(*path, cache);
   }
-  return {bytes_per_s, kernel_bytes_per_s, interleaved_bytes_per_s,
-          fmt::format("measured {} (STREAM triad and decode kernel, {} threads)", date, threads)};
+  rates.source =
+      fmt::format("measured {} (STREAM triad and decode kernel, {} threads)", date, threads);
+  return rates;
 }
 
 // A GPU's copy bandwidth and decode kernel rate: from the cache when this GPU model was measured
